@@ -1,0 +1,236 @@
+"""Settings, read from the environment (12-factor).
+
+Every variable an operator may change is documented in the README. With no
+``DATABASE_URL`` / ``CELERY_BROKER_URL`` the service runs on an *embedded*
+default that needs no server: SQLite (WAL, immediate transactions) and kombu's
+filesystem transport, both under ``var/``.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("BOXOFFICE_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=False)
+_INSECURE_KEY = "django-insecure-boxoffice-embedded-only"
+SECRET_KEY = env.str("SECRET_KEY", default=_INSECURE_KEY if DEBUG else "")
+if not SECRET_KEY:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+PORT = env.int("PORT", default=8000)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "outbox",
+    "ledger",
+    "payments",
+    "payments.fake_gateway",
+    "purchases",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------
+EMBEDDED = "DATABASE_URL" not in env
+if EMBEDDED:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "boxoffice.sqlite3",
+            "OPTIONS": {
+                # Writers take the lock when the transaction begins, so two
+                # purchases never both read a seat as free and then collide on
+                # upgrade (SQLite has no SELECT ... FOR UPDATE).
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+else:
+    DATABASES = {"default": env.db("DATABASE_URL")}
+    DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- auth, i18n, static -----------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- REST API ---------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 20,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "purchases.apis.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "boxoffice",
+    "DESCRIPTION": "Numbered seats sold through orchestrated purchase sagas.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- the product ------------------------------------------------------------
+PURCHASE_HOLD_SECONDS = env.int("PURCHASE_HOLD_SECONDS", default=900)
+RECONCILE_BACKOFF_SECONDS = [
+    int(s) for s in env.list("RECONCILE_BACKOFF_SECONDS", default=["60", "120", "240", "480", "960", "1920"])
+]
+RESUME_AFTER_SECONDS = env.int("RESUME_AFTER_SECONDS", default=300)
+COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default=86400)
+MAX_SEATS_PER_PURCHASE = env.int("MAX_SEATS_PER_PURCHASE", default=10)
+DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="boxoffice")
+
+# The gateway adapter's base URL; by default the fake gateway mounted on this
+# very service.
+PAYMENT_GATEWAY_URL = env.str(
+    "PAYMENT_GATEWAY_URL", default=f"http://127.0.0.1:{PORT}/fake-gateway/v1"
+).rstrip("/")
+PAYMENT_GATEWAY_TIMEOUT_SECONDS = env.float("PAYMENT_GATEWAY_TIMEOUT_SECONDS", default=5.0)
+# The fake gateway: on by default outside production (DEBUG), or when asked.
+FAKE_GATEWAY_ENABLED = env.bool("FAKE_GATEWAY_ENABLED", default=DEBUG)
+# How long the fake sleeps to make the adapter time out; must exceed the
+# adapter's timeout.
+FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = env.float(
+    "FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", default=PAYMENT_GATEWAY_TIMEOUT_SECONDS + 1.0
+)
+FAKE_GATEWAY_LATENCY_MS = env.int("FAKE_GATEWAY_LATENCY_MS", default=0)
+
+# --- outbox relay -------------------------------------------------------------
+OUTBOX_POLL_SECONDS = env.float("OUTBOX_POLL_SECONDS", default=1.0)
+OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
+# A claimed row whose hand-off did not complete within the lease is claimed
+# again by any relay; a delivered row whose consumers did not finish within
+# this long is delivered again (consumers are idempotent).
+OUTBOX_CLAIM_LEASE_SECONDS = env.int("OUTBOX_CLAIM_LEASE_SECONDS", default=30)
+OUTBOX_REDELIVER_AFTER_SECONDS = env.int("OUTBOX_REDELIVER_AFTER_SECONDS", default=120)
+
+# --- Celery -------------------------------------------------------------------
+if "CELERY_BROKER_URL" in env:
+    CELERY_BROKER_URL = env.str("CELERY_BROKER_URL")
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+else:
+    # kombu's filesystem transport: real separate worker processes, no broker
+    # server. Each process reads and writes the same folder.
+    _broker_dir = VAR_DIR / "broker"
+    for sub in ("queue", "processed", "control"):
+        (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="boxoffice")
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
+
+# --- email --------------------------------------------------------------------
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="boxoffice <tickets@boxoffice.local>")
+
+# --- logging ------------------------------------------------------------------
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"kv": {"()": "config.logging.KeyValueFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
+        for name in ("purchases", "payments", "ledger", "outbox", "config")
+    },
+}
+
+# --- production hardening (check --deploy) ------------------------------------
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
+    CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- outbox routing: topic -> consumers (each idempotent) ---------------------
+OUTBOX_CONSUMERS = {
+    "purchase.hold_expired": ["purchases.consumers.hold_expired"],
+    "purchase.reconcile": ["purchases.consumers.reconcile_due"],
+    "purchase.refund_retry": ["purchases.consumers.refund_retry_due"],
+    "PurchaseConfirmed": ["purchases.consumers.confirmation_email"],
+    "ReservationCancelled": ["purchases.consumers.cancellation_email"],
+    "SagaNeedsOperator": ["purchases.consumers.operator_alert"],
+}

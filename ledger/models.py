@@ -1,0 +1,43 @@
+"""Append-only money entries.
+
+Balances are derived by summing rows; nothing is ever updated or deleted. A
+refund is a new inverse entry. One entry per (intent, kind): recording the
+same charge twice is a constraint violation, not a bug someone must notice.
+"""
+
+from django.db import models
+
+
+class EntryKind(models.TextChoices):
+    CHARGE = "charge", "charge"
+    REFUND = "refund", "refund"
+
+
+class LedgerEntry(models.Model):
+    intent_id = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=EntryKind.choices)
+    # Signed, minor units: a charge is positive, a refund negative.
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    saga_id = models.UUIDField(db_index=True)
+    event_id = models.BigIntegerField()
+    gateway_reference = models.CharField(max_length=100, blank=True, default="")
+    note = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["intent_id", "kind"], name="ledger_one_entry_per_kind"),
+        ]
+        ordering = ["created_at", "id"]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("ledger entries are insert-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("ledger entries are insert-only")
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} {self.currency} ({self.intent_id})"

@@ -1,0 +1,47 @@
+"""Recording money movements. Called inside the saga's transition commit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Sum
+
+from .models import EntryKind, LedgerEntry
+
+
+def ledger_record(
+    *,
+    intent_id: str,
+    kind: EntryKind,
+    amount: int,
+    currency: str,
+    saga_id,
+    event_id: int,
+    now: datetime,
+    gateway_reference: str = "",
+    note: str = "",
+) -> LedgerEntry:
+    if not connection.in_atomic_block:
+        raise RuntimeError("ledger_record belongs inside the transition's transaction")
+    if kind == EntryKind.REFUND and amount > 0:
+        raise ValueError("a refund is an inverse entry: its amount must be negative")
+    return LedgerEntry.objects.create(
+        intent_id=intent_id,
+        kind=kind,
+        amount=amount,
+        currency=currency,
+        saga_id=saga_id,
+        event_id=event_id,
+        gateway_reference=gateway_reference,
+        note=note,
+        created_at=now,
+    )
+
+
+def ledger_net(*, intent_id: str) -> int:
+    return LedgerEntry.objects.filter(intent_id=intent_id).aggregate(n=Sum("amount"))["n"] or 0
+
+
+def ledger_has_charge(*, intent_id: str) -> bool:
+    return LedgerEntry.objects.filter(intent_id=intent_id, kind=EntryKind.CHARGE).exists()

@@ -1,0 +1,171 @@
+"""The relay: hands due outbox rows to Celery.
+
+A tick claims due rows with ``FOR UPDATE SKIP LOCKED`` (several relays may
+run; each row goes to exactly one of them), commits the claim, publishes one
+``outbox.deliver`` task per row *outside* the transaction (a broker that hangs
+must not hold row locks that confirming transactions need to cancel timers),
+then marks the rows fired. A relay that dies between claim and mark leaves a
+lease that expires; the row is claimed again and delivered again, which the
+consumers' inbox makes harmless.
+
+On PostgreSQL the loop wakes on ``LISTEN/NOTIFY`` and also polls, so a lost
+notification costs at most one poll interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Min, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from .models import OutboxMessage
+from .services import NOTIFY_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+Dispatch = Callable[[int], None]
+
+
+def _celery_dispatch(message_id: int) -> None:
+    from .tasks import deliver
+
+    deliver.apply_async(args=[message_id])
+
+
+def due_filter(now: datetime) -> Q:
+    redeliver_before = now - timedelta(seconds=settings.OUTBOX_REDELIVER_AFTER_SECONDS)
+    return (
+        Q(completed_at__isnull=True, cancelled_at__isnull=True, available_at__lte=now)
+        & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        & (Q(fired_at__isnull=True) | Q(handed_over_at__lt=redeliver_before))
+    )
+
+
+def relay_claim(*, now: datetime, limit: int) -> list[int]:
+    """Claim up to ``limit`` due rows for this relay; returns their ids."""
+    lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    with transaction.atomic(durable=True):
+        ids = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(due_filter(now))
+            .order_by("available_at", "id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if ids:
+            OutboxMessage.objects.filter(id__in=ids).update(claimed_until=lease)
+    return ids
+
+
+def relay_mark_fired(*, ids: Iterable[int], now: datetime) -> int:
+    ids = list(ids)
+    if not ids:
+        return 0
+    with transaction.atomic(durable=True):
+        # A timer cancelled while we were handing it over stays cancelled and
+        # is not marked fired; the delivery task skips it.
+        return OutboxMessage.objects.filter(id__in=ids, cancelled_at__isnull=True).update(
+            fired_at=Coalesce(F("fired_at"), now),
+            handed_over_at=now,
+            claimed_until=None,
+            deliveries=F("deliveries") + 1,
+        )
+
+
+def relay_release(*, ids: Iterable[int]) -> None:
+    ids = list(ids)
+    if ids:
+        with transaction.atomic(durable=True):
+            OutboxMessage.objects.filter(id__in=ids).update(claimed_until=None)
+
+
+def relay_tick(
+    *,
+    now: datetime | None = None,
+    dispatch: Dispatch | None = None,
+    limit: int | None = None,
+) -> int:
+    """One pass: claim due rows, hand them over, mark them fired."""
+    now = now or timezone.now()
+    dispatch = dispatch or _celery_dispatch
+    ids = relay_claim(now=now, limit=limit or settings.OUTBOX_BATCH_SIZE)
+    handed, failed = [], []
+    for message_id in ids:
+        try:
+            dispatch(message_id)
+        except Exception:
+            logger.exception("outbox hand-off failed", extra={"message_id": message_id})
+            failed.append(message_id)
+        else:
+            handed.append(message_id)
+    relay_mark_fired(ids=handed, now=now)
+    relay_release(ids=failed)
+    if handed:
+        logger.info("outbox relayed", extra={"count": len(handed), "failed": len(failed)})
+    return len(handed)
+
+
+def next_due_in(*, now: datetime) -> float | None:
+    """Seconds until the next pending row is due (None when nothing waits)."""
+    nxt = OutboxMessage.objects.filter(
+        completed_at__isnull=True, cancelled_at__isnull=True, fired_at__isnull=True
+    ).aggregate(at=Min("available_at"))["at"]
+    if nxt is None:
+        return None
+    return max(0.0, (nxt - now).total_seconds())
+
+
+class _Listener:
+    """A dedicated autocommit connection that LISTENs (PostgreSQL only)."""
+
+    def __init__(self) -> None:
+        self.conn = None
+        if connection.vendor == "postgresql":
+            import psycopg
+
+            params = connection.get_connection_params()
+            params.pop("cursor_factory", None)
+            params.pop("context", None)
+            params.pop("prepare_threshold", None)
+            self.conn = psycopg.connect(autocommit=True, **params)
+            self.conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def wait(self, timeout: float) -> None:
+        if self.conn is None:
+            time.sleep(timeout)
+            return
+        for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+            pass
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = None) -> None:
+    """The relay loop (``manage.py run_relay``)."""
+    poll = settings.OUTBOX_POLL_SECONDS if poll is None else poll
+    listener = _Listener()
+    logger.info("outbox relay started", extra={"poll_seconds": poll, "listen": bool(listener.conn)})
+    try:
+        while not stop():
+            try:
+                handed = relay_tick()
+                if handed >= settings.OUTBOX_BATCH_SIZE:
+                    continue  # more are due: no waiting
+                due = next_due_in(now=timezone.now())
+            except Exception:
+                # The database went away (restart, failover): keep the process,
+                # drop the connection, try again after a poll interval.
+                logger.exception("outbox relay tick failed")
+                connection.close()
+                due = None
+            listener.wait(poll if due is None else min(poll, due))
+    finally:
+        listener.close()

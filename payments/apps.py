@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PaymentsConfig(AppConfig):
+    name = "payments"
+    default_auto_field = "django.db.models.BigAutoField"

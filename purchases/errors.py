@@ -1,0 +1,40 @@
+"""Domain errors. The API maps each to one status code and ``code``."""
+
+
+class DomainError(Exception):
+    code = "domain_error"
+
+
+class SeatUnavailable(DomainError):
+    code = "seat_unavailable"
+
+    def __init__(self, seats: list[str]):
+        super().__init__(f"seats not available: {', '.join(seats)}")
+        self.seats = seats
+
+
+class UnknownSeats(DomainError):
+    code = "invalid"
+
+    def __init__(self, seats: list[str]):
+        super().__init__(f"no such seats for this event: {', '.join(seats)}")
+        self.seats = seats
+
+
+class IdempotencyKeyReused(DomainError):
+    code = "idempotency_key_reused"
+
+
+class IllegalTransition(DomainError):
+    code = "illegal_transition"
+
+    def __init__(self, source: str, target: str):
+        super().__init__(f"a saga cannot move from {source} to {target}")
+        self.source = source
+        self.target = target
+
+
+class StaleSaga(DomainError):
+    """The saga moved on between our read and our write: a verdict, not a retry."""
+
+    code = "stale_saga"

@@ -1,0 +1,200 @@
+"""Events, seats, reservations and the purchase saga with its history.
+
+Every row of a purchase carries its event id, so that one purchase's
+transaction stays inside one event's rows (the sharding plan in DESIGN.md).
+"""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .states import NON_TERMINAL, SagaState
+
+
+class Event(models.Model):
+    name = models.CharField(max_length=200)
+    starts_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SeatStatus(models.TextChoices):
+    AVAILABLE = "available"
+    HELD = "held"
+    SOLD = "sold"
+
+
+class Seat(models.Model):
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="seats")
+    ref = models.CharField(max_length=10)
+    row = models.CharField(max_length=5)
+    number = models.PositiveIntegerField()
+    price_amount = models.PositiveIntegerField()  # minor units
+    currency = models.CharField(max_length=3)
+    status = models.CharField(
+        max_length=10, choices=SeatStatus.choices, default=SeatStatus.AVAILABLE
+    )
+
+    class Meta:
+        ordering = ["row", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["event", "ref"], name="seat_ref_unique_per_event"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.ref} ({self.event_id})"
+
+
+class ReservationStatus(models.TextChoices):
+    HELD = "HELD"
+    CONFIRMED = "CONFIRMED"
+    CANCELLED = "CANCELLED"
+
+
+class Reservation(models.Model):
+    ref = models.CharField(max_length=20, unique=True)
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="reservations")
+    buyer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations"
+    )
+    status = models.CharField(max_length=10, choices=ReservationStatus.choices)
+    hold_expires_at = models.DateTimeField()
+    total_amount = models.PositiveIntegerField()
+    currency = models.CharField(max_length=3)
+    created_at = models.DateTimeField()
+    seats = models.ManyToManyField(Seat, through="ReservationSeat", related_name="+")
+
+    def __str__(self) -> str:
+        return self.ref
+
+
+class ReservationSeat(models.Model):
+    """A seat taken by a reservation, until ``released_at``.
+
+    The partial unique index is the last line of defence for "a seat is sold
+    at most once": even a bug in the locking cannot give one seat to two live
+    reservations.
+    """
+
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.PROTECT, related_name="seat_links"
+    )
+    seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+")
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["seat"],
+                condition=Q(released_at__isnull=True),
+                name="seat_taken_by_one_live_reservation",
+            ),
+        ]
+
+
+class PurchaseSaga(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reservation = models.OneToOneField(
+        Reservation, on_delete=models.PROTECT, related_name="saga"
+    )
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    # Derived from the reservation; the idempotency key of every charge.
+    intent_id = models.CharField(max_length=100, unique=True)
+    payment_method = models.CharField(max_length=100)
+    amount = models.PositiveIntegerField()
+    currency = models.CharField(max_length=3)
+    state = models.CharField(max_length=30, choices=SagaState.choices)
+    version = models.PositiveIntegerField(default=1)
+    # Charge attempts made (a retry after "not found" counts).
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The resumer and the chaser only look at live sagas: the index
+            # does not grow with the number of finished ones.
+            models.Index(
+                fields=["state", "updated_at"],
+                name="saga_live_idx",
+                condition=Q(state__in=NON_TERMINAL),
+            ),
+            models.Index(fields=["buyer", "-created_at"], name="saga_buyer_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"saga {self.id} ({self.state})"
+
+    @property
+    def hold_timer_key(self) -> str:
+        return f"hold:{self.id}"
+
+
+class Actor(models.TextChoices):
+    SYSTEM = "system"
+    RESUMER = "resumer"
+    OPERATOR = "operator"
+
+
+class SagaHistory(models.Model):
+    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="history")
+    from_state = models.CharField(max_length=30, null=True, blank=True)
+    to_state = models.CharField(max_length=30)
+    at = models.DateTimeField()
+    reason = models.CharField(max_length=500)
+    actor = models.CharField(max_length=20, choices=Actor.choices, default=Actor.SYSTEM)
+    # The operator's username when actor == operator.
+    actor_name = models.CharField(max_length=150, blank=True, default="")
+    version = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["at", "id"]
+        verbose_name_plural = "saga history"
+
+    def __str__(self) -> str:
+        return f"{self.from_state} -> {self.to_state}: {self.reason}"
+
+
+class ReconciliationProbe(models.Model):
+    """Evidence: one question put to the gateway about a saga's intent."""
+
+    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="probes")
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    at = models.DateTimeField()
+    # What was asked: "retrieve", "charge", "cancel", "refund".
+    asked = models.CharField(max_length=20)
+    # What came back, normalised ("succeeded", "not_found", "unknown", ...).
+    answer = models.CharField(max_length=30)
+    detail = models.CharField(max_length=200, blank=True, default="")
+    latency_ms = models.FloatField()
+    # 1-based position in the backoff schedule (0: not part of a schedule).
+    attempt = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class IdempotencyRecord(models.Model):
+    """The first answer to a (user, Idempotency-Key); replays return it."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    saga = models.OneToOneField(PurchaseSaga, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_per_user"),
+        ]

@@ -1,0 +1,43 @@
+"""The saga's states and its transition table: the one place that says which
+move is legal. Anything not listed here raises and writes nothing."""
+
+from django.db import models
+
+
+class SagaState(models.TextChoices):
+    PENDING = "PENDING"
+    CHARGING = "CHARGING"
+    CONFIRMED = "CONFIRMED"
+    PAYMENT_FAILED = "PAYMENT_FAILED"
+    UNKNOWN = "UNKNOWN"
+    UNKNOWN_EXPIRED = "UNKNOWN_EXPIRED"
+    EXPIRED = "EXPIRED"
+    COMPENSATING = "COMPENSATING"
+    COMPENSATION_PENDING = "COMPENSATION_PENDING"
+    COMPENSATED = "COMPENSATED"
+
+
+S = SagaState
+
+TRANSITIONS: dict[SagaState, frozenset[SagaState]] = {
+    S.PENDING: frozenset({S.CHARGING, S.EXPIRED}),
+    S.CHARGING: frozenset({S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN, S.EXPIRED}),
+    # A look-up that finds no charge allows a retry with the same key.
+    S.UNKNOWN: frozenset({S.CHARGING, S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN_EXPIRED, S.EXPIRED}),
+    # Escalated: an operator (or the hold expiry, after the gateway's definitive
+    # answer) settles it.
+    S.UNKNOWN_EXPIRED: frozenset({S.CONFIRMED, S.EXPIRED, S.COMPENSATING}),
+    S.PAYMENT_FAILED: frozenset({S.COMPENSATING}),
+    S.EXPIRED: frozenset({S.COMPENSATING}),
+    # A refund of a confirmed purchase (customer service) runs the compensation.
+    S.CONFIRMED: frozenset({S.COMPENSATING}),
+    S.COMPENSATING: frozenset({S.COMPENSATED, S.COMPENSATION_PENDING}),
+    S.COMPENSATION_PENDING: frozenset({S.COMPENSATING, S.COMPENSATED}),
+    S.COMPENSATED: frozenset(),
+}
+
+TERMINAL = frozenset({S.CONFIRMED, S.COMPENSATED})
+NON_TERMINAL = [s.value for s in S if s not in TERMINAL]
+# States in which a charge may still land at the gateway; the charge and
+# reconcile steps refuse to call the gateway in any other.
+CHARGEABLE = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN})

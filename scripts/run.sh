@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# make run: migrate, seed the demo, start web + worker + relay + scheduler.
+# With no DATABASE_URL / CELERY_BROKER_URL: SQLite and kombu's filesystem
+# transport under var/ (no server needed). Running it again reuses both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+export DEBUG="${DEBUG:-true}"
+export PORT="${PORT:-8000}"
+# Every process (the worker above all) must reach the web process's fake
+# gateway, whatever port honcho hands to the others.
+export PAYMENT_GATEWAY_URL="${PAYMENT_GATEWAY_URL:-http://127.0.0.1:$PORT/fake-gateway/v1}"
+export PYTHONUNBUFFERED=1
+
+python manage.py migrate --no-input
+python manage.py seed_demo
+if [[ -n "${DATABASE_URL:-}" ]]; then db="$DATABASE_URL"; else db="SQLite in var/ (embedded)"; fi
+if [[ -n "${CELERY_BROKER_URL:-}" ]]; then broker="$CELERY_BROKER_URL"; else broker="filesystem transport in var/broker (embedded)"; fi
+cat <<MSG
+
+  boxoffice is starting
+    API      http://127.0.0.1:$PORT/api/
+    docs     http://127.0.0.1:$PORT/api/docs/
+    admin    http://127.0.0.1:$PORT/admin/
+    database $db
+    broker   $broker
+  demo logins (password: \$DEMO_PASSWORD, default "boxoffice"): alice, bob, admin (staff)
+  try:
+    TOKEN=\$(curl -s -X POST http://127.0.0.1:$PORT/api/auth/token/ -H 'Content-Type: application/json' \\
+              -d '{"username":"alice","password":"boxoffice"}' | python3 -c 'import json,sys;print(json.load(sys.stdin)["token"])')
+    curl -s -X POST http://127.0.0.1:$PORT/api/purchases/ -H "Authorization: Token \$TOKEN" \\
+         -H 'Idempotency-Key: try-1' -H 'Content-Type: application/json' \\
+         -d '{"event": 1, "seats": ["A1"], "payment_method": "pm_card_visa"}'
+
+MSG
+exec honcho start -f Procfile -p "$PORT"

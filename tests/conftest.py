@@ -1,0 +1,87 @@
+"""Shared fixtures: users and API clients, an in-process fake gateway, and a
+synchronous outbox drain that runs the whole story without sleeping."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from outbox.delivery import message_deliver
+from outbox.models import OutboxMessage
+from outbox.relay import relay_tick
+from payments.fake_gateway.inprocess import InProcessFakeGateway
+from payments.gateway import override_gateway
+
+from .factories import EventFactory, UserFactory
+
+
+@pytest.fixture
+def alice(db):
+    return UserFactory(username="alice")
+
+
+@pytest.fixture
+def bob(db):
+    return UserFactory(username="bob")
+
+
+def _client_for(user) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice):
+    return _client_for(alice)
+
+
+@pytest.fixture
+def bob_api(bob):
+    return _client_for(bob)
+
+
+@pytest.fixture
+def anon_api():
+    return APIClient()
+
+
+@pytest.fixture
+def event(db):
+    return EventFactory(seats=["A1", "A2", "A3", "A4"])
+
+
+@pytest.fixture
+def gateway():
+    """The in-process fake, installed as the process-wide gateway."""
+    gw = InProcessFakeGateway()
+    with override_gateway(gw):
+        yield gw
+
+
+def purchase_body(event, seats=("A1",), payment_method="pm_card_visa") -> dict:
+    return {"event": event.pk, "seats": list(seats), "payment_method": payment_method}
+
+
+def new_key() -> str:
+    return f"key-{uuid.uuid4()}"
+
+
+def drain_outbox(*, now=None, max_rounds: int = 20) -> list[OutboxMessage]:
+    """Fire everything due at ``now`` and deliver it synchronously, until
+    nothing is due. Returns the messages delivered, in order."""
+    delivered: list[int] = []
+
+    def deliver(message_id: int) -> None:
+        delivered.append(message_id)
+        message_deliver(message_id=message_id, now=now)
+
+    for _ in range(max_rounds):
+        if relay_tick(now=now or timezone.now(), dispatch=deliver) == 0:
+            break
+    return list(OutboxMessage.objects.filter(pk__in=delivered).order_by("pk"))

@@ -1,0 +1,44 @@
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from purchases.models import Event, Seat
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password("pw")
+
+
+class EventFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Event
+
+    name = factory.Sequence(lambda n: f"event {n}")
+    starts_at = factory.LazyFunction(lambda: timezone.now() + timezone.timedelta(days=7))
+
+    @factory.post_generation
+    def seats(event, create, extracted, **kwargs):
+        # EventFactory(seats=["A1", "A2"]) or the default: row A, seats 1-4.
+        refs = extracted if extracted is not None else [f"A{n}" for n in range(1, 5)]
+        price = kwargs.get("price", 2500)
+        for ref in refs:
+            SeatFactory(event=event, ref=ref, row=ref[0], number=int(ref[1:]),
+                        price_amount=price)
+
+
+class SeatFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Seat
+
+    event = factory.SubFactory(EventFactory, seats=[])
+    ref = factory.Sequence(lambda n: f"Z{n + 1}")
+    row = factory.LazyAttribute(lambda s: s.ref[0])
+    number = factory.LazyAttribute(lambda s: int(s.ref[1:]))
+    price_amount = 2500
+    currency = "EUR"

@@ -1,0 +1,24 @@
+"""Test settings: the real stack (PostgreSQL, Redis) with fast hashing and
+an in-memory mailbox. ``scripts/with-services.sh`` provides the URLs."""
+
+import getpass
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-not-secret")
+os.environ.setdefault("FAKE_GATEWAY_ENABLED", "true")
+os.environ.setdefault(
+    "DATABASE_URL", f"postgres://{getpass.getuser()}@127.0.0.1:5432/boxoffice"
+)
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
+# One queue per test session, so that nothing a concurrent `make run` (or
+# another test session) enqueues meets our workers, and the other way round.
+os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"boxoffice-test-{os.getpid()}")
+os.environ.setdefault("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "1.0")
+os.environ.setdefault("FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", "1.5")
+
+from config.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+LOGGING["root"]["level"] = "WARNING"  # noqa: F405
