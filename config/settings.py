@@ -133,7 +133,10 @@ SPECTACULAR_SETTINGS = {
 # --- the product ------------------------------------------------------------
 PURCHASE_HOLD_SECONDS = env.int("PURCHASE_HOLD_SECONDS", default=900)
 RECONCILE_BACKOFF_SECONDS = [
-    int(s) for s in env.list("RECONCILE_BACKOFF_SECONDS", default=["60", "120", "240", "480", "960", "1920"])
+    int(s)
+    for s in env.list(
+        "RECONCILE_BACKOFF_SECONDS", default=["60", "120", "240", "480", "960", "1920"]
+    )
 ]
 RESUME_AFTER_SECONDS = env.int("RESUME_AFTER_SECONDS", default=300)
 COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default=86400)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import Sum
+
+from config.transactions import in_transaction
 
 from .models import EntryKind, LedgerEntry
 
@@ -22,7 +23,7 @@ def ledger_record(
     gateway_reference: str = "",
     note: str = "",
 ) -> LedgerEntry:
-    if not connection.in_atomic_block:
+    if not in_transaction():
         raise RuntimeError("ledger_record belongs inside the transition's transaction")
     if kind == EntryKind.REFUND and amount > 0:
         raise ValueError("a refund is an inverse entry: its amount must be negative")

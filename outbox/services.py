@@ -16,6 +16,8 @@ from datetime import datetime
 from django.db import connection
 from django.utils import timezone
 
+from config.transactions import in_transaction
+
 from .models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -28,7 +30,7 @@ class OutboxOutsideTransaction(RuntimeError):
 
 
 def _require_atomic(what: str) -> None:
-    if not connection.in_atomic_block:
+    if not in_transaction():
         raise OutboxOutsideTransaction(f"{what} must run inside the transaction it belongs to")
 
 

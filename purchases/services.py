@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config.transactions import in_transaction
 from ledger.models import EntryKind
 from ledger.services import ledger_has_charge, ledger_record
 from outbox.services import outbox_publish, timer_cancel, timer_schedule
@@ -59,7 +60,7 @@ from .models import (
     Seat,
     SeatStatus,
 )
-from .states import CHARGEABLE, TRANSITIONS, SagaState
+from .states import TRANSITIONS, SagaState
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _transition(
     written); then a conditional update on (state, version) makes the move,
     so a saga changed behind our back is a :class:`StaleSaga` verdict.
     """
-    if not connection.in_atomic_block:
+    if not in_transaction():
         raise RuntimeError("a transition belongs inside its commit")
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
@@ -322,7 +323,10 @@ def purchase_start(
                 created_at=now,
             )
             ReservationSeat.objects.bulk_create(
-                [ReservationSeat(reservation=reservation, seat=s, event_id=event_id) for s in locked]
+                [
+                    ReservationSeat(reservation=reservation, seat=s, event_id=event_id)
+                    for s in locked
+                ]
             )
             saga.reservation = reservation
             saga.intent_id = intent_id_for(reservation.ref)

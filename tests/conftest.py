@@ -85,3 +85,52 @@ def drain_outbox(*, now=None, max_rounds: int = 20) -> list[OutboxMessage]:
         if relay_tick(now=now or timezone.now(), dispatch=deliver) == 0:
             break
     return list(OutboxMessage.objects.filter(pk__in=delivered).order_by("pk"))
+
+
+def start_purchase(user, event, seats=("A1",), payment_method="pm_card_visa", key=None, now=None):
+    """Start a purchase through the service; returns the saga."""
+    from purchases.models import PurchaseSaga
+    from purchases.services import purchase_start
+
+    started = purchase_start(
+        user=user,
+        idempotency_key=key or new_key(),
+        event_id=event.pk,
+        seat_refs=list(seats),
+        payment_method=payment_method,
+        now=now,
+    )
+    return PurchaseSaga.objects.get(pk=started.saga_id)
+
+
+class BrokerQueue:
+    """The real Celery queue of this test session on Redis."""
+
+    def __init__(self):
+        from django.conf import settings
+
+        from config.celery import app
+
+        self.app = app
+        self.name = settings.CELERY_TASK_DEFAULT_QUEUE
+
+    def purge(self) -> None:
+        with self.app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(self.name)
+
+    def messages(self) -> list[dict]:
+        """Drain and return the queued task messages (name and args)."""
+        out = []
+        with self.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            while (msg := channel.basic_get(self.name, no_ack=True)) is not None:
+                out.append({"task": msg.headers["task"], "args": msg.decode()[0]})
+        return out
+
+
+@pytest.fixture
+def broker_queue():
+    queue = BrokerQueue()
+    queue.purge()
+    yield queue
+    queue.purge()

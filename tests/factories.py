@@ -9,6 +9,7 @@ class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
@@ -18,6 +19,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 class EventFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Event
+        skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"event {n}")
     starts_at = factory.LazyFunction(lambda: timezone.now() + timezone.timedelta(days=7))

@@ -1,0 +1,447 @@
+"""What the fake card processor does, one function per endpoint.
+
+Each function owns its transaction (``atomic(durable=True)``), records the
+request in :class:`FakeRequest`, and returns an :class:`Answer`: the HTTP status
+and JSON body the processor gives, plus whether that answer "times out" (the
+HTTP view then stalls for ``FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS`` *after* the
+commit, so the client gives up on a request whose effects already landed).
+The HTTP views and the in-process fake are thin wrappers around these.
+
+Idempotency follows card processors: the first answer for a key (errors
+included) is stored under the key's unique constraint and replayed verbatim;
+answers that "time out" before processing are never stored. Concurrent requests
+with the same key queue on the intent's row lock, and the loser of a race on
+the key itself is rolled back to a savepoint and replays the winner's answer,
+so one key never yields two charges. Row locks live here rather than in a
+``lock_objects`` module because this app *is* the remote processor and locks a
+single row (the intent) per request.
+
+Test payment methods (``shared/API.md``):
+
+- ``pm_card_visa`` charges;
+- ``pm_card_chargeDeclined`` declines;
+- ``pm_card_timeout_charged`` charges, and the answer that charged times out;
+- ``pm_card_timeout_not_charged``: the first call per key is dropped before
+  anything is recorded (504 after the stall); the retry charges;
+- ``pm_card_unreachable``: every call times out and charges nothing; the intent
+  reads ``requires_payment`` until cancelled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
+
+PM_VISA = "pm_card_visa"
+PM_DECLINED = "pm_card_chargeDeclined"
+PM_TIMEOUT_CHARGED = "pm_card_timeout_charged"
+PM_TIMEOUT_NOT_CHARGED = "pm_card_timeout_not_charged"
+PM_UNREACHABLE = "pm_card_unreachable"
+PAYMENT_METHODS = frozenset(
+    {PM_VISA, PM_DECLINED, PM_TIMEOUT_CHARGED, PM_TIMEOUT_NOT_CHARGED, PM_UNREACHABLE}
+)
+
+# Keeps absurd amounts out of the bigint column (and mirrors processors' caps).
+MAX_AMOUNT = 999_999_999_999
+MAX_ID_LENGTH = 255
+
+Status = FakeIntent.Status
+
+
+@dataclass(frozen=True)
+class Answer:
+    status_code: int
+    body: Any  # JSON-serialisable: a dict, or a list for list endpoints
+    # The processor stalls before this answer leaves; the client times out.
+    times_out: bool = False
+
+
+def error(status_code: int, code: str, detail: str) -> Answer:
+    return Answer(status_code, {"code": code, "detail": detail})
+
+
+def iso_utc(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+# --- charge -------------------------------------------------------------------
+
+
+def intent_charge(
+    *,
+    intent_id: str,
+    idempotency_key: str,
+    amount: Any,
+    currency: Any,
+    payment_method: Any,
+) -> Answer:
+    """``POST payment_intents/<intent_id>/charge``. ``amount``, ``currency`` and
+    ``payment_method`` are taken as they came off the wire and validated here,
+    so the HTTP and in-process paths refuse the same things."""
+    with transaction.atomic(durable=True):
+        answer = _charge(
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+        )
+        _log(
+            endpoint=FakeRequest.Endpoint.CHARGE,
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            payment_method=payment_method if isinstance(payment_method, str) else "",
+            answer=answer,
+        )
+    return answer
+
+
+def _charge(
+    *, intent_id: str, idempotency_key: str, amount: Any, currency: Any, payment_method: Any
+) -> Answer:
+    endpoint = FakeIdempotentAnswer.Endpoint.CHARGE
+    if len(intent_id) > MAX_ID_LENGTH or len(idempotency_key) > MAX_ID_LENGTH:
+        # Not stored: the key itself is unusable.
+        return error(400, "invalid_request", f"ids are at most {MAX_ID_LENGTH} characters.")
+    replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+    if replay is not None:
+        return replay
+
+    refusal = _validate_charge(amount=amount, currency=currency, payment_method=payment_method)
+    if refusal is not None:
+        return _store_or_replay(
+            endpoint=endpoint, idempotency_key=idempotency_key, intent_id=intent_id, answer=refusal
+        )
+
+    if payment_method == PM_UNREACHABLE:
+        # The request never reaches the processor's core: nothing is charged and
+        # nothing is stored for the key, but the intent exists (and reads
+        # requires_payment) so look-ups and cancels behave normally.
+        _ensure_intent(
+            intent_id=intent_id,
+            status=Status.REQUIRES_PAYMENT,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+        )
+        return _gateway_timeout()
+
+    if payment_method == PM_TIMEOUT_NOT_CHARGED:
+        _, first_call = FakeDroppedCharge.objects.get_or_create(
+            idempotency_key=idempotency_key, defaults={"intent_id": intent_id}
+        )
+        if first_call:
+            # Dropped before processing: no intent, no answer; only the key is
+            # remembered so that the retry goes through.
+            return _gateway_timeout()
+
+    try:
+        # A savepoint: if another request stored an answer for this key first
+        # (the same key used on another intent, so the intent lock did not
+        # serialise us), everything this request did is undone and the
+        # winner's answer is replayed.
+        with transaction.atomic():
+            _ensure_intent(
+                intent_id=intent_id,
+                status=Status.REQUIRES_PAYMENT,
+                amount=amount,
+                currency=currency,
+                payment_method=payment_method,
+            )
+            intent = _intent_for_update(intent_id=intent_id)
+            # Checked again under the lock: a concurrent request with the same
+            # key may have charged and answered while we waited for it.
+            replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+            if replay is not None:
+                return replay
+            answer = _charge_locked(
+                intent=intent, amount=amount, currency=currency, payment_method=payment_method
+            )
+            _store(
+                endpoint=endpoint,
+                idempotency_key=idempotency_key,
+                intent_id=intent_id,
+                answer=answer,
+            )
+    except IntegrityError:
+        return _replay_after_race(endpoint=endpoint, idempotency_key=idempotency_key)
+    return answer
+
+
+def _charge_locked(
+    *, intent: FakeIntent, amount: int, currency: str, payment_method: str
+) -> Answer:
+    if intent.status == Status.CANCELED:
+        return error(
+            409, "intent_canceled", "This payment intent was cancelled; it cannot be charged."
+        )
+    if intent.status in (Status.SUCCEEDED, Status.REFUNDED):
+        # Only ever one charge per intent, whatever key the second attempt uses.
+        return error(
+            409,
+            "already_charged",
+            "This payment intent was already charged with another idempotency key.",
+        )
+
+    # requires_payment or declined: a new attempt, as processors allow after a
+    # decline.
+    intent.amount, intent.currency, intent.payment_method = amount, currency, payment_method
+    if payment_method == PM_DECLINED:
+        intent.status = Status.DECLINED
+        intent.save(update_fields=["status", "amount", "currency", "payment_method", "updated"])
+        return Answer(200, {"status": "declined", "charge_id": None})
+
+    charge = FakeCharge.objects.create(
+        intent=intent, amount=amount, currency=currency, status=FakeCharge.Status.SUCCEEDED
+    )
+    intent.status = Status.SUCCEEDED
+    intent.save(update_fields=["status", "amount", "currency", "payment_method", "updated"])
+    return Answer(
+        200,
+        {"status": "succeeded", "charge_id": charge.id},
+        # The charge commits; only the answer is lost on the way back.
+        times_out=payment_method == PM_TIMEOUT_CHARGED,
+    )
+
+
+def _validate_charge(*, amount: Any, currency: Any, payment_method: Any) -> Answer | None:
+    # bool is an int in Python but never an amount.
+    if not isinstance(amount, int) or isinstance(amount, bool) or not 0 < amount <= MAX_AMOUNT:
+        return error(400, "invalid_amount", "amount must be a positive integer in minor units.")
+    if not (
+        isinstance(currency, str)
+        and len(currency) == 3
+        and currency.isascii()
+        and currency.isalpha()
+    ):
+        return error(400, "invalid_currency", "currency must be a three-letter ISO 4217 code.")
+    if payment_method not in PAYMENT_METHODS:
+        return error(
+            400,
+            "invalid_payment_method",
+            f"payment_method must be one of {', '.join(sorted(PAYMENT_METHODS))}.",
+        )
+    return None
+
+
+def _gateway_timeout() -> Answer:
+    return Answer(
+        504,
+        {"code": "gateway_timeout", "detail": "The processor did not answer in time."},
+        times_out=True,
+    )
+
+
+# --- look-ups -----------------------------------------------------------------
+
+
+def intent_retrieve(*, intent_id: str) -> Answer:
+    """``GET payment_intents/<intent_id>``."""
+    with transaction.atomic(durable=True):
+        intent = FakeIntent.objects.filter(pk=intent_id).first()
+        if intent is None:
+            answer = error(404, "not_found", "No such payment intent.")
+        else:
+            answer = Answer(200, _intent_body(intent))
+        _log(endpoint=FakeRequest.Endpoint.RETRIEVE, intent_id=intent_id, answer=answer)
+    return answer
+
+
+def charge_list(*, intent_id: str) -> Answer:
+    """``GET charges?payment_intent=<intent_id>``: every charge ever made on the
+    intent, oldest first (an unknown intent simply has none)."""
+    with transaction.atomic(durable=True):
+        charges = FakeCharge.objects.filter(intent_id=intent_id).order_by("created", "id")
+        answer = Answer(
+            200,
+            [
+                {"id": c.id, "amount": c.amount, "status": c.status, "created": iso_utc(c.created)}
+                for c in charges
+            ],
+        )
+        _log(endpoint=FakeRequest.Endpoint.LIST_CHARGES, intent_id=intent_id, answer=answer)
+    return answer
+
+
+def _intent_body(intent: FakeIntent) -> dict:
+    return {
+        "id": intent.intent_id,
+        "status": intent.status,
+        "amount": intent.amount,
+        "currency": intent.currency or None,
+    }
+
+
+# --- cancel and refund ----------------------------------------------------------
+
+
+def intent_cancel(*, intent_id: str) -> Answer:
+    """``POST payment_intents/<intent_id>/cancel``. Idempotent. An intent not
+    seen yet is created cancelled, so a charge that is still in flight can
+    never land afterwards."""
+    with transaction.atomic(durable=True):
+        if len(intent_id) > MAX_ID_LENGTH:
+            answer = error(400, "invalid_request", f"ids are at most {MAX_ID_LENGTH} characters.")
+        else:
+            _ensure_intent(intent_id=intent_id, status=Status.CANCELED)
+            intent = _intent_for_update(intent_id=intent_id)
+            if intent.status in (Status.SUCCEEDED, Status.REFUNDED):
+                answer = error(
+                    409, "already_charged", "This payment intent was charged; refund it instead."
+                )
+            else:
+                if intent.status != Status.CANCELED:
+                    intent.status = Status.CANCELED
+                    intent.save(update_fields=["status", "updated"])
+                answer = Answer(200, {"status": "canceled"})
+        _log(endpoint=FakeRequest.Endpoint.CANCEL, intent_id=intent_id, answer=answer)
+    return answer
+
+
+def intent_refund(*, intent_id: str, idempotency_key: str = "") -> Answer:
+    """``POST payment_intents/<intent_id>/refund``. Idempotent by state (a
+    refunded intent answers "refunded" again) and, when a key is given, by key."""
+    endpoint = FakeIdempotentAnswer.Endpoint.REFUND
+    with transaction.atomic(durable=True):
+        if len(idempotency_key) > MAX_ID_LENGTH:
+            answer = error(400, "invalid_request", f"ids are at most {MAX_ID_LENGTH} characters.")
+        elif (
+            idempotency_key
+            and (replay := _replay(endpoint=endpoint, idempotency_key=idempotency_key)) is not None
+        ):
+            answer = replay
+        else:
+            try:
+                with transaction.atomic():  # see _charge: a lost race on the key replays
+                    answer = _refund_locked(intent_id=intent_id)
+                    if idempotency_key:
+                        _store(
+                            endpoint=endpoint,
+                            idempotency_key=idempotency_key,
+                            intent_id=intent_id,
+                            answer=answer,
+                        )
+            except IntegrityError:
+                answer = _replay_after_race(endpoint=endpoint, idempotency_key=idempotency_key)
+        _log(
+            endpoint=FakeRequest.Endpoint.REFUND,
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            answer=answer,
+        )
+    return answer
+
+
+def _refund_locked(*, intent_id: str) -> Answer:
+    intent = FakeIntent.objects.select_for_update().filter(pk=intent_id).first()
+    if intent is None or intent.status not in (Status.SUCCEEDED, Status.REFUNDED):
+        return error(409, "not_charged", "This payment intent has no successful charge.")
+    if intent.status == Status.SUCCEEDED:
+        intent.charges.filter(status=FakeCharge.Status.SUCCEEDED).update(
+            status=FakeCharge.Status.REFUNDED
+        )
+        intent.status = Status.REFUNDED
+        intent.save(update_fields=["status", "updated"])
+    return Answer(200, {"status": "refunded"})
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def _ensure_intent(
+    *,
+    intent_id: str,
+    status: str,
+    amount: int | None = None,
+    currency: str = "",
+    payment_method: str = "",
+) -> None:
+    """Create the intent row if it does not exist; leave an existing one as it
+    is. ON CONFLICT DO NOTHING waits for a concurrent uncommitted insert of the
+    same id instead of failing, so racing first requests both end up locking
+    the one row."""
+    FakeIntent.objects.bulk_create(
+        [
+            FakeIntent(
+                intent_id=intent_id,
+                status=status,
+                amount=amount,
+                currency=currency,
+                payment_method=payment_method,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _intent_for_update(*, intent_id: str) -> FakeIntent:
+    return FakeIntent.objects.select_for_update().get(pk=intent_id)
+
+
+def _replay(*, endpoint: str, idempotency_key: str) -> Answer | None:
+    stored = FakeIdempotentAnswer.objects.filter(
+        endpoint=endpoint, idempotency_key=idempotency_key
+    ).first()
+    if stored is None:
+        return None
+    return Answer(stored.status_code, stored.body)
+
+
+def _store(*, endpoint: str, idempotency_key: str, intent_id: str, answer: Answer) -> None:
+    """Remember the first answer for the key. Raises IntegrityError if another
+    request stored one first: callers roll back to a savepoint and replay."""
+    FakeIdempotentAnswer.objects.create(
+        endpoint=endpoint,
+        idempotency_key=idempotency_key,
+        intent_id=intent_id,
+        status_code=answer.status_code,
+        body=answer.body,
+    )
+
+
+def _replay_after_race(*, endpoint: str, idempotency_key: str) -> Answer:
+    # The unique index made us wait for the winner's commit, so its answer is
+    # visible to this (read committed) statement.
+    replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+    if replay is None:  # pragma: no cover - only if the constraint lied
+        raise RuntimeError(f"no stored {endpoint} answer for {idempotency_key!r} after a race")
+    return replay
+
+
+def _store_or_replay(
+    *, endpoint: str, idempotency_key: str, intent_id: str, answer: Answer
+) -> Answer:
+    try:
+        with transaction.atomic():
+            _store(
+                endpoint=endpoint,
+                idempotency_key=idempotency_key,
+                intent_id=intent_id,
+                answer=answer,
+            )
+    except IntegrityError:
+        return _replay_after_race(endpoint=endpoint, idempotency_key=idempotency_key)
+    return answer
+
+
+def _log(
+    *,
+    endpoint: str,
+    intent_id: str,
+    answer: Answer,
+    idempotency_key: str = "",
+    payment_method: str = "",
+) -> None:
+    FakeRequest.objects.create(
+        endpoint=endpoint,
+        intent_id=intent_id[:MAX_ID_LENGTH],
+        idempotency_key=idempotency_key[:MAX_ID_LENGTH],
+        payment_method=payment_method[:64],
+        status_code=answer.status_code,
+        timed_out=answer.times_out,
+    )

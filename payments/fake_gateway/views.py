@@ -1,0 +1,114 @@
+"""The fake processor's HTTP face: thin wrappers around :mod:`.services`.
+
+Plain Django views on purpose (not DRF): the fake stands for a remote
+processor, so it stays out of the project's OpenAPI schema, needs no
+authentication and is CSRF-exempt. Every answer, errors included, is JSON of
+the shape ``{"code", "detail"}`` for errors.
+
+Delays are simulated here, never inside a transaction: ``FAKE_GATEWAY_LATENCY_MS``
+before every request, and ``FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS`` after the
+service committed an answer that "times out". Settings are read per request so
+tests can override them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import services
+from .services import Answer, error
+
+
+def _respond(answer: Answer) -> JsonResponse:
+    if answer.times_out:
+        time.sleep(settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS)
+    return JsonResponse(answer.body, status=answer.status_code, safe=False)
+
+
+def _endpoint(method: str) -> Callable:
+    """Accept only ``method``, answer JSON otherwise, and add the latency."""
+
+    def decorate(view: Callable[..., Answer]) -> Callable[..., JsonResponse]:
+        @csrf_exempt
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+            latency_ms = settings.FAKE_GATEWAY_LATENCY_MS
+            if latency_ms:
+                time.sleep(latency_ms / 1000)
+            if request.method != method:
+                response = _respond(
+                    error(405, "method_not_allowed", f"Use {method} on this endpoint.")
+                )
+                response["Allow"] = method
+                return response
+            return _respond(view(request, *args, **kwargs))
+
+        return wrapper
+
+    return decorate
+
+
+def _json_object(request: HttpRequest) -> dict | None:
+    try:
+        payload = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+@_endpoint("POST")
+def charge(request: HttpRequest, intent_id: str) -> Answer:
+    key = request.headers.get("Idempotency-Key", "")
+    if not key:
+        return error(400, "idempotency_key_missing", "Charges need an Idempotency-Key header.")
+    payload = _json_object(request)
+    if payload is None:
+        return error(400, "invalid_json", "The body must be a JSON object.")
+    return services.intent_charge(
+        intent_id=intent_id,
+        idempotency_key=key,
+        amount=payload.get("amount"),
+        currency=payload.get("currency"),
+        payment_method=payload.get("payment_method"),
+    )
+
+
+@_endpoint("GET")
+def retrieve(request: HttpRequest, intent_id: str) -> Answer:
+    return services.intent_retrieve(intent_id=intent_id)
+
+
+@_endpoint("POST")
+def cancel(request: HttpRequest, intent_id: str) -> Answer:
+    return services.intent_cancel(intent_id=intent_id)
+
+
+@_endpoint("POST")
+def refund(request: HttpRequest, intent_id: str) -> Answer:
+    return services.intent_refund(
+        intent_id=intent_id, idempotency_key=request.headers.get("Idempotency-Key", "")
+    )
+
+
+@_endpoint("GET")
+def list_charges(request: HttpRequest) -> Answer:
+    intent_id = request.GET.get("payment_intent", "")
+    if not intent_id:
+        return error(
+            400, "payment_intent_missing", "Name the intent: charges?payment_intent=<intent_id>."
+        )
+    return services.charge_list(intent_id=intent_id)
+
+
+@csrf_exempt
+def unknown_endpoint(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+    # Not "not_found": that code means "no such intent", and a client must not
+    # read a wrong URL as proof that nothing was charged.
+    return _respond(error(404, "unknown_endpoint", "No such endpoint on this gateway."))

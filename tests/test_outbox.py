@@ -1,0 +1,230 @@
+"""Outbox rows and durable timers: schedule, cancel, fire, relay."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from freezegun import freeze_time
+
+from outbox.delivery import message_deliver
+from outbox.models import InboxEntry, OutboxMessage
+from outbox.relay import relay_claim, relay_tick
+from outbox.services import (
+    OutboxOutsideTransaction,
+    TimerCancelStatus,
+    outbox_publish,
+    timer_cancel,
+    timer_schedule,
+)
+
+T0 = "2026-12-02 12:00:00"
+
+
+def _schedule(key="t1", due_in=60):
+    with transaction.atomic():
+        return timer_schedule(key=key, topic="test.timer", payload={"n": 1},
+                              due_at=timezone.now() + timedelta(seconds=due_in))
+
+
+def _cancel(key):
+    with transaction.atomic():
+        return timer_cancel(key=key)
+
+
+def _fire_all(now=None):
+    fired = []
+    relay_tick(now=now, dispatch=fired.append)
+    return fired
+
+
+@pytest.mark.django_db
+def test_writes_refuse_to_run_outside_a_transaction():
+    with pytest.raises(OutboxOutsideTransaction):
+        outbox_publish(topic="x", payload={})
+    with pytest.raises(OutboxOutsideTransaction):
+        timer_cancel(key="x")
+
+
+@pytest.mark.django_db
+def test_cancel_before_fire_answers_cancelled_and_it_never_fires():
+    with freeze_time(T0) as clock:
+        timer = _schedule()
+        result = _cancel("t1")
+        clock.tick(3600)
+        fired = _fire_all()
+
+    assert result.status == TimerCancelStatus.CANCELLED
+    assert fired == []
+    timer.refresh_from_db()
+    assert timer.cancelled_at is not None and timer.fired_at is None
+
+
+@pytest.mark.django_db
+def test_cancel_after_fire_answers_already_fired_with_when():
+    with freeze_time(T0) as clock:
+        timer = _schedule(due_in=60)
+        clock.tick(61)
+        assert _fire_all() == [timer.pk]
+        fired_at = timezone.now()
+        clock.tick(5)
+        result = _cancel("t1")
+
+    assert result.status == TimerCancelStatus.ALREADY_FIRED
+    assert result.at == fired_at
+    timer.refresh_from_db()
+    assert timer.cancelled_at is None  # the row keeps its history
+
+
+@pytest.mark.django_db
+def test_cancel_of_an_unknown_timer_answers_absent():
+    assert _cancel("never-armed").status == TimerCancelStatus.ABSENT
+
+
+@pytest.mark.django_db
+def test_cancelling_twice_keeps_answering_cancelled():
+    _schedule()
+    first = _cancel("t1")
+    second = _cancel("t1")
+    assert (first.status, second.status) == ("cancelled", "cancelled")
+    assert first.at == second.at
+
+
+@pytest.mark.django_db
+def test_a_timer_fires_when_due_not_before():
+    with freeze_time(T0) as clock:
+        timer = _schedule(due_in=60)
+        clock.tick(59)
+        early = _fire_all()
+        clock.tick(1)
+        on_time = _fire_all()
+        again = _fire_all()
+
+    assert early == []
+    assert on_time == [timer.pk]
+    assert again == []  # fired once
+    timer.refresh_from_db()
+    assert timer.fired_at == timer.available_at
+    assert timer.deliveries == 1
+
+
+@pytest.mark.django_db
+def test_a_failed_hand_off_is_retried_on_the_next_tick():
+    with transaction.atomic():
+        message = outbox_publish(topic="test.event", payload={})
+
+    def broken(_):
+        raise ConnectionError("broker down")
+
+    assert relay_tick(dispatch=broken) == 0
+    message.refresh_from_db()
+    assert message.fired_at is None and message.claimed_until is None
+    assert _fire_all() == [message.pk]
+
+
+@pytest.mark.django_db
+def test_a_fired_message_not_completed_is_handed_over_again(settings):
+    settings.OUTBOX_REDELIVER_AFTER_SECONDS = 120
+    with freeze_time(T0) as clock:
+        with transaction.atomic():
+            message = outbox_publish(topic="test.event", payload={})
+        assert _fire_all() == [message.pk]  # and the task was lost
+        clock.tick(119)
+        assert _fire_all() == []
+        clock.tick(2)
+        assert _fire_all() == [message.pk]
+    message.refresh_from_db()
+    assert message.deliveries == 2
+
+
+@pytest.mark.django_db
+def test_delivery_runs_each_consumer_once_whatever_the_redeliveries(settings):
+    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer"]}
+    RECORDED.clear()
+    with transaction.atomic():
+        message = outbox_publish(topic="test.event", payload={"n": 7})
+
+    verdicts = [message_deliver(message_id=message.pk) for _ in range(3)]
+
+    assert verdicts == ["delivered", "skipped", "skipped"]
+    assert RECORDED == [7]
+    assert InboxEntry.objects.filter(message=message).count() == 1
+
+
+RECORDED: list = []
+
+
+def record_consumer(message):
+    RECORDED.append(message.payload["n"])
+
+
+@pytest.mark.django_db
+def test_a_cancelled_timer_is_not_delivered_even_if_handed_over(settings):
+    settings.OUTBOX_CONSUMERS = {"test.timer": ["tests.test_outbox.record_consumer"]}
+    RECORDED.clear()
+    timer = _schedule(due_in=0)
+    _cancel("t1")
+    assert message_deliver(message_id=timer.pk) == "skipped"
+    assert RECORDED == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_relays_never_claim_one_row_twice():
+    # given: 200 due rows
+    with transaction.atomic():
+        for i in range(200):
+            outbox_publish(topic="test.event", payload={"i": i})
+    claimed: list[list[int]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def relay(n):
+        try:
+            barrier.wait()
+            while ids := relay_claim(now=timezone.now(), limit=7):
+                claimed[n].extend(ids)
+        finally:
+            connection.close()
+
+    # when: two relays on two connections claim concurrently
+    threads = [threading.Thread(target=relay, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    # then: every row claimed exactly once, between them
+    all_ids = claimed[0] + claimed[1]
+    assert len(all_ids) == 200
+    assert len(set(all_ids)) == 200
+    assert claimed[0] and claimed[1], "both relays should have taken part"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_relays_ticking_concurrently_dispatch_each_row_once():
+    with transaction.atomic():
+        ids = [outbox_publish(topic="test.event", payload={}).pk for _ in range(100)]
+    dispatched: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(2)
+
+    def dispatch(message_id):
+        with lock:
+            dispatched.append(message_id)
+
+    def relay():
+        try:
+            barrier.wait()
+            while relay_tick(dispatch=dispatch, limit=5):
+                pass
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=relay) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    assert sorted(dispatched) == sorted(ids)
+    assert OutboxMessage.objects.filter(fired_at__isnull=True).count() == 0
