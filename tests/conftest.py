@@ -64,6 +64,16 @@ def gateway():
         yield gw
 
 
+@pytest.fixture
+def faulty_gateway():
+    """The in-process fake behind a network that can lose answers."""
+    from .gateways import FaultyGateway
+
+    gw = FaultyGateway()
+    with override_gateway(gw):
+        yield gw
+
+
 def purchase_body(event, seats=("A1",), payment_method="pm_card_visa") -> dict:
     return {"event": event.pk, "seats": list(seats), "payment_method": payment_method}
 

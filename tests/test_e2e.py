@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def stack(live_server, tmp_path, broker_queue):
-    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path)
+    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path,
+              extra_env={"RECONCILE_BACKOFF_SECONDS": "1,1,1,1,1,1"})
     s.start_worker()
     s.start_relay()
     s.wait_ready()
@@ -112,3 +113,22 @@ def test_a_declined_purchase_is_compensated_and_the_seat_is_free(stack, http):
     emails = stack.emails()
     assert len(emails) == 1, emails
     assert "did not go through" in emails[0]
+
+
+def test_a_charge_that_timed_out_but_landed_is_reconciled_to_one_charge(stack, http):
+    event = EventFactory(seats=["A1"])
+    auth = _login(http, "carol")
+
+    accepted = _buy(http, auth, event, ["A1"], "pm_card_timeout_charged", "e2e-timeout-1")
+    stack.wait_for(_settled(accepted["id"]), "the saga to settle")
+
+    detail = http.get(accepted["links"]["self"], headers=auth).json()
+    assert detail["status"] == "CONFIRMED"
+    assert [h["to"] for h in detail["history"]] == [
+        "PENDING", "CHARGING", "UNKNOWN", "CONFIRMED"]
+    saga = PurchaseSaga.objects.get(pk=accepted["id"])
+    assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1  # ONE, not two
+    assert saga.probes.filter(asked="retrieve", answer="succeeded").count() == 1
+    assert Seat.objects.get(event=event, ref="A1").status == "sold"
+    stack.wait_for(lambda: len(stack.emails()) >= 1, "the confirmation email")
+    assert len(stack.emails()) == 1
