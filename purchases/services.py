@@ -225,9 +225,23 @@ def _replay(*, user, idempotency_key: str, fingerprint: str) -> PurchaseStarted 
     return PurchaseStarted(
         saga_id=str(record.saga_id),
         status_code=record.response_status,
-        body=record.response_body,
+        body=_in_answer_order(record.response_body),
         created=False,
     )
+
+
+_ANSWER_KEYS = ("id", "status", "event", "seats", "total", "hold_expires_at", "links")
+
+
+def _in_answer_order(body: dict) -> dict:
+    # jsonb does not keep key order; a replay must be byte-identical to the
+    # first answer, so both are rendered in this one order.
+    ordered = {k: body[k] for k in _ANSWER_KEYS if k in body}
+    ordered.update({k: v for k, v in body.items() if k not in ordered})
+    if isinstance(ordered.get("total"), dict):
+        ordered["total"] = {"amount": ordered["total"]["amount"],
+                            "currency": ordered["total"]["currency"]}
+    return ordered
 
 
 def purchase_start(
@@ -280,7 +294,8 @@ def purchase_start(
         "id": str(saga.id),
         "status": S.PENDING.value,
         "event": event_id,
-        "seats": list(seat_refs),
+        # In seat order, as the purchase's detail lists them.
+        "seats": [s.ref for s in seats],
         "total": {"amount": total, "currency": currency},
         "hold_expires_at": hold_expires_at.isoformat().replace("+00:00", "Z"),
         "links": {"self": f"/api/purchases/{saga.id}/"},
