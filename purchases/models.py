@@ -120,6 +120,10 @@ class PurchaseSaga(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("run_saga_runbook", "Can run runbook actions (reconcile, resume, confirm, "
+             "compensate, refund) on purchase sagas"),
+        ]
         indexes = [
             # The resumer and the chaser only look at live sagas: the index
             # does not grow with the number of finished ones.
@@ -198,3 +202,61 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_per_user"),
         ]
+
+
+class SweepHeartbeat(models.Model):
+    """Each run of a sweep (resumer, chaser, auditor) leaves its pulse here, so
+    a sweeper that stalls is itself visible."""
+
+    name = models.CharField(max_length=50, unique=True)
+    interval_seconds = models.PositiveIntegerField()
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_succeeded_at = models.DateTimeField(null=True, blank=True)
+    last_failed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    rows_seen = models.PositiveIntegerField(default=0)
+    rows_acted = models.PositiveIntegerField(default=0)
+    # The stall alert for the current silence was raised (reset on success).
+    stall_alerted_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DailySales(models.Model):
+    """Analytics, materialized from PurchaseConfirmed / ReservationCancelled
+    through the inbox (each message counted exactly once)."""
+
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    day = models.DateField()
+    currency = models.CharField(max_length=3)
+    confirmed_count = models.PositiveIntegerField(default=0)
+    confirmed_amount = models.BigIntegerField(default=0)
+    cancelled_count = models.PositiveIntegerField(default=0)
+    refunded_count = models.PositiveIntegerField(default=0)
+    refunded_amount = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["event", "day", "currency"], name="daily_sales_once"),
+        ]
+        verbose_name_plural = "daily sales"
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.day}"
+
+
+class AuditRun(models.Model):
+    """One run of the invariant auditor: what it checked and what it found."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    sagas_checked = models.PositiveIntegerField(default=0)
+    violations = models.PositiveIntegerField(default=0)
+    report = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"audit {self.started_at:%Y-%m-%d %H:%M} ({self.violations} violations)"
