@@ -231,9 +231,17 @@ if not DEBUG:
 # --- outbox routing: topic -> consumers (each idempotent) ---------------------
 OUTBOX_CONSUMERS = {
     "purchase.hold_expired": ["purchases.consumers.hold_expired"],
+    "purchase.hold_recheck": ["purchases.consumers.hold_expired"],
     "purchase.reconcile": ["purchases.consumers.reconcile_due"],
     "purchase.refund_retry": ["purchases.consumers.refund_retry_due"],
     "PurchaseConfirmed": ["purchases.consumers.confirmation_email"],
     "ReservationCancelled": ["purchases.consumers.cancellation_email"],
     "SagaNeedsOperator": ["purchases.consumers.operator_alert"],
+}
+
+# --- periodic sweeps (Celery beat) -----------------------------------------------
+CELERY_BEAT_SCHEDULE = {
+    "resume-sagas": {"task": "purchases.resume_sagas", "schedule": 60.0},
+    "chase-compensations": {"task": "purchases.chase_compensations", "schedule": 300.0},
+    "audit-sagas": {"task": "purchases.audit_sagas", "schedule": 86400.0},
 }

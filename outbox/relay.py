@@ -67,6 +67,12 @@ def relay_mark_fired(*, ids: Iterable[int], now: datetime) -> int:
     ids = list(ids)
     if not ids:
         return 0
+    from config.metrics import TIMER_FIRE_LAG
+
+    for due in OutboxMessage.objects.filter(id__in=ids, fired_at__isnull=True).values_list(
+        "available_at", flat=True
+    ):
+        TIMER_FIRE_LAG.observe(max(0.0, (now - due).total_seconds()))
     with transaction.atomic(durable=True):
         # A timer cancelled while we were handing it over stays cancelled and
         # is not marked fired; the delivery task skips it.

@@ -80,12 +80,20 @@ def timer_schedule(
     event_id: int | None = None,
     saga_id=None,
     now: datetime | None = None,
+    if_absent: bool = False,
 ) -> OutboxMessage:
     """Arm a durable timer: a row the relay hands over at ``due_at``.
 
     The key is unique: arming the same timer twice is an IntegrityError, which
     is what a caller that thinks it is arming a fresh timer wants to hear.
+    With ``if_absent`` an existing row of that key is returned instead (the
+    caller holds the lock of the thing the timer belongs to, so no one else
+    arms it meanwhile).
     """
+    if if_absent:
+        existing = OutboxMessage.objects.filter(key=key).first()
+        if existing is not None:
+            return existing
     return outbox_publish(
         topic=topic,
         payload=payload,

@@ -25,9 +25,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config import metrics
 from config.transactions import in_transaction
 from ledger.models import EntryKind
 from ledger.services import ledger_has_charge, ledger_record
+from outbox.models import OutboxMessage
 from outbox.services import outbox_publish, timer_cancel, timer_schedule
 from payments.interface import (
     CancelOutcome,
@@ -67,6 +69,8 @@ logger = logging.getLogger(__name__)
 S = SagaState
 
 TOPIC_HOLD_EXPIRED = "purchase.hold_expired"
+# A hold that expired while the gateway could not be reached: ask again.
+TOPIC_HOLD_RECHECK = "purchase.hold_recheck"
 TOPIC_RECONCILE = "purchase.reconcile"
 TOPIC_REFUND_RETRY = "purchase.refund_retry"
 TOPIC_CONFIRMED = "PurchaseConfirmed"
@@ -143,6 +147,9 @@ def _transition(
         version=saga.version,
     )
     logger.info("saga %s -> %s: %s", source, to, reason, **_log(saga, actor=actor))
+    transaction.on_commit(
+        lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc()
+    )
     return saga
 
 
@@ -480,6 +487,11 @@ def saga_record_charge(
 
 def _probe(saga: PurchaseSaga, *, asked: str, answer: str, detail: str, latency_ms: float,
            now: datetime, attempt: int = 0) -> None:
+    """Keep the gateway's answer as evidence beside the saga (and count it)."""
+    metrics.GATEWAY_REQUESTS.labels(method=asked, outcome=answer).inc()
+    metrics.GATEWAY_LATENCY.labels(method=asked).observe(latency_ms / 1000)
+    if asked == "retrieve":
+        metrics.RECONCILE_PROBES.labels(answer=answer).inc()
     ReconciliationProbe.objects.create(
         saga=saga, event_id=saga.event_id, at=now, asked=asked, answer=answer,
         detail=detail[:200], latency_ms=latency_ms, attempt=attempt,
@@ -563,6 +575,8 @@ def _arm_reconcile(saga: PurchaseSaga, *, attempt: int, now: datetime) -> None:
         event_id=saga.event_id,
         saga_id=saga.pk,
         now=now,
+        # The resumer may re-drive a probe whose successor is already armed.
+        if_absent=True,
     )
 
 
@@ -574,19 +588,25 @@ def _next_probe_or_escalate(saga: PurchaseSaga, *, attempt: int, now: datetime,
     _transition(saga, S.UNKNOWN_EXPIRED,
                 reason=f"reconcile schedule exhausted after {attempt - 1} probes", now=now,
                 actor=actor)
-    _raise_alert(saga, why="reconciliation exhausted", now=now)
+    raise_operator_alert(saga, why="reconciliation exhausted", now=now)
 
 
-def _raise_alert(saga: PurchaseSaga, *, why: str, now: datetime) -> None:
+def raise_operator_alert(saga: PurchaseSaga, *, why: str, now: datetime) -> bool:
+    """Alert once per saga per escalation (its version); True if raised now."""
+    key = f"needs_operator:{saga.pk}:{saga.version}"
+    if OutboxMessage.objects.filter(key=key).exists():
+        return False
     logger.error("saga needs an operator: %s", why, **_log(saga, alert="saga_needs_operator"))
+    metrics.ALERTS.labels(kind="saga_needs_operator").inc()
     outbox_publish(
         topic=TOPIC_NEEDS_OPERATOR,
         payload={"saga_id": str(saga.pk), "state": saga.state, "why": why},
-        key=f"needs_operator:{saga.pk}:{saga.version}",
+        key=key,
         event_id=saga.event_id,
         saga_id=saga.pk,
         now=now,
     )
+    return True
 
 
 def saga_reconcile(
@@ -644,7 +664,7 @@ def saga_reconcile(
             _transition(saga, S.UNKNOWN_EXPIRED,
                         reason=f"gateway reports {status.value} for an unsettled saga", now=now,
                         actor=actor)
-            _raise_alert(saga, why=f"gateway reports {status.value}", now=now)
+            raise_operator_alert(saga, why=f"gateway reports {status.value}", now=now)
         else:
             _note(saga, reason=f"reconcile probe {attempt}: no answer ({lookup.detail})",
                   now=now, actor=actor)
@@ -714,13 +734,15 @@ def saga_expire_hold(
         else:
             backoff = _backoff()
             if attempt >= len(backoff) - 1:
-                _raise_alert(saga, why="hold expired and the gateway cannot be reached", now=now)
+                raise_operator_alert(
+                    saga, why="hold expired and the gateway cannot be reached", now=now
+                )
             _note(saga, reason=f"expiry: gateway unreachable ({answer.detail}); will ask again",
                   now=now)
             delay = backoff[min(attempt, len(backoff) - 1)]
             timer_schedule(
                 key=f"hold:{saga.pk}:retry:{attempt + 1}",
-                topic=TOPIC_HOLD_EXPIRED,
+                topic=TOPIC_HOLD_RECHECK,
                 payload={"saga_id": str(saga.pk), "attempt": attempt + 1},
                 due_at=now + timedelta(seconds=delay),
                 event_id=saga.event_id,
@@ -747,17 +769,24 @@ def saga_compensate(
     actor_name: str = "",
     reason: str = "compensating",
     refund_confirmed: bool = False,
+    operator_override: bool = False,
 ) -> PurchaseSaga:
     """Undo a purchase: refund (if charged) -> free seats -> event -> email.
 
     Idempotent by state: COMPENSATED is a no-op, COMPENSATING resumes where it
     stopped. ``refund_confirmed`` allows starting from CONFIRMED (a refund
-    asked for by customer service, see :func:`purchase_refund`).
+    asked for by customer service, see :func:`purchase_refund`);
+    ``operator_override`` allows UNKNOWN_EXPIRED, which only an operator who
+    has checked the gateway (and cancelled the intent) may compensate.
     """
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         state = SagaState(saga.state)
-        if state in _COMPENSABLE or (state == S.CONFIRMED and refund_confirmed):
+        if (
+            state in _COMPENSABLE
+            or (state == S.CONFIRMED and refund_confirmed)
+            or (state == S.UNKNOWN_EXPIRED and operator_override)
+        ):
             _transition(saga, S.COMPENSATING, reason=reason, now=_now(now), actor=actor,
                         actor_name=actor_name)
         elif state != S.COMPENSATING:
@@ -783,7 +812,9 @@ def saga_compensate(
                             now=now, actor=actor, actor_name=actor_name)
                 _arm_refund_retry(saga, now=now)
                 if result.outcome == RefundOutcome.NOT_CHARGED:
-                    _raise_alert(saga, why="ledger has a charge the gateway does not", now=now)
+                    raise_operator_alert(
+                        saga, why="ledger has a charge the gateway does not", now=now
+                    )
                 return saga
         refund_reference = f"refund:{saga.intent_id}"
 
@@ -792,32 +823,39 @@ def saga_compensate(
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         if saga.state != S.COMPENSATING:
             return saga
-        was_confirmed = Reservation.objects.filter(
-            pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
-        ).exists()
         if refund_reference:
             ledger_record(
                 intent_id=saga.intent_id, kind=EntryKind.REFUND, amount=-saga.amount,
                 currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=now,
                 gateway_reference=refund_reference,
             )
-        _release_seats(saga, now=now)
-        Reservation.objects.filter(pk=saga.reservation_id).update(
-            status=ReservationStatus.CANCELLED
-        )
-        timer_cancel(key=saga.hold_timer_key, now=now)
-        outbox_publish(
-            topic=TOPIC_CANCELLED,
-            payload={**_purchase_facts(saga), "was_confirmed": was_confirmed,
-                     "refunded": bool(refund_reference)},
-            key=f"cancelled:{saga.pk}",
-            event_id=saga.event_id,
-            saga_id=saga.pk,
-            now=now,
-        )
-        _transition(saga, S.COMPENSATED, reason="compensated", now=now, actor=actor,
-                    actor_name=actor_name)
+        _finish_compensation(saga, now=now, actor=actor, actor_name=actor_name,
+                             refunded=bool(refund_reference) or _refunded(saga))
     return saga
+
+
+def _finish_compensation(saga: PurchaseSaga, *, now: datetime, actor: str, actor_name: str,
+                         refunded: bool, reason: str = "compensated") -> None:
+    """The last commit of a compensation: seats, reservation, event, state.
+
+    The email is the consumer's, after this commits (reverse order: refund,
+    seats, event, email).
+    """
+    was_confirmed = Reservation.objects.filter(
+        pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
+    ).exists()
+    _release_seats(saga, now=now)
+    Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CANCELLED)
+    timer_cancel(key=saga.hold_timer_key, now=now)
+    outbox_publish(
+        topic=TOPIC_CANCELLED,
+        payload={**_purchase_facts(saga), "was_confirmed": was_confirmed, "refunded": refunded},
+        key=f"cancelled:{saga.pk}",
+        event_id=saga.event_id,
+        saga_id=saga.pk,
+        now=now,
+    )
+    _transition(saga, S.COMPENSATED, reason=reason, now=now, actor=actor, actor_name=actor_name)
 
 
 def _refunded(saga: PurchaseSaga) -> bool:

@@ -23,3 +23,35 @@ _RETRY = {
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
     return services.saga_charge(saga_id=saga_id).state
+
+
+# Periodic sweeps (Celery beat). Each run leaves a heartbeat; overlapping runs
+# are harmless (sagas are claimed with SKIP LOCKED and re-checked).
+
+
+@shared_task(name="purchases.resume_sagas", acks_late=True)
+def resume_sagas_task() -> int:
+    from .sweeps import sweep_resume
+
+    return len(sweep_resume().lines)
+
+
+@shared_task(name="purchases.chase_compensations", acks_late=True)
+def chase_compensations_task() -> int:
+    from .sweeps import sweep_chase, sweeps_stalled
+
+    lines = sweep_chase()
+    sweeps_stalled()
+    return len(lines)
+
+
+@shared_task(name="purchases.audit_sagas", acks_late=True)
+def audit_sagas_task() -> int:
+    from .audit import audit_run
+    from .sweeps import heartbeat
+
+    with heartbeat("audit_sagas") as pulse:
+        report = audit_run()
+        pulse.seen = report.sagas_checked
+        pulse.acted = len(report.violations)
+    return len(report.violations)

@@ -1,0 +1,234 @@
+"""Operators' runbook actions: guarded transitions through the same services.
+
+Each action names the operator and a reason (both land in the saga's
+history), is offered only where the transition table allows it, and has a
+dry run (:func:`action_plan`) that says what it will do before it does it.
+The admin is a thin caller of these functions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.models import EntryKind
+from ledger.services import ledger_has_charge, ledger_record
+from payments.interface import CancelOutcome, IntentStatus, PaymentGateway
+
+from . import lock_objects, services
+from .errors import DomainError, IllegalTransition
+from .models import Actor, PurchaseSaga, Reservation, ReservationStatus
+from .selectors import saga_seat_refs
+from .states import TERMINAL, TRANSITIONS, SagaState
+from .sweeps import saga_resume
+
+S = SagaState
+
+
+class Action(enum.StrEnum):
+    RECONCILE_NOW = "reconcile_now"
+    RESUME_NOW = "resume_now"
+    CONFIRM_MANUAL = "confirm_after_manual_check"
+    COMPENSATE_MANUAL = "compensate_after_manual_check"
+    REFUND = "refund"
+
+
+LABELS = {
+    Action.RECONCILE_NOW: "Reconcile now (look the intent up at the gateway)",
+    Action.RESUME_NOW: "Resume now (drive from the current state)",
+    Action.CONFIRM_MANUAL: "Confirm after manual check",
+    Action.COMPENSATE_MANUAL: "Compensate after manual check",
+    Action.REFUND: "Refund (customer service)",
+}
+
+_NON_TERMINAL = frozenset(s for s in S if s not in TERMINAL)
+
+# Where each action may start: derived from, and checked against, the
+# transition table (see test_runbook).
+SOURCES: dict[Action, frozenset[SagaState]] = {
+    Action.RECONCILE_NOW: _NON_TERMINAL,
+    Action.RESUME_NOW: _NON_TERMINAL - {S.UNKNOWN_EXPIRED},
+    Action.CONFIRM_MANUAL: frozenset({S.UNKNOWN_EXPIRED, S.COMPENSATION_PENDING}),
+    Action.COMPENSATE_MANUAL: frozenset({S.UNKNOWN_EXPIRED, S.COMPENSATION_PENDING}),
+    Action.REFUND: frozenset({S.CONFIRMED}),
+}
+# The move each manual action makes, for the table check.
+TARGETS = {
+    (Action.CONFIRM_MANUAL, S.UNKNOWN_EXPIRED): S.CONFIRMED,
+    (Action.CONFIRM_MANUAL, S.COMPENSATION_PENDING): S.COMPENSATED,
+    (Action.COMPENSATE_MANUAL, S.UNKNOWN_EXPIRED): S.COMPENSATING,
+    (Action.COMPENSATE_MANUAL, S.COMPENSATION_PENDING): S.COMPENSATING,
+    (Action.REFUND, S.CONFIRMED): S.COMPENSATING,
+}
+assert all(target in TRANSITIONS[source] for (_, source), target in TARGETS.items())
+
+
+class ActionRefused(DomainError):
+    code = "action_refused"
+
+
+@dataclass
+class Plan:
+    saga_id: str
+    state: str
+    action: Action
+    allowed: bool
+    why: str = ""
+    refund: bool = False
+    seats_freed: list[str] = field(default_factory=list)
+    emails: list[str] = field(default_factory=list)
+    ledger: str = ""
+    gateway_calls: list[str] = field(default_factory=list)
+
+
+def actions_for(state: str) -> list[Action]:
+    return [a for a in Action if SagaState(state) in SOURCES[a]]
+
+
+def action_plan(*, saga: PurchaseSaga, action: Action) -> Plan:
+    """The dry run: what the action would do to this saga. Writes nothing."""
+    state = SagaState(saga.state)
+    plan = Plan(str(saga.pk), state, action, allowed=state in SOURCES[action])
+    if not plan.allowed:
+        plan.why = f"not allowed from {state}"
+        return plan
+    seats = saga_seat_refs(saga)
+    charged = ledger_has_charge(intent_id=saga.intent_id)
+    was_confirmed = Reservation.objects.filter(
+        pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
+    ).exists()
+    if action == Action.RECONCILE_NOW:
+        plan.gateway_calls = ["retrieve"]
+        plan.why = "look the intent up; act only on a definitive answer"
+    elif action == Action.RESUME_NOW:
+        plan.why = services_why(state)
+    elif action == Action.CONFIRM_MANUAL and state == S.UNKNOWN_EXPIRED:
+        plan.why = "the operator saw the charge at the gateway"
+        plan.ledger = f"charge +{saga.amount} {saga.currency} with the operator's note"
+        plan.emails = ["confirmation"]
+    elif action == Action.CONFIRM_MANUAL:
+        plan.why = "the operator saw the refund at the gateway"
+        plan.ledger = f"refund -{saga.amount} {saga.currency} with the operator's note"
+        plan.seats_freed = seats
+        plan.emails = ["correction" if was_confirmed else "failure"]
+    elif action == Action.COMPENSATE_MANUAL and state == S.UNKNOWN_EXPIRED:
+        plan.why = "the operator saw no charge: cancel the intent first, then compensate"
+        plan.gateway_calls = ["cancel"]
+        plan.seats_freed = seats
+        plan.emails = ["failure"]
+    else:  # compensate COMPENSATION_PENDING, or refund CONFIRMED
+        plan.refund = charged
+        plan.gateway_calls = ["refund"] if charged else []
+        plan.ledger = f"refund -{saga.amount} {saga.currency}" if charged else ""
+        plan.seats_freed = seats
+        plan.emails = ["correction" if was_confirmed else "failure"]
+        plan.why = "refund, free the seats, announce, email"
+    return plan
+
+
+def services_why(state: SagaState) -> str:
+    from .sweeps import _WHY
+
+    return _WHY.get(state, "")
+
+
+def action_run(
+    *,
+    saga_id,
+    action: Action,
+    operator: str,
+    reason: str,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """Run a runbook action for ``operator``. Raises ActionRefused if the
+    saga is not in a state the action may start from."""
+    if not reason or not reason.strip():
+        raise ActionRefused("a reason is required")
+    if not operator:
+        raise ActionRefused("the operator must be named")
+    saga = PurchaseSaga.objects.get(pk=saga_id)
+    if SagaState(saga.state) not in SOURCES[action]:
+        raise ActionRefused(f"{LABELS[action]} is not allowed from {saga.state}")
+    note = f"{reason.strip()} (by {operator})"
+    if action == Action.RECONCILE_NOW:
+        return _reconcile_now(saga, operator=operator, note=note, gateway=gateway, now=now)
+    if action == Action.RESUME_NOW:
+        return saga_resume(saga_id=saga_id, actor=Actor.OPERATOR, gateway=gateway, now=now)
+    if action == Action.REFUND:
+        return services.purchase_refund(saga_id=saga_id, reason=note, actor=Actor.OPERATOR,
+                                        actor_name=operator, gateway=gateway, now=now)
+    if action == Action.CONFIRM_MANUAL:
+        return _confirm_manual(saga_id, operator=operator, note=note, now=now)
+    return _compensate_manual(saga_id, operator=operator, note=note, gateway=gateway, now=now)
+
+
+def _reconcile_now(saga, *, operator, note, gateway, now):
+    state = SagaState(saga.state)
+    if state in (S.CHARGING, S.UNKNOWN):
+        return services.saga_reconcile(saga_id=saga.pk, attempt=0, gateway=gateway, now=now,
+                                       actor=Actor.OPERATOR)
+    if state != S.UNKNOWN_EXPIRED:
+        return saga_resume(saga_id=saga.pk, actor=Actor.OPERATOR, gateway=gateway, now=now)
+    # Escalated: a fresh look-up. Only "charged" settles it automatically;
+    # anything else is the operator's decision (confirm / compensate).
+    lookup = services._gateway(gateway).retrieve(saga.intent_id)
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga.pk)
+        services._probe(saga, asked="retrieve", answer=lookup.status.value,
+                        detail=lookup.detail, latency_ms=lookup.latency_ms, now=now)
+        if saga.state != S.UNKNOWN_EXPIRED:
+            return saga
+        if lookup.status == IntentStatus.SUCCEEDED:
+            services._confirm(saga, charge_id="", reason=f"reconciled by operator: {note}",
+                              now=now, actor=Actor.OPERATOR, actor_name=operator)
+        else:
+            services._note(saga, reason=f"operator look-up: {lookup.status.value}", now=now,
+                           actor=Actor.OPERATOR)
+    return saga
+
+
+def _confirm_manual(saga_id, *, operator, note, now):
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga_id)
+        if saga.state == S.UNKNOWN_EXPIRED:
+            services._confirm(saga, charge_id="manual", reason=f"confirmed after manual check: "
+                              f"{note}", now=now, actor=Actor.OPERATOR, actor_name=operator,
+                              note=f"manual confirmation: {note}")
+            return saga
+        if saga.state != S.COMPENSATION_PENDING:
+            raise IllegalTransition(saga.state, S.CONFIRMED)
+        if not ledger_has_charge(intent_id=saga.intent_id):
+            raise ActionRefused("no charge in the ledger: nothing to confirm as refunded")
+        ledger_record(
+            intent_id=saga.intent_id, kind=EntryKind.REFUND, amount=-saga.amount,
+            currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=now,
+            gateway_reference="manual", note=f"refund confirmed after manual check: {note}",
+        )
+        services._finish_compensation(
+            saga, now=now, actor=Actor.OPERATOR, actor_name=operator, refunded=True,
+            reason=f"refund confirmed after manual check: {note}",
+        )
+    return saga
+
+
+def _compensate_manual(saga_id, *, operator, note, gateway, now):
+    saga = PurchaseSaga.objects.get(pk=saga_id)
+    if saga.state == S.UNKNOWN_EXPIRED:
+        # Never release a seat on an assumption, even an operator's: make
+        # sure no charge can land first.
+        answer = services._gateway(gateway).cancel(saga.intent_id)
+        if answer.outcome == CancelOutcome.ALREADY_CHARGED:
+            raise ActionRefused("the gateway says the intent was charged: confirm instead")
+        if answer.outcome != CancelOutcome.CANCELED:
+            raise ActionRefused(f"the gateway did not confirm the cancel ({answer.detail})")
+    return services.saga_compensate(
+        saga_id=saga_id, gateway=gateway, now=now, actor=Actor.OPERATOR, actor_name=operator,
+        reason=f"compensated after manual check: {note}", operator_override=True,
+    )
