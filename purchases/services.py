@@ -488,6 +488,9 @@ def saga_record_charge(
 def _probe(saga: PurchaseSaga, *, asked: str, answer: str, detail: str, latency_ms: float,
            now: datetime, attempt: int = 0) -> None:
     """Keep the gateway's answer as evidence beside the saga (and count it)."""
+    logger.info("gateway %s answered %s", asked, answer,
+                **_log(saga, intent_id=saga.intent_id, latency_ms=round(latency_ms, 1),
+                       detail=detail))
     metrics.GATEWAY_REQUESTS.labels(method=asked, outcome=answer).inc()
     metrics.GATEWAY_LATENCY.labels(method=asked).observe(latency_ms / 1000)
     if asked == "retrieve":
