@@ -44,6 +44,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's static files under gunicorn (collectstatic first).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,7 +107,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -205,6 +207,12 @@ EMAIL_BACKEND = env.str(
 )
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="boxoffice <tickets@boxoffice.local>")
+
+# --- metrics -------------------------------------------------------------------
+# With several processes (gunicorn workers, Celery workers, the relay), event
+# counters live in files under this folder; /metrics adds them up.
+if env.str("PROMETHEUS_MULTIPROC_DIR", default=""):
+    Path(env.str("PROMETHEUS_MULTIPROC_DIR")).mkdir(parents=True, exist_ok=True)
 
 # --- logging ------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")

@@ -11,6 +11,10 @@ export PORT="${PORT:-8000}"
 # gateway, whatever port honcho hands to the others.
 export PAYMENT_GATEWAY_URL="${PAYMENT_GATEWAY_URL:-http://127.0.0.1:$PORT/fake-gateway/v1}"
 export PYTHONUNBUFFERED=1
+# Web, worker and relay count metrics into one folder that /metrics adds up;
+# counters restart with the stack.
+export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}"
+rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
 python manage.py migrate --no-input
 python manage.py seed_demo
@@ -22,6 +26,7 @@ cat <<MSG
     API      http://127.0.0.1:$PORT/api/
     docs     http://127.0.0.1:$PORT/api/docs/
     admin    http://127.0.0.1:$PORT/admin/
+    metrics  http://127.0.0.1:$PORT/metrics
     database $db
     broker   $broker
   demo logins (password: \$DEMO_PASSWORD, default "boxoffice"): alice, bob, admin (staff)

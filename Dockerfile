@@ -1,0 +1,44 @@
+# One image for every process of the stack (web, worker, relay, beat); the
+# command picks the role. See docker-compose.yml.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# Dependencies first, so that a code change does not reinstall them.
+# pyproject.toml declares no packages (the apps run from the source tree), so
+# `pip install .` installs the dependencies only. README.md goes along because
+# pyproject.toml names it as the package's readme.
+COPY pyproject.toml README.md ./
+RUN pip install . && rm -rf build ./*.egg-info
+
+# The code, folder by folder. There is no .dockerignore, and .venv/, var/ (the
+# embedded SQLite database and broker folder) and .git/ must not end up in the
+# image. A new app needs a line here.
+COPY manage.py ./
+COPY config/ config/
+COPY ledger/ ledger/
+COPY outbox/ outbox/
+COPY payments/ payments/
+COPY purchases/ purchases/
+COPY templates/ templates/
+
+# Run as an unprivileged user. var/ is the one place the processes write
+# (celery beat's schedule file, settings.VAR_DIR).
+# The admin's CSS and JS, served by WhiteNoise (gunicorn serves no files).
+RUN DEBUG=false SECRET_KEY=collectstatic-only DATABASE_URL=sqlite:////tmp/x.sqlite3 \
+    python manage.py collectstatic --no-input
+
+RUN useradd --system --uid 10001 --no-create-home --home-dir /app app \
+    && mkdir -p /app/var/metrics \
+    && chown -R app:app /app/var
+USER app
+
+EXPOSE 8000
+CMD ["gunicorn", "config.wsgi:application", "-b", "0.0.0.0:8000", \
+     "--worker-class", "gthread", "--workers", "3", "--threads", "4", \
+     "--access-logfile", "-"]
