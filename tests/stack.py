@@ -4,6 +4,7 @@ fake gateway over HTTP on pytest-django's live server."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,6 +17,13 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # A test run that is killed (CI timeout, ^C twice) must not leave workers
+    # behind consuming from its queue: the kernel kills them with us.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Stack:
@@ -47,7 +55,7 @@ class Stack:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self.procs[name] = subprocess.Popen(
             argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
