@@ -21,7 +21,7 @@ from payments.interface import CancelOutcome, IntentStatus, PaymentGateway
 
 from . import lock_objects, services
 from .errors import DomainError, IllegalTransition
-from .models import Actor, PurchaseSaga, Reservation, ReservationStatus
+from .models import Actor, PurchaseSaga, ReconciliationProbe, Reservation, ReservationStatus
 from .selectors import saga_seat_refs
 from .states import TERMINAL, TRANSITIONS, SagaState
 from .sweeps import saga_resume
@@ -101,11 +101,25 @@ def action_plan(*, saga: PurchaseSaga, action: Action) -> Plan:
     was_confirmed = Reservation.objects.filter(
         pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
     ).exists()
-    if action == Action.RECONCILE_NOW:
+    if action == Action.RECONCILE_NOW and state in (S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED):
         plan.gateway_calls = ["retrieve"]
         plan.why = "look the intent up; act only on a definitive answer"
-    elif action == Action.RESUME_NOW:
+        if state != S.UNKNOWN_EXPIRED:
+            plan.why += " (charged: confirm; declined: compensate; no charge: charge again)"
+    elif action in (Action.RECONCILE_NOW, Action.RESUME_NOW):
+        # From any other state, reconcile-now is a resume: say what that does.
         plan.why = services_why(state)
+        if state == S.PENDING:
+            plan.gateway_calls = ["charge"]
+            plan.emails = ["confirmation or failure, by the outcome"]
+        elif state in (S.CHARGING, S.UNKNOWN):
+            plan.gateway_calls = ["retrieve"]
+        else:  # a compensation to run or finish
+            plan.refund = charged
+            plan.gateway_calls = ["refund"] if charged else []
+            plan.ledger = f"refund -{saga.amount} {saga.currency}" if charged else ""
+            plan.seats_freed = seats
+            plan.emails = ["correction" if was_confirmed else "failure"]
     elif action == Action.CONFIRM_MANUAL and state == S.UNKNOWN_EXPIRED:
         plan.why = "the operator saw the charge at the gateway"
         plan.ledger = f"charge +{saga.amount} {saga.currency} with the operator's note"
@@ -155,10 +169,16 @@ def action_run(
     if SagaState(saga.state) not in SOURCES[action]:
         raise ActionRefused(f"{LABELS[action]} is not allowed from {saga.state}")
     note = f"{reason.strip()} (by {operator})"
+    # The reason is on the record before anything moves, whatever follows.
+    with transaction.atomic(durable=True):
+        locked = lock_objects.saga_for_update(saga_id=saga_id)
+        services._note(locked, reason=f"{LABELS[action]}: {reason.strip()}",
+                       now=now or timezone.now(), actor=Actor.OPERATOR, actor_name=operator)
     if action == Action.RECONCILE_NOW:
         return _reconcile_now(saga, operator=operator, note=note, gateway=gateway, now=now)
     if action == Action.RESUME_NOW:
-        return saga_resume(saga_id=saga_id, actor=Actor.OPERATOR, gateway=gateway, now=now)
+        return saga_resume(saga_id=saga_id, actor=Actor.OPERATOR, actor_name=operator,
+                           gateway=gateway, now=now)
     if action == Action.REFUND:
         return services.purchase_refund(saga_id=saga_id, reason=note, actor=Actor.OPERATOR,
                                         actor_name=operator, gateway=gateway, now=now)
@@ -170,10 +190,14 @@ def action_run(
 def _reconcile_now(saga, *, operator, note, gateway, now):
     state = SagaState(saga.state)
     if state in (S.CHARGING, S.UNKNOWN):
-        return services.saga_reconcile(saga_id=saga.pk, attempt=0, gateway=gateway, now=now,
-                                       actor=Actor.OPERATOR)
+        # Keeps its place in the backoff schedule, as the resumer does.
+        probes = ReconciliationProbe.objects.filter(saga=saga, asked="retrieve").count()
+        return services.saga_reconcile(saga_id=saga.pk, attempt=probes + 1, gateway=gateway,
+                                       now=now,
+                                       actor=Actor.OPERATOR, actor_name=operator)
     if state != S.UNKNOWN_EXPIRED:
-        return saga_resume(saga_id=saga.pk, actor=Actor.OPERATOR, gateway=gateway, now=now)
+        return saga_resume(saga_id=saga.pk, actor=Actor.OPERATOR, actor_name=operator,
+                           gateway=gateway, now=now)
     # Escalated: a fresh look-up. Only "charged" settles it automatically;
     # anything else is the operator's decision (confirm / compensate).
     lookup = services._gateway(gateway).retrieve(saga.intent_id)
@@ -189,7 +213,7 @@ def _reconcile_now(saga, *, operator, note, gateway, now):
                               now=now, actor=Actor.OPERATOR, actor_name=operator)
         else:
             services._note(saga, reason=f"operator look-up: {lookup.status.value}", now=now,
-                           actor=Actor.OPERATOR)
+                           actor=Actor.OPERATOR, actor_name=operator)
     return saga
 
 

@@ -153,7 +153,14 @@ def _transition(
     return saga
 
 
-def _note(saga: PurchaseSaga, *, reason: str, now: datetime, actor: str = Actor.SYSTEM) -> None:
+def _note(
+    saga: PurchaseSaga,
+    *,
+    reason: str,
+    now: datetime,
+    actor: str = Actor.SYSTEM,
+    actor_name: str = "",
+) -> None:
     """A history entry that records a decision without a move (a refusal)."""
     SagaHistory.objects.create(
         saga=saga,
@@ -162,6 +169,7 @@ def _note(saga: PurchaseSaga, *, reason: str, now: datetime, actor: str = Actor.
         at=now,
         reason=reason[:500],
         actor=actor,
+        actor_name=actor_name,
         version=saga.version,
     )
     logger.info("saga note: %s", reason, **_log(saga, actor=actor))
@@ -246,8 +254,10 @@ def _in_answer_order(body: dict) -> dict:
     ordered = {k: body[k] for k in _ANSWER_KEYS if k in body}
     ordered.update({k: v for k, v in body.items() if k not in ordered})
     if isinstance(ordered.get("total"), dict):
-        ordered["total"] = {"amount": ordered["total"]["amount"],
-                            "currency": ordered["total"]["currency"]}
+        ordered["total"] = {
+            "amount": ordered["total"]["amount"],
+            "currency": ordered["total"]["currency"],
+        }
     return ordered
 
 
@@ -402,6 +412,7 @@ def saga_charge(
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
     actor: str = Actor.SYSTEM,
+    actor_name: str = "",
 ) -> PurchaseSaga:
     """Charge the card: mark CHARGING and commit, call, record the answer.
 
@@ -416,14 +427,26 @@ def saga_charge(
             logger.info("charge skipped: saga has moved on", **_log(saga))
             return saga
         _transition(
-            saga, S.CHARGING, reason="charge started", now=_now(now), actor=actor,
+            saga,
+            S.CHARGING,
+            reason="charge started",
+            now=_now(now),
+            actor=actor,
+            actor_name=actor_name,
             count_attempt=True,
         )
-    return _charge_and_record(saga=saga, gateway=_gateway(gateway), now=now, actor=actor)
+    return _charge_and_record(
+        saga=saga, gateway=_gateway(gateway), now=now, actor=actor, actor_name=actor_name
+    )
 
 
 def _charge_and_record(
-    *, saga: PurchaseSaga, gateway: PaymentGateway, now: datetime | None, actor: str,
+    *,
+    saga: PurchaseSaga,
+    gateway: PaymentGateway,
+    now: datetime | None,
+    actor: str,
+    actor_name: str = "",
     probe_attempt: int = 0,
 ) -> PurchaseSaga:
     result = gateway.charge(
@@ -435,8 +458,14 @@ def _charge_and_record(
         )
     )
     return saga_record_charge(
-        saga_id=saga.pk, expected_version=saga.version, result=result, gateway=gateway,
-        now=now, actor=actor, probe_attempt=probe_attempt,
+        saga_id=saga.pk,
+        expected_version=saga.version,
+        result=result,
+        gateway=gateway,
+        now=now,
+        actor=actor,
+        actor_name=actor_name,
+        probe_attempt=probe_attempt,
     )
 
 
@@ -448,6 +477,7 @@ def saga_record_charge(
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
     actor: str = Actor.SYSTEM,
+    actor_name: str = "",
     probe_attempt: int = 0,
 ) -> PurchaseSaga:
     """Record the gateway's answer to the charge made at ``expected_version``.
@@ -458,8 +488,14 @@ def saga_record_charge(
     now = _now(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
-        _probe(saga, asked="charge", answer=result.outcome.lower(), detail=result.detail,
-               latency_ms=result.latency_ms, now=now)
+        _probe(
+            saga,
+            asked="charge",
+            answer=result.outcome.lower(),
+            detail=result.detail,
+            latency_ms=result.latency_ms,
+            now=now,
+        )
         if saga.state != S.CHARGING or saga.version != expected_version:
             # Someone else moved it while we were on the wire (the hold expiry
             # after a definitive gateway answer, or a reconcile). Their verdict
@@ -470,50 +506,110 @@ def saga_record_charge(
             )
             return saga
         if result.outcome == ChargeOutcome.SUCCEEDED:
-            _confirm(saga, charge_id=result.charge_id or "", reason="charge succeeded",
-                     now=now, actor=actor)
+            _confirm(
+                saga,
+                charge_id=result.charge_id or "",
+                reason="charge succeeded",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
             return saga
         if result.outcome == ChargeOutcome.DECLINED:
-            _transition(saga, S.PAYMENT_FAILED, reason=f"charge declined ({result.detail})",
-                        now=now, actor=actor)
+            _transition(
+                saga,
+                S.PAYMENT_FAILED,
+                reason=f"charge declined ({result.detail})",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
         else:
-            _transition(saga, S.UNKNOWN, reason=f"charge outcome unknown ({result.detail})",
-                        now=now, actor=actor)
-            _next_probe_or_escalate(saga, attempt=probe_attempt + 1, now=now, actor=actor)
+            _transition(
+                saga,
+                S.UNKNOWN,
+                reason=f"charge outcome unknown ({result.detail})",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
+            _next_probe_or_escalate(
+                saga, attempt=probe_attempt + 1, now=now, actor=actor, actor_name=actor_name
+            )
     if saga.state == S.PAYMENT_FAILED:
-        return saga_compensate(saga_id=saga.pk, gateway=gateway, now=now, actor=actor)
+        return saga_compensate(
+            saga_id=saga.pk, gateway=gateway, now=now, actor=actor, actor_name=actor_name
+        )
     return saga
 
 
-def _probe(saga: PurchaseSaga, *, asked: str, answer: str, detail: str, latency_ms: float,
-           now: datetime, attempt: int = 0) -> None:
+def _probe(
+    saga: PurchaseSaga,
+    *,
+    asked: str,
+    answer: str,
+    detail: str,
+    latency_ms: float,
+    now: datetime,
+    attempt: int = 0,
+) -> None:
     """Keep the gateway's answer as evidence beside the saga (and count it)."""
-    logger.info("gateway %s answered %s", asked, answer,
-                **_log(saga, intent_id=saga.intent_id, latency_ms=round(latency_ms, 1),
-                       detail=detail))
+    logger.info(
+        "gateway %s answered %s",
+        asked,
+        answer,
+        **_log(saga, intent_id=saga.intent_id, latency_ms=round(latency_ms, 1), detail=detail),
+    )
     metrics.GATEWAY_REQUESTS.labels(method=asked, outcome=answer).inc()
     metrics.GATEWAY_LATENCY.labels(method=asked).observe(latency_ms / 1000)
     if asked == "retrieve":
         metrics.RECONCILE_PROBES.labels(answer=answer).inc()
     ReconciliationProbe.objects.create(
-        saga=saga, event_id=saga.event_id, at=now, asked=asked, answer=answer,
-        detail=detail[:200], latency_ms=latency_ms, attempt=attempt,
+        saga=saga,
+        event_id=saga.event_id,
+        at=now,
+        asked=asked,
+        answer=answer,
+        detail=detail[:200],
+        latency_ms=latency_ms,
+        attempt=attempt,
     )
 
 
-def _confirm(saga: PurchaseSaga, *, charge_id: str, reason: str, now: datetime,
-             actor: str = Actor.SYSTEM, actor_name: str = "", note: str = "") -> None:
+def _confirm(
+    saga: PurchaseSaga,
+    *,
+    charge_id: str,
+    reason: str,
+    now: datetime,
+    actor: str = Actor.SYSTEM,
+    actor_name: str = "",
+    note: str = "",
+) -> None:
     """CONFIRMED in one commit: ledger, seats sold, reservation, timer, event."""
     if saga.state == S.PENDING:
         # The gateway says charged while we had not yet recorded the attempt
         # (a crash between the two commits): record the attempt first.
-        _transition(saga, S.CHARGING, reason="charge found at the gateway", now=now,
-                    actor=actor, actor_name=actor_name, count_attempt=True)
+        _transition(
+            saga,
+            S.CHARGING,
+            reason="charge found at the gateway",
+            now=now,
+            actor=actor,
+            actor_name=actor_name,
+            count_attempt=True,
+        )
     _transition(saga, S.CONFIRMED, reason=reason, now=now, actor=actor, actor_name=actor_name)
     ledger_record(
-        intent_id=saga.intent_id, kind=EntryKind.CHARGE, amount=saga.amount,
-        currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=now,
-        gateway_reference=charge_id, note=note,
+        intent_id=saga.intent_id,
+        kind=EntryKind.CHARGE,
+        amount=saga.amount,
+        currency=saga.currency,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        now=now,
+        gateway_reference=charge_id,
+        note=note,
     )
     seat_ids = list(
         ReservationSeat.objects.filter(
@@ -583,14 +679,20 @@ def _arm_reconcile(saga: PurchaseSaga, *, attempt: int, now: datetime) -> None:
     )
 
 
-def _next_probe_or_escalate(saga: PurchaseSaga, *, attempt: int, now: datetime,
-                            actor: str) -> None:
+def _next_probe_or_escalate(
+    saga: PurchaseSaga, *, attempt: int, now: datetime, actor: str, actor_name: str = ""
+) -> None:
     if attempt <= len(_backoff()):
         _arm_reconcile(saga, attempt=attempt, now=now)
         return
-    _transition(saga, S.UNKNOWN_EXPIRED,
-                reason=f"reconcile schedule exhausted after {attempt - 1} probes", now=now,
-                actor=actor)
+    _transition(
+        saga,
+        S.UNKNOWN_EXPIRED,
+        reason=f"reconcile schedule exhausted after {attempt - 1} probes",
+        now=now,
+        actor=actor,
+        actor_name=actor_name,
+    )
     raise_operator_alert(saga, why="reconciliation exhausted", now=now)
 
 
@@ -620,6 +722,7 @@ def saga_reconcile(
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
     actor: str = Actor.SYSTEM,
+    actor_name: str = "",
 ) -> PurchaseSaga:
     """Probe the gateway about an UNKNOWN saga and act on a definitive answer.
 
@@ -641,42 +744,94 @@ def saga_reconcile(
     retry_charge = False
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
-        _probe(saga, asked="retrieve", answer=lookup.status.value, detail=lookup.detail,
-               latency_ms=lookup.latency_ms, now=now, attempt=attempt)
+        _probe(
+            saga,
+            asked="retrieve",
+            answer=lookup.status.value,
+            detail=lookup.detail,
+            latency_ms=lookup.latency_ms,
+            now=now,
+            attempt=attempt,
+        )
         if saga.version != version:
             return saga
         if saga.state == S.CHARGING:
             # A charge whose answer was lost (worker died): treat as unknown.
-            _transition(saga, S.UNKNOWN, reason="charge answer lost; reconciling", now=now,
-                        actor=actor)
+            _transition(
+                saga,
+                S.UNKNOWN,
+                reason="charge answer lost; reconciling",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
         status = lookup.status
         if status == IntentStatus.SUCCEEDED:
-            _confirm(saga, charge_id="", reason="reconciled: charged at the gateway", now=now,
-                     actor=actor)
+            _confirm(
+                saga,
+                charge_id="",
+                reason="reconciled: charged at the gateway",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
             return saga
         if status == IntentStatus.DECLINED:
-            _transition(saga, S.PAYMENT_FAILED, reason="reconciled: declined at the gateway",
-                        now=now, actor=actor)
+            _transition(
+                saga,
+                S.PAYMENT_FAILED,
+                reason="reconciled: declined at the gateway",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
         elif status in (IntentStatus.NOT_FOUND, IntentStatus.REQUIRES_PAYMENT):
-            _transition(saga, S.CHARGING, reason=f"reconciled: {status.value}; charging again",
-                        now=now, actor=actor, count_attempt=True)
+            _transition(
+                saga,
+                S.CHARGING,
+                reason=f"reconciled: {status.value}; charging again",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+                count_attempt=True,
+            )
             retry_charge = True
         elif status in (IntentStatus.CANCELED, IntentStatus.REFUNDED):
             # Only we cancel or refund an intent; seeing it here means a step
             # of ours committed at the gateway and died before recording it.
-            _transition(saga, S.UNKNOWN_EXPIRED,
-                        reason=f"gateway reports {status.value} for an unsettled saga", now=now,
-                        actor=actor)
+            _transition(
+                saga,
+                S.UNKNOWN_EXPIRED,
+                reason=f"gateway reports {status.value} for an unsettled saga",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
             raise_operator_alert(saga, why=f"gateway reports {status.value}", now=now)
         else:
-            _note(saga, reason=f"reconcile probe {attempt}: no answer ({lookup.detail})",
-                  now=now, actor=actor)
-            _next_probe_or_escalate(saga, attempt=attempt + 1, now=now, actor=actor)
+            _note(
+                saga,
+                reason=f"reconcile probe {attempt}: no answer ({lookup.detail})",
+                now=now,
+                actor=actor,
+                actor_name=actor_name,
+            )
+            _next_probe_or_escalate(
+                saga, attempt=attempt + 1, now=now, actor=actor, actor_name=actor_name
+            )
     if retry_charge:
-        return _charge_and_record(saga=saga, gateway=gateway, now=now, actor=actor,
-                                  probe_attempt=attempt)
+        return _charge_and_record(
+            saga=saga,
+            gateway=gateway,
+            now=now,
+            actor=actor,
+            actor_name=actor_name,
+            probe_attempt=attempt,
+        )
     if saga.state == S.PAYMENT_FAILED:
-        return saga_compensate(saga_id=saga.pk, gateway=gateway, now=now, actor=actor)
+        return saga_compensate(
+            saga_id=saga.pk, gateway=gateway, now=now, actor=actor, actor_name=actor_name
+        )
     return saga
 
 
@@ -723,16 +878,23 @@ def saga_expire_hold(
     now = _now(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
-        _probe(saga, asked="cancel", answer=answer.outcome.value, detail=answer.detail,
-               latency_ms=answer.latency_ms, now=now, attempt=attempt)
+        _probe(
+            saga,
+            asked="cancel",
+            answer=answer.outcome.value,
+            detail=answer.detail,
+            latency_ms=answer.latency_ms,
+            now=now,
+            attempt=attempt,
+        )
         if saga.version != version and saga.state not in _NEEDS_DEFINITIVE_ANSWER:
             return saga  # moved on while we asked; the gateway's answer stays as evidence
         if answer.outcome == CancelOutcome.CANCELED:
-            _transition(saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway",
-                        now=now)
+            _transition(
+                saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway", now=now
+            )
         elif answer.outcome == CancelOutcome.ALREADY_CHARGED:
-            _confirm(saga, charge_id="", reason="hold expired but the gateway had charged",
-                     now=now)
+            _confirm(saga, charge_id="", reason="hold expired but the gateway had charged", now=now)
             return saga
         else:
             backoff = _backoff()
@@ -740,8 +902,11 @@ def saga_expire_hold(
                 raise_operator_alert(
                     saga, why="hold expired and the gateway cannot be reached", now=now
                 )
-            _note(saga, reason=f"expiry: gateway unreachable ({answer.detail}); will ask again",
-                  now=now)
+            _note(
+                saga,
+                reason=f"expiry: gateway unreachable ({answer.detail}); will ask again",
+                now=now,
+            )
             delay = backoff[min(attempt, len(backoff) - 1)]
             timer_schedule(
                 key=f"hold:{saga.pk}:retry:{attempt + 1}",
@@ -790,8 +955,14 @@ def saga_compensate(
             or (state == S.CONFIRMED and refund_confirmed)
             or (state == S.UNKNOWN_EXPIRED and operator_override)
         ):
-            _transition(saga, S.COMPENSATING, reason=reason, now=_now(now), actor=actor,
-                        actor_name=actor_name)
+            _transition(
+                saga,
+                S.COMPENSATING,
+                reason=reason,
+                now=_now(now),
+                actor=actor,
+                actor_name=actor_name,
+            )
         elif state != S.COMPENSATING:
             logger.info("compensation skipped in %s", state, **_log(saga))
             return saga
@@ -805,14 +976,25 @@ def saga_compensate(
         now = _now(now)
         with transaction.atomic(durable=True):
             saga = lock_objects.saga_for_update(saga_id=saga_id)
-            _probe(saga, asked="refund", answer=result.outcome.value, detail=result.detail,
-                   latency_ms=result.latency_ms, now=now)
+            _probe(
+                saga,
+                asked="refund",
+                answer=result.outcome.value,
+                detail=result.detail,
+                latency_ms=result.latency_ms,
+                now=now,
+            )
             if saga.version != version or saga.state != S.COMPENSATING:
                 return saga
             if result.outcome != RefundOutcome.REFUNDED:
-                _transition(saga, S.COMPENSATION_PENDING,
-                            reason=f"refund not confirmed ({result.outcome.value}); will retry",
-                            now=now, actor=actor, actor_name=actor_name)
+                _transition(
+                    saga,
+                    S.COMPENSATION_PENDING,
+                    reason=f"refund not confirmed ({result.outcome.value}); will retry",
+                    now=now,
+                    actor=actor,
+                    actor_name=actor_name,
+                )
                 _arm_refund_retry(saga, now=now)
                 if result.outcome == RefundOutcome.NOT_CHARGED:
                     raise_operator_alert(
@@ -828,17 +1010,34 @@ def saga_compensate(
             return saga
         if refund_reference:
             ledger_record(
-                intent_id=saga.intent_id, kind=EntryKind.REFUND, amount=-saga.amount,
-                currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=now,
+                intent_id=saga.intent_id,
+                kind=EntryKind.REFUND,
+                amount=-saga.amount,
+                currency=saga.currency,
+                saga_id=saga.pk,
+                event_id=saga.event_id,
+                now=now,
                 gateway_reference=refund_reference,
             )
-        _finish_compensation(saga, now=now, actor=actor, actor_name=actor_name,
-                             refunded=bool(refund_reference) or _refunded(saga))
+        _finish_compensation(
+            saga,
+            now=now,
+            actor=actor,
+            actor_name=actor_name,
+            refunded=bool(refund_reference) or _refunded(saga),
+        )
     return saga
 
 
-def _finish_compensation(saga: PurchaseSaga, *, now: datetime, actor: str, actor_name: str,
-                         refunded: bool, reason: str = "compensated") -> None:
+def _finish_compensation(
+    saga: PurchaseSaga,
+    *,
+    now: datetime,
+    actor: str,
+    actor_name: str,
+    refunded: bool,
+    reason: str = "compensated",
+) -> None:
     """The last commit of a compensation: seats, reservation, event, state.
 
     The email is the consumer's, after this commits (reverse order: refund,
@@ -911,8 +1110,13 @@ def purchase_refund(
         if saga.state != S.CONFIRMED:
             raise IllegalTransition(saga.state, S.COMPENSATING)
     return saga_compensate(
-        saga_id=saga_id, gateway=gateway, now=now, actor=actor, actor_name=actor_name,
-        reason=f"refund requested: {reason}", refund_confirmed=True,
+        saga_id=saga_id,
+        gateway=gateway,
+        now=now,
+        actor=actor,
+        actor_name=actor_name,
+        reason=f"refund requested: {reason}",
+        refund_confirmed=True,
     )
 
 
@@ -934,8 +1138,14 @@ def event_create_with_seats(
         event = Event.objects.create(name=name, starts_at=starts_at)
         Seat.objects.bulk_create(
             [
-                Seat(event=event, ref=f"{row}{n}", row=row, number=n,
-                     price_amount=price_amount, currency=currency)
+                Seat(
+                    event=event,
+                    ref=f"{row}{n}",
+                    row=row,
+                    number=n,
+                    price_amount=price_amount,
+                    currency=currency,
+                )
                 for row in rows
                 for n in range(1, seats_per_row + 1)
             ]

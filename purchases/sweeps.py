@@ -133,6 +133,7 @@ def saga_resume(
     *,
     saga_id,
     actor: str = Actor.RESUMER,
+    actor_name: str = "",
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
 ) -> PurchaseSaga:
@@ -145,14 +146,16 @@ def saga_resume(
     saga = PurchaseSaga.objects.get(pk=saga_id)
     state = SagaState(saga.state)
     if state == S.PENDING:
-        return services.saga_charge(saga_id=saga_id, gateway=gateway, now=now, actor=actor)
+        return services.saga_charge(
+            saga_id=saga_id, gateway=gateway, now=now, actor=actor, actor_name=actor_name
+        )
     if state in (S.CHARGING, S.UNKNOWN):
         probes = ReconciliationProbe.objects.filter(saga_id=saga_id, asked="retrieve").count()
         return services.saga_reconcile(saga_id=saga_id, attempt=probes + 1, gateway=gateway,
-                                       now=now, actor=actor)
+                                       now=now, actor=actor, actor_name=actor_name)
     if state in (S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING, S.COMPENSATION_PENDING):
         return services.saga_compensate(saga_id=saga_id, gateway=gateway, now=now, actor=actor,
-                                        reason="resumed: compensating")
+                                        actor_name=actor_name, reason="resumed: compensating")
     return saga
 
 
