@@ -44,6 +44,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.RequestSizeLimitMiddleware",
     # Serves the admin's static files under gunicorn (collectstatic first).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -98,6 +99,9 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- cache (throttle counts): shared Redis when CACHE_URL is set ------------------
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+
 # --- auth, i18n, static -----------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -108,6 +112,7 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
 
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -143,6 +148,11 @@ RECONCILE_BACKOFF_SECONDS = [
 RESUME_AFTER_SECONDS = env.int("RESUME_AFTER_SECONDS", default=300)
 COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default=86400)
 MAX_SEATS_PER_PURCHASE = env.int("MAX_SEATS_PER_PURCHASE", default=10)
+# Purchase starts per user (DRF rate syntax: N/s, N/min, N/hour, N/day).
+PURCHASE_THROTTLE_RATE = env.str("PURCHASE_THROTTLE_RATE", default="60/min")
+# Request bodies above this answer 413 before anything parses them.
+MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=16 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(MAX_REQUEST_BYTES, 2_621_440)
 DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="boxoffice")
 
 # The gateway adapter's base URL; by default the fake gateway mounted on this
@@ -236,6 +246,8 @@ if not DEBUG:
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- outbox routing: topic -> consumers (each idempotent) ---------------------

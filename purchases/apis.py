@@ -25,6 +25,7 @@ from .serializers import (
     PurchaseSummarySerializer,
     SeatSerializer,
 )
+from .throttling import PurchaseStartThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ def _key_problem(key: str | None) -> Response | None:
 
 
 class PurchaseListCreateApi(APIView):
+    def get_throttles(self):
+        # Starting purchases is what a scalper hammers; reading is not throttled.
+        return [PurchaseStartThrottle()] if self.request.method == "POST" else []
+
     @extend_schema(
         request=PurchaseRequestSerializer,
         parameters=[
@@ -122,7 +127,9 @@ class PurchaseListCreateApi(APIView):
             400: ErrorSerializer,
             401: ErrorSerializer,
             409: OpenApiResponse(ErrorSerializer, description="seat_unavailable, with `seats`"),
+            413: OpenApiResponse(ErrorSerializer, description="payload_too_large"),
             422: OpenApiResponse(ErrorSerializer, description="idempotency_key_reused"),
+            429: OpenApiResponse(ErrorSerializer, description="throttled, with `Retry-After`"),
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
     )

@@ -16,6 +16,7 @@ os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
 os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"boxoffice-test-{os.getpid()}")
 os.environ.setdefault("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "1.0")
 os.environ.setdefault("FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", "1.5")
+os.environ.setdefault("PURCHASE_THROTTLE_RATE", "100000/min")
 
 from config.settings import *  # noqa: E402,F403
 
