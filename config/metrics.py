@@ -97,6 +97,11 @@ class DatabaseCollector:
         yield GaugeMetricFamily("boxoffice_audit_last_run_timestamp_seconds",
                                 "When the last invariant audit finished",
                                 value=last.finished_at.timestamp() if last else 0)
+        from outbox.relay import dead_letters
+
+        yield GaugeMetricFamily("boxoffice_outbox_dead_letters",
+                                "Outbox rows that exhausted their deliveries (an operator's)",
+                                value=dead_letters().count())
         needs = OutboxMessage.objects.filter(topic="SagaNeedsOperator").count()
         yield GaugeMetricFamily("boxoffice_operator_alerts_raised",
                                 "SagaNeedsOperator alerts ever raised (from the outbox)",

@@ -180,6 +180,9 @@ OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
 # this long is delivered again (consumers are idempotent).
 OUTBOX_CLAIM_LEASE_SECONDS = env.int("OUTBOX_CLAIM_LEASE_SECONDS", default=30)
 OUTBOX_REDELIVER_AFTER_SECONDS = env.int("OUTBOX_REDELIVER_AFTER_SECONDS", default=120)
+# A row handed over this many times without completing is a dead letter: the
+# relay stops, and /metrics and the auditor name it for an operator.
+OUTBOX_MAX_DELIVERIES = env.int("OUTBOX_MAX_DELIVERIES", default=20)
 
 # --- Celery -------------------------------------------------------------------
 if "CELERY_BROKER_URL" in env:
@@ -256,8 +259,15 @@ OUTBOX_CONSUMERS = {
     "purchase.hold_recheck": ["purchases.consumers.hold_expired"],
     "purchase.reconcile": ["purchases.consumers.reconcile_due"],
     "purchase.refund_retry": ["purchases.consumers.refund_retry_due"],
-    "PurchaseConfirmed": ["purchases.consumers.confirmation_email"],
-    "ReservationCancelled": ["purchases.consumers.cancellation_email"],
+    # Analytics after the email: a failing analytics consumer cannot hold it up.
+    "PurchaseConfirmed": [
+        "purchases.consumers.confirmation_email",
+        "purchases.analytics.analytics_on_confirmed",
+    ],
+    "ReservationCancelled": [
+        "purchases.consumers.cancellation_email",
+        "purchases.analytics.analytics_on_cancelled",
+    ],
     "SagaNeedsOperator": ["purchases.consumers.operator_alert"],
 }
 

@@ -44,7 +44,19 @@ def due_filter(now: datetime) -> Q:
     return (
         Q(completed_at__isnull=True, cancelled_at__isnull=True, available_at__lte=now)
         & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-        & (Q(fired_at__isnull=True) | Q(handed_over_at__lt=redeliver_before))
+        & (
+            Q(fired_at__isnull=True)
+            | Q(handed_over_at__lt=redeliver_before,
+                deliveries__lt=settings.OUTBOX_MAX_DELIVERIES)
+        )
+    )
+
+
+def dead_letters():
+    """Rows handed over the maximum number of times without completing."""
+    return OutboxMessage.objects.filter(
+        completed_at__isnull=True, cancelled_at__isnull=True,
+        deliveries__gte=settings.OUTBOX_MAX_DELIVERIES,
     )
 
 

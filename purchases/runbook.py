@@ -248,6 +248,10 @@ def _compensate_manual(saga_id, *, operator, note, gateway, now):
         # Never release a seat on an assumption, even an operator's: make
         # sure no charge can land first.
         answer = services._gateway(gateway).cancel(saga.intent_id)
+        with transaction.atomic(durable=True):
+            services._probe(lock_objects.saga_for_update(saga_id=saga_id), asked="cancel",
+                            answer=answer.outcome.value, detail=answer.detail,
+                            latency_ms=answer.latency_ms, now=now or timezone.now())
         if answer.outcome == CancelOutcome.ALREADY_CHARGED:
             raise ActionRefused("the gateway says the intent was charged: confirm instead")
         if answer.outcome != CancelOutcome.CANCELED:

@@ -99,20 +99,22 @@ def sweeps_stalled(*, now: datetime | None = None) -> list[str]:
 # --- the resumer --------------------------------------------------------------------
 
 
-def _driving_timer():
+def _driving_timer(*, overdue_before: datetime):
+    # A timer overdue by more than the resume threshold is not driving
+    # anything any more (its deliveries keep failing, or the relay is down).
     return OutboxMessage.objects.filter(
         saga_id=OuterRef("pk"), topic__in=DRIVING_TOPICS,
         completed_at__isnull=True, cancelled_at__isnull=True,
+        available_at__gte=overdue_before,
     )
 
 
 def stale_sagas(*, older_than: int, now: datetime, limit: int | None = None):
     """Live sagas not moved for ``older_than`` seconds and not on a timer."""
+    cutoff = now - timedelta(seconds=older_than)
     qs = (
-        PurchaseSaga.objects.filter(
-            state__in=RESUMABLE, updated_at__lt=now - timedelta(seconds=older_than)
-        )
-        .exclude(Exists(_driving_timer()))
+        PurchaseSaga.objects.filter(state__in=RESUMABLE, updated_at__lt=cutoff)
+        .exclude(Exists(_driving_timer(overdue_before=cutoff)))
         .order_by("updated_at")
     )
     return qs[:limit] if limit else qs

@@ -228,3 +228,21 @@ def test_two_relays_ticking_concurrently_dispatch_each_row_once():
 
     assert sorted(dispatched) == sorted(ids)
     assert OutboxMessage.objects.filter(fired_at__isnull=True).count() == 0
+
+
+@pytest.mark.django_db
+def test_a_message_that_never_completes_becomes_a_dead_letter(settings):
+    from outbox.relay import dead_letters
+
+    settings.OUTBOX_REDELIVER_AFTER_SECONDS = 10
+    settings.OUTBOX_MAX_DELIVERIES = 3
+    with freeze_time(T0) as clock:
+        with transaction.atomic():
+            message = outbox_publish(topic="test.event", payload={})
+        handed = []
+        for _ in range(6):
+            handed += _fire_all()  # every hand-off is lost
+            clock.tick(11)
+
+    assert handed == [message.pk] * 3
+    assert list(dead_letters()) == [message]

@@ -309,3 +309,18 @@ def test_the_resumer_query_is_index_backed_and_flat_in_finished_sagas(alice, eve
     print("resumer query pages touched:", reads)
     # Ten times the finished sagas, the same pages touched (give or take one).
     assert reads[20_000] <= reads[2_000] + 1, reads
+
+
+@pytest.mark.django_db
+def test_a_saga_behind_a_timer_overdue_past_the_threshold_is_resumed(alice, event, gateway,
+                                                                     settings):
+    settings.RECONCILE_BACKOFF_SECONDS = [60, 60]
+    with freeze_time(T0) as clock:
+        saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
+        saga_charge(saga_id=saga.pk)  # UNKNOWN, probe due at +60 ... never delivered
+        clock.tick(60 + 299)
+        assert sweep_resume().lines == []  # the probe is late, not yet abandoned
+        clock.tick(2)
+        report = sweep_resume()
+
+    assert [line.result for line in report.lines] == ["CONFIRMED"]

@@ -1,0 +1,85 @@
+"""Daily sales, materialized from the purchase events (choreography).
+
+Two outbox consumers count ``PurchaseConfirmed`` and ``ReservationCancelled``
+into :class:`~purchases.models.DailySales`, one row per (event, UTC day of the
+message, currency). A counter is not idempotent by nature, so each consumer
+claims its inbox entry *inside the transaction that counts*: the claim and the
+increment commit together or not at all, and a redelivery (or a concurrent
+delivery of the same message) finds the claim taken and counts nothing.
+
+They never block a purchase: they run after the purchase committed, from the
+relay, and a consumer added later (or stopped for a while) counts the history
+when its messages are delivered again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import transaction
+from django.db.models import F
+
+from outbox.delivery import inbox_claim
+from outbox.models import OutboxMessage
+
+from .models import DailySales
+
+ON_CONFIRMED = "purchases.analytics.analytics_on_confirmed"
+ON_CANCELLED = "purchases.analytics.analytics_on_cancelled"
+
+
+def analytics_on_confirmed(message: OutboxMessage) -> None:
+    """``PurchaseConfirmed`` -> one more confirmed sale. Exactly once per message."""
+    with transaction.atomic():
+        if not inbox_claim(consumer=ON_CONFIRMED, message=message):
+            return  # already counted
+        amount = int(message.payload["amount"])
+        _add(message, confirmed_count=1, confirmed_amount=amount)
+
+
+def analytics_on_cancelled(message: OutboxMessage) -> None:
+    """``ReservationCancelled`` -> one more cancellation (and a refund if money
+    went back). Exactly once per message."""
+    with transaction.atomic():
+        if not inbox_claim(consumer=ON_CANCELLED, message=message):
+            return  # already counted
+        increments = {"cancelled_count": 1}
+        if message.payload.get("refunded"):
+            increments["refunded_count"] = 1
+            increments["refunded_amount"] = int(message.payload["amount"])
+        _add(message, **increments)
+
+
+def _add(message: OutboxMessage, **increments: int) -> None:
+    facts = message.payload
+    key = {
+        "event_id": facts.get("event_id", message.event_id),
+        "day": message.created_at.astimezone(dt.UTC).date(),
+        "currency": facts["currency"],
+    }
+    # Create the row if missing without failing on a concurrent creator:
+    # ON CONFLICT DO NOTHING waits for an uncommitted insert of the same key,
+    # then the UPDATE (row lock, F expressions re-evaluated on the latest
+    # version) adds to whatever is committed. No lost increment, no retry loop.
+    DailySales.objects.bulk_create([DailySales(**key)], ignore_conflicts=True)
+    updated = DailySales.objects.filter(**key).update(
+        **{name: F(name) + value for name, value in increments.items()}
+    )
+    if updated != 1:  # pragma: no cover - the row was created just above
+        raise RuntimeError(f"daily sales row missing for {key}")
+
+
+# --- reads ------------------------------------------------------------------------
+
+_FIELDS = ("day", "currency", "confirmed_count", "confirmed_amount", "cancelled_count",
+           "refunded_count", "refunded_amount")
+
+
+def daily_sales(*, event_id: int) -> list[dict]:
+    """The event's sales per UTC day and currency, oldest first. ``net_amount``
+    is what was taken and kept (confirmed minus refunded), in minor units."""
+    rows = DailySales.objects.filter(event_id=event_id).order_by("day", "currency").values(
+        *_FIELDS
+    )
+    return [{**row, "net_amount": row["confirmed_amount"] - row["refunded_amount"]}
+            for row in rows]

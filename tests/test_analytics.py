@@ -1,0 +1,192 @@
+"""Daily sales from PurchaseConfirmed / ReservationCancelled: a consumer that
+was stopped counts the backlog exactly once when it starts, redelivery counts
+nothing, and concurrent deliveries neither lose nor double an increment."""
+
+import datetime as dt
+import threading
+
+import pytest
+from django.core import mail
+from django.db import connection
+from freezegun import freeze_time
+
+from outbox.delivery import message_deliver
+from outbox.models import InboxEntry, OutboxMessage
+from purchases.analytics import (
+    ON_CANCELLED,
+    ON_CONFIRMED,
+    analytics_on_cancelled,
+    analytics_on_confirmed,
+    daily_sales,
+)
+from purchases.models import DailySales
+from purchases.services import TOPIC_CANCELLED, TOPIC_CONFIRMED, purchase_refund, saga_charge
+
+from .conftest import drain_outbox, start_purchase
+from .factories import EventFactory
+
+T0 = "2026-12-02 12:00:00"
+ANALYTICS = {TOPIC_CONFIRMED: ON_CONFIRMED, TOPIC_CANCELLED: ON_CANCELLED}
+
+
+def _route(settings, *, analytics: bool) -> None:
+    """Route (or stop) the analytics consumers; every other route unchanged."""
+    routing = {topic: [c for c in consumers if c not in ANALYTICS.values()]
+               for topic, consumers in settings.OUTBOX_CONSUMERS.items()}
+    if analytics:
+        for topic, consumer in ANALYTICS.items():
+            routing[topic] = [*routing.get(topic, []), consumer]
+    settings.OUTBOX_CONSUMERS = routing
+
+
+def _redeliver(messages) -> None:
+    """What a consumer added later sees: the rows delivered again."""
+    for message in messages:
+        OutboxMessage.objects.filter(pk=message.pk).update(completed_at=None)
+        assert message_deliver(message_id=message.pk) == "delivered"
+
+
+def _events():
+    return list(OutboxMessage.objects.filter(topic__in=list(ANALYTICS)).order_by("pk"))
+
+
+@pytest.mark.django_db
+def test_stopped_then_started_the_totals_are_exact_and_redelivery_changes_nothing(
+        alice, bob, gateway, settings):
+    # given: analytics stopped while five purchases happen and the emails go out
+    _route(settings, analytics=False)
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 7)])
+    with freeze_time(T0):
+        saga_charge(saga_id=start_purchase(alice, event, seats=["A1", "A2"]).pk)  # 5000
+        saga_charge(saga_id=start_purchase(bob, event, seats=["A3"]).pk)  # 2500
+        saga_charge(saga_id=start_purchase(alice, event, seats=["A4"]).pk)  # 2500
+        declined = saga_charge(saga_id=start_purchase(
+            bob, event, seats=["A5"], payment_method="pm_card_chargeDeclined").pk)
+        refunded = saga_charge(saga_id=start_purchase(alice, event, seats=["A6"]).pk)
+        purchase_refund(saga_id=refunded.pk, reason="customer asked", actor_name="carol")
+        drain_outbox()
+        assert declined.state == "COMPENSATED"
+        emails = len(mail.outbox)
+        assert emails == 6  # 4 confirmations, 1 failure, 1 correction
+        assert DailySales.objects.count() == 0
+        assert all(m.completed_at for m in _events())  # nothing left queued for analytics
+
+        # when: analytics starts and its messages are delivered
+        _route(settings, analytics=True)
+        _redeliver(_events())
+
+    # then
+    expected = [{
+        "day": dt.date(2026, 12, 2), "currency": "EUR",
+        "confirmed_count": 4, "confirmed_amount": 12500,
+        "cancelled_count": 2, "refunded_count": 1, "refunded_amount": 2500,
+        "net_amount": 10000,
+    }]
+    assert daily_sales(event_id=event.pk) == expected
+    assert len(mail.outbox) == emails  # the emails' inbox kept them from going again
+    assert InboxEntry.objects.filter(consumer__in=list(ANALYTICS.values())).count() == 6
+
+    # and: everything delivered again, and each consumer called again directly
+    with freeze_time(T0):
+        _redeliver(_events())
+        for message in _events():
+            handle = (analytics_on_confirmed if message.topic == TOPIC_CONFIRMED
+                      else analytics_on_cancelled)
+            handle(message)
+    assert daily_sales(event_id=event.pk) == expected
+    assert len(mail.outbox) == emails
+
+
+def _message(event, topic, *, at, amount=2500, refunded=False, was_confirmed=False):
+    payload = {"saga_id": "s", "event_id": event.pk, "amount": amount, "currency": "EUR"}
+    if topic == TOPIC_CANCELLED:
+        payload.update(refunded=refunded, was_confirmed=was_confirmed)
+    return OutboxMessage.objects.create(topic=topic, payload=payload, event_id=event.pk,
+                                        created_at=at, available_at=at)
+
+
+@pytest.mark.django_db
+def test_the_day_is_the_messages_utc_day():
+    event = EventFactory(seats=[])
+    late = dt.datetime(2026, 12, 2, 23, 59, 59, tzinfo=dt.UTC)
+    # 00:30 in Paris is still the 2nd in UTC.
+    paris = dt.datetime(2026, 12, 3, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    early = dt.datetime(2026, 12, 3, 0, 0, 1, tzinfo=dt.UTC)
+
+    analytics_on_confirmed(_message(event, TOPIC_CONFIRMED, at=late))
+    analytics_on_confirmed(_message(event, TOPIC_CONFIRMED, at=paris, amount=1000))
+    analytics_on_cancelled(_message(event, TOPIC_CANCELLED, at=early, refunded=True))
+
+    assert [(r["day"], r["confirmed_count"], r["confirmed_amount"], r["cancelled_count"],
+             r["refunded_amount"]) for r in daily_sales(event_id=event.pk)] == [
+        (dt.date(2026, 12, 2), 2, 3500, 0, 0),
+        (dt.date(2026, 12, 3), 0, 0, 1, 2500),
+    ]
+
+
+# --- concurrency, on real connections --------------------------------------------------
+
+
+def _in_threads(targets) -> None:
+    """Run the callables at once, each on its own connection; re-raise failures."""
+    barrier = threading.Barrier(len(targets))
+    errors = []
+
+    def run(target):
+        try:
+            barrier.wait(timeout=10)
+            target()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not [t for t in threads if t.is_alive()], "a delivery hung"
+    assert errors == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["consumer", "message_deliver"])
+def test_the_same_message_delivered_by_four_threads_is_counted_once(settings, how):
+    settings.OUTBOX_CONSUMERS = {TOPIC_CONFIRMED: [ON_CONFIRMED]}  # analytics alone
+    event = EventFactory(seats=[])
+    message = _message(event, TOPIC_CONFIRMED, at=dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC))
+
+    def deliver():
+        if how == "consumer":  # past the delivery lease: only the inbox stands guard
+            analytics_on_confirmed(OutboxMessage.objects.get(pk=message.pk))
+        else:
+            message_deliver(message_id=message.pk)
+
+    _in_threads([deliver] * 4)
+
+    row = DailySales.objects.get(event=event)
+    assert (row.confirmed_count, row.confirmed_amount) == (1, 2500)
+    assert InboxEntry.objects.filter(message=message, consumer=ON_CONFIRMED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_different_messages_for_the_same_day_delivered_at_once_add_up_exactly():
+    event = EventFactory(seats=[])
+    at = dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC)
+    for round_ in range(3):  # the first round races on creating the row
+        confirmed = [_message(event, TOPIC_CONFIRMED, at=at, amount=1000 + n) for n in range(4)]
+        cancelled = [_message(event, TOPIC_CANCELLED, at=at, amount=500, refunded=n % 2 == 0)
+                     for n in range(4)]
+        _in_threads(
+            [lambda m=m: analytics_on_confirmed(OutboxMessage.objects.get(pk=m.pk))
+             for m in confirmed]
+            + [lambda m=m: analytics_on_cancelled(OutboxMessage.objects.get(pk=m.pk))
+               for m in cancelled]
+        )
+        rounds = round_ + 1
+        assert DailySales.objects.count() == 1
+        row = DailySales.objects.get(event=event)
+        assert (row.confirmed_count, row.confirmed_amount) == (4 * rounds, 4006 * rounds)
+        assert (row.cancelled_count, row.refunded_count, row.refunded_amount) == (
+            4 * rounds, 2 * rounds, 1000 * rounds)

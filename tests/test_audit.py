@@ -1,0 +1,524 @@
+"""The invariant auditor: a clean run of every outcome passes; each invariant,
+broken on purpose, is reported by name with the saga it concerns, recorded in
+an AuditRun, and makes ``manage.py audit_sagas`` exit non-zero."""
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from freezegun import freeze_time
+
+from ledger.models import LedgerEntry
+from outbox.models import InboxEntry, OutboxMessage
+from payments.fake_gateway.inprocess import InProcessFakeGateway
+from payments.fake_gateway.models import FakeCharge
+from payments.gateway import GatewayUnavailable, override_gateway
+from purchases.audit import (
+    CANCELLATION_EMAIL,
+    CONFIRMATION_EMAIL,
+    INVARIANTS,
+    audit_run,
+)
+from purchases.models import (
+    AuditRun,
+    PurchaseSaga,
+    ReconciliationProbe,
+    Reservation,
+    Seat,
+    SweepHeartbeat,
+)
+from purchases.runbook import Action, action_run
+from purchases.services import (
+    purchase_refund,
+    saga_charge,
+    saga_compensate,
+    saga_transition,
+)
+
+from .conftest import drain_outbox, start_purchase
+from .factories import EventFactory
+from .gateways import FaultyGateway
+
+T0 = "2026-12-02 12:00:00"
+BACKOFF = [60, 120, 240, 480, 960, 1920]
+LATER = timedelta(hours=2)  # past the default threshold (300 s + the hold)
+
+
+@dataclass
+class Story:
+    event: object
+    clock: object
+    visa: PurchaseSaga
+    declined: PurchaseSaga
+    reconciled: PurchaseSaga
+    refunded: PurchaseSaga
+    expired_unknown: PurchaseSaga
+
+
+def _fresh(saga):
+    return PurchaseSaga.objects.get(pk=saga.pk)
+
+
+@pytest.fixture
+def story(alice, bob, gateway, settings):
+    """One saga of every outcome, every message delivered, inside frozen time."""
+    settings.PURCHASE_HOLD_SECONDS = 300
+    settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
+    with freeze_time(T0) as clock:
+        visa = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
+        declined = saga_charge(saga_id=start_purchase(
+            bob, event, seats=["A2"], payment_method="pm_card_chargeDeclined").pk)
+        reconciled = start_purchase(alice, event, seats=["A3"],
+                                    payment_method="pm_card_timeout_charged")
+        assert saga_charge(saga_id=reconciled.pk).state == "UNKNOWN"
+        refunded = saga_charge(saga_id=start_purchase(bob, event, seats=["A4", "A5"]).pk)
+        purchase_refund(saga_id=refunded.pk, reason="customer asked", actor_name="carol")
+        # The gateway never answers: reconciled until the hold runs out, then
+        # cancelled at the gateway (a definitive answer) and compensated.
+        expired_unknown = start_purchase(bob, event, seats=["A6"],
+                                         payment_method="pm_card_unreachable")
+        assert saga_charge(saga_id=expired_unknown.pk).state == "UNKNOWN"
+        for _ in range(8):
+            clock.tick(60)
+            drain_outbox()
+        told = Story(event, clock, _fresh(visa), _fresh(declined), _fresh(reconciled),
+                     _fresh(refunded), _fresh(expired_unknown))
+        assert [s.state for s in (told.visa, told.declined, told.reconciled, told.refunded,
+                                  told.expired_unknown)] == [
+            "CONFIRMED", "COMPENSATED", "CONFIRMED", "COMPENSATED", "COMPENSATED"]
+        yield told
+
+
+def _invariants(report) -> set[str]:
+    return {v.invariant for v in report.violations}
+
+
+def _sagas(report, invariant) -> set:
+    return {v.saga_id for v in report.violations if v.invariant == invariant}
+
+
+def _only(report, invariant, saga=None):
+    """The report names exactly this invariant (and this saga); the run is recorded."""
+    assert _invariants(report) == {invariant}, report.violations
+    if saga is not None:
+        assert str(saga.pk) in _sagas(report, invariant)
+    run = AuditRun.objects.get(pk=report.run_id)
+    assert run.violations == len(report.violations) > 0
+    assert {v["invariant"] for v in run.report} == {invariant}
+    assert run.finished_at >= run.started_at
+
+
+def _command_fails(invariant, saga=None) -> str:
+    out = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("audit_sagas", stdout=out)
+    assert failed.value.returncode == 1
+    text = out.getvalue()
+    table = dict(line.split() for line in text.splitlines()[: len(INVARIANTS)])
+    assert table.pop(invariant) != "ok"
+    assert set(table.values()) == {"ok"}
+    if saga is not None:
+        assert str(saga.pk) in text
+    assert AuditRun.objects.latest("started_at", "id").violations > 0
+    return text
+
+
+# --- a clean run ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_clean_run_over_every_outcome_finds_nothing(story, gateway):
+    report = audit_run()
+
+    assert report.violations == []
+    assert report.sagas_checked == 5 and report.sagas_skipped == 0
+    assert set(report.counts) == set(INVARIANTS) and not any(report.counts.values())
+    # One look-up per intent, through the gateway's API.
+    asked = [c[1] for c in gateway.calls if c[0] == "list_charges"]
+    assert sorted(asked) == sorted(s.intent_id for s in PurchaseSaga.objects.all())
+    run = AuditRun.objects.get(pk=report.run_id)
+    assert (run.sagas_checked, run.violations, run.report) == (5, 0, [])
+    beat = SweepHeartbeat.objects.get(name="audit_sagas")
+    assert beat.last_succeeded_at is not None and beat.rows_seen == 5
+
+    # Nothing is silently stuck a day later either: everything settled.
+    assert audit_run(now=timezone.now() + timedelta(days=1)).violations == []
+
+
+@pytest.mark.django_db
+def test_the_command_prints_the_table_and_exits_0_when_clean(story):
+    out = StringIO()
+
+    call_command("audit_sagas", stdout=out)  # no CommandError: exit status 0
+
+    lines = out.getvalue().splitlines()
+    assert [line.split() for line in lines[: len(INVARIANTS)]] == [
+        [name, "ok"] for name in INVARIANTS]
+    assert "5 saga(s) checked" in lines[-1] and "0 violation(s)" in lines[-1]
+    assert AuditRun.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_command_prints_json_on_request(story):
+    Seat.objects.filter(event=story.event, ref="A8").update(status="sold")
+    out = StringIO()
+
+    with pytest.raises(CommandError):
+        call_command("audit_sagas", "--json", stdout=out)
+
+    report = json.loads(out.getvalue())
+    assert report["sagas_checked"] == 5
+    assert report["counts"]["seat_sold_once"] == 1
+    assert report["violations"] == [{
+        "invariant": "seat_sold_once", "saga_id": None, "intent_id": None,
+        "detail": f"seat A8 of event {story.event.pk} is sold to no reservation"}]
+    assert report["run_id"] == AuditRun.objects.get().pk
+
+
+# --- seat_sold_once --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("breakage", ["reservation_cancelled", "seat_released", "orphan_sold"])
+def test_seat_sold_once(story, breakage):
+    saga = story.visa
+    if breakage == "reservation_cancelled":
+        Reservation.objects.filter(pk=saga.reservation_id).update(status="CANCELLED")
+    elif breakage == "seat_released":
+        Seat.objects.filter(event=story.event, ref="A1").update(status="available")
+    else:  # a seat sold to nobody
+        Seat.objects.filter(event=story.event, ref="A8").update(status="sold")
+        saga = None
+
+    report = audit_run()
+
+    _only(report, "seat_sold_once", saga)
+    _command_fails("seat_sold_once", saga)
+
+
+# --- one_charge_per_intent ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_one_charge_per_intent(story):
+    # A second charge at "the processor" (refunded, so the net still agrees).
+    FakeCharge.objects.create(intent_id=story.visa.intent_id, amount=2500, currency="EUR",
+                              status="refunded")
+
+    report = audit_run()
+
+    _only(report, "one_charge_per_intent", story.visa)
+    _command_fails("one_charge_per_intent", story.visa)
+
+
+# --- ledger_equals_gateway ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_ledger_equals_gateway_when_the_gateway_captured_another_amount(story):
+    FakeCharge.objects.filter(intent_id=story.reconciled.intent_id).update(amount=2000)
+
+    report = audit_run()
+
+    _only(report, "ledger_equals_gateway", story.reconciled)
+    assert "ledger net 2500 != gateway net captured 2000" in report.violations[0].detail
+    _command_fails("ledger_equals_gateway", story.reconciled)
+
+
+@pytest.mark.django_db
+def test_ledger_equals_gateway_for_ledger_entries_no_saga_owns(story, gateway):
+    LedgerEntry.objects.create(intent_id="pi_BOGUS", kind="charge", amount=2500, currency="EUR",
+                               saga_id=story.visa.pk, event_id=story.event.pk,
+                               created_at=timezone.now())
+
+    report = audit_run()
+
+    _only(report, "ledger_equals_gateway")
+    assert [v.intent_id for v in report.violations] == ["pi_BOGUS"]
+    assert ("list_charges", "pi_BOGUS") in gateway.calls
+    _command_fails("ledger_equals_gateway")
+
+
+# --- confirmed_has_one_charge_entry ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_confirmed_saga_with_a_refund_entry(story):
+    # A refund entry of 0: the net (and so the gateway check) still agrees.
+    LedgerEntry.objects.create(intent_id=story.visa.intent_id, kind="refund", amount=0,
+                               currency="EUR", saga_id=story.visa.pk, event_id=story.event.pk,
+                               created_at=timezone.now())
+
+    report = audit_run()
+
+    _only(report, "confirmed_has_one_charge_entry", story.visa)
+    _command_fails("confirmed_has_one_charge_entry", story.visa)
+
+
+@pytest.mark.django_db
+def test_a_compensated_saga_whose_ledger_does_not_net_zero(story):
+    # The refund never happened at the gateway and its ledger entry is void:
+    # ledger and gateway agree (5000), but a compensated purchase kept money.
+    FakeCharge.objects.filter(intent_id=story.refunded.intent_id).update(status="succeeded")
+    LedgerEntry.objects.filter(intent_id=story.refunded.intent_id, kind="refund").update(amount=0)
+
+    report = audit_run()
+
+    _only(report, "confirmed_has_one_charge_entry", story.refunded)
+    assert "nets 5000" in report.violations[0].detail
+    _command_fails("confirmed_has_one_charge_entry", story.refunded)
+
+
+# --- emails_exactly_once ---------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("which", ["confirmation", "cancellation"])
+def test_an_email_never_sent_is_a_violation_once_it_is_overdue(story, which):
+    saga, consumer = ((story.visa, CONFIRMATION_EMAIL) if which == "confirmation"
+                      else (story.declined, CANCELLATION_EMAIL))
+    InboxEntry.objects.filter(message__saga_id=saga.pk, consumer=consumer).delete()
+
+    assert audit_run().violations == []  # still young: it may be on its way
+    story.clock.tick(LATER)
+    report = audit_run()
+
+    _only(report, "emails_exactly_once", saga)
+    assert "not processed" in report.violations[0].detail
+    _command_fails("emails_exactly_once", saga)
+
+
+@pytest.mark.django_db
+def test_two_confirmation_messages_for_one_saga(story):
+    first = OutboxMessage.objects.get(topic="PurchaseConfirmed", saga_id=story.visa.pk)
+    second = OutboxMessage.objects.create(
+        topic="PurchaseConfirmed", payload=first.payload, saga_id=story.visa.pk,
+        event_id=story.event.pk, created_at=timezone.now(), available_at=timezone.now(),
+        completed_at=timezone.now())
+    InboxEntry.objects.create(consumer=CONFIRMATION_EMAIL, message=second,
+                              processed_at=timezone.now())
+
+    report = audit_run()
+
+    _only(report, "emails_exactly_once", story.visa)
+    assert report.violations[0].detail == "2 PurchaseConfirmed messages"
+    _command_fails("emails_exactly_once", story.visa)
+
+
+# --- no_silent_stuck -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_saga_left_in_payment_failed_with_no_timer_is_silently_stuck(story, alice):
+    # The worker recorded the decline and died before compensating; the hold
+    # timer does not count (on an old saga it is long overdue).
+    saga = start_purchase(alice, story.event, seats=["A7"])
+    saga_transition(saga_id=saga.pk, to="CHARGING", reason="charge started")
+    saga_transition(saga_id=saga.pk, to="PAYMENT_FAILED", reason="charge declined")
+    story.clock.tick(60)
+    assert audit_run().violations == []  # young: it may still be moving
+
+    story.clock.tick(LATER)
+    report = audit_run()
+
+    _only(report, "no_silent_stuck", saga)
+    assert "PAYMENT_FAILED" in report.violations[0].detail
+    _command_fails("no_silent_stuck", saga)
+
+
+@pytest.mark.django_db
+def test_a_saga_waiting_on_its_reconcile_timer_is_not_stuck_until_the_timer_is_overdue(
+        story, alice):
+    saga = start_purchase(alice, story.event, seats=["A7"], payment_method="pm_card_unreachable")
+    assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"  # probe armed at +60 s
+    story.clock.tick(30)
+
+    assert audit_run(stuck_after_seconds=10).violations == []  # on schedule
+
+    story.clock.tick(120)  # the probe was due 90 s ago and nobody delivered it
+    report = audit_run(stuck_after_seconds=10)
+    _only(report, "no_silent_stuck", saga)
+
+
+@pytest.mark.django_db
+def test_an_escalated_saga_is_not_silent_while_an_alert_names_it(story, alice, settings):
+    settings.PURCHASE_HOLD_SECONDS = 4 * 3600
+    saga = start_purchase(alice, story.event, seats=["A7"], payment_method="pm_card_unreachable")
+    saga_charge(saga_id=saga.pk)
+    for offset in BACKOFF:
+        story.clock.tick(offset)
+        drain_outbox()
+    assert _fresh(saga).state == "UNKNOWN_EXPIRED"
+    story.clock.tick(3600)
+
+    assert audit_run(stuck_after_seconds=600).violations == []
+
+    alert = OutboxMessage.objects.get(topic="SagaNeedsOperator", saga_id=saga.pk)
+    InboxEntry.objects.filter(message=alert).delete()
+    alert.delete()
+    report = audit_run(stuck_after_seconds=600)
+    _only(report, "no_silent_stuck", saga)
+    assert "no alert names it" in report.violations[0].detail
+
+
+# --- unknown_never_compensated_blind --------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("actor", ["system", "operator"])
+def test_an_unknown_saga_compensated_without_a_definitive_answer(story, alice, actor):
+    saga = start_purchase(alice, story.event, seats=["A7"], payment_method="pm_card_unreachable")
+    assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
+    # Released on an assumption: no look-up, no cancel at the gateway.
+    saga_transition(saga_id=saga.pk, to="EXPIRED", reason="assumed", actor=actor,
+                    actor_name="carol" if actor == "operator" else "")
+    saga_compensate(saga_id=saga.pk, actor=actor,
+                    actor_name="carol" if actor == "operator" else "")
+    drain_outbox()
+    assert _fresh(saga).state == "COMPENSATED"
+
+    report = audit_run()
+
+    if actor == "operator":  # a named operator's decision (the runbook) is not blind
+        assert report.violations == []
+        return
+    _only(report, "unknown_never_compensated_blind", saga)
+    _command_fails("unknown_never_compensated_blind", saga)
+
+
+@pytest.mark.django_db
+def test_a_refund_after_an_operator_settled_the_unknown_is_not_blind(story, alice):
+    saga = start_purchase(alice, story.event, seats=["A7"],
+                          payment_method="pm_card_timeout_charged")
+    assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
+    saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="probes exhausted")
+    # No look-up ever answered; the operator saw the charge and confirmed it.
+    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+               reason="charge seen in the processor's dashboard")
+    faulty = FaultyGateway()
+    faulty.down("refund", times=1)
+    with override_gateway(faulty):
+        purchase_refund(saga_id=saga.pk, reason="customer asked", actor="system")
+        story.clock.tick(60)  # the refund retry: its answer comes after the move
+        drain_outbox()
+    assert _fresh(saga).state == "COMPENSATED"
+
+    assert audit_run().violations == []
+
+
+@pytest.mark.django_db
+def test_the_hold_expiry_cancel_is_the_definitive_answer_that_allows_compensation(story):
+    # Without the stored evidence of the cancel, the compensation looks blind.
+    probes = ReconciliationProbe.objects.filter(saga=story.expired_unknown)
+    assert probes.filter(asked="cancel", answer="canceled").exists()
+    probes.exclude(asked="charge").delete()
+
+    report = audit_run()
+
+    _only(report, "unknown_never_compensated_blind", story.expired_unknown)
+
+
+# --- the gateway cannot answer --------------------------------------------------------
+
+
+class _GatewayDownFor(InProcessFakeGateway):
+    def __init__(self, intent_id=None):
+        super().__init__()
+        self.down_for = intent_id  # None: every intent
+        self.lost = 0
+
+    def list_charges(self, intent_id):
+        if self.down_for in (None, intent_id):
+            self.lost += 1
+            raise GatewayUnavailable("list charges: timeout")
+        return super().list_charges(intent_id)
+
+
+@pytest.mark.django_db
+def test_an_intent_the_gateway_cannot_answer_about_is_reported_not_fatal(story):
+    gateway = _GatewayDownFor(story.visa.intent_id)
+
+    report = audit_run(gateway=gateway)
+
+    _only(report, "gateway_unreachable", story.visa)
+    assert report.sagas_checked == 5
+    assert report.intents_checked == 5
+    assert len([c for c in gateway.calls if c[0] == "list_charges"]) == 4  # + the one lost
+    assert "list charges: timeout" in report.violations[0].detail
+
+
+@pytest.mark.django_db
+def test_a_gateway_that_stays_down_is_not_asked_about_every_intent(story, monkeypatch):
+    monkeypatch.setattr("purchases.audit.GATEWAY_FAILURES_BEFORE_GIVING_UP", 2)
+    gateway = _GatewayDownFor()
+
+    report = audit_run(gateway=gateway)
+
+    assert gateway.lost == report.intents_checked == 2
+    assert report.counts["gateway_unreachable"] == 5
+    assert _invariants(report) == {"gateway_unreachable"}
+    assert sum("not asked" in v.detail for v in report.violations) == 3
+
+
+# --- cost --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_pending_sagas_are_not_asked_and_chunks_cover_every_saga(story, alice, gateway):
+    pending = start_purchase(alice, story.event, seats=["A7"])
+    gateway.calls.clear()
+
+    report = audit_run(chunk_size=2)
+
+    assert report.violations == []
+    assert report.sagas_checked == 6
+    asked = [c[1] for c in gateway.calls if c[0] == "list_charges"]
+    assert len(asked) == len(set(asked)) == 5 and pending.intent_id not in asked
+
+
+class _CountingGateway(InProcessFakeGateway):
+    """The in-process fake's own queries stand for HTTP calls to the processor:
+    counted apart from the auditor's."""
+
+    def __init__(self):
+        super().__init__()
+        self.queries = 0
+
+    def list_charges(self, intent_id):
+        before = len(connection.queries)
+        try:
+            return super().list_charges(intent_id)
+        finally:
+            self.queries += len(connection.queries) - before
+
+
+def _audit_queries() -> int:
+    audit_run()  # warm: the heartbeat row exists from now on
+    gateway = _CountingGateway()
+    with CaptureQueriesContext(connection) as ctx:
+        audit_run(gateway=gateway)
+    return len(ctx.captured_queries) - gateway.queries
+
+
+@pytest.mark.django_db
+def test_the_number_of_queries_does_not_grow_with_the_number_of_sagas(alice, gateway):
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
+    with freeze_time(T0):
+        for ref in ("A1", "A2"):
+            saga_charge(saga_id=start_purchase(alice, event, seats=[ref]).pk)
+        drain_outbox()
+        few = _audit_queries()
+        for ref in ("A3", "A4", "A5", "A6", "A7", "A8"):
+            saga_charge(saga_id=start_purchase(alice, event, seats=[ref]).pk)
+        drain_outbox()
+        many = _audit_queries()
+
+    assert few == many

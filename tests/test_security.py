@@ -1,0 +1,243 @@
+"""Security: who may see and do what, throttling, size limits, JSON-only
+Celery, and production settings that pass Django's deployment checks."""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.cache import cache
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.exceptions import ContentDisallowed
+
+from purchases.models import IdempotencyRecord, PurchaseSaga
+from purchases.services import saga_charge
+
+from .conftest import _client_for, purchase_body, start_purchase
+from .factories import EventFactory, UserFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the authorization matrix -------------------------------------------------------
+
+
+@pytest.fixture
+def people(db):
+    staff = UserFactory(username="staff", is_staff=True)
+    operator = UserFactory(username="operator", is_staff=True)
+    operator.user_permissions.add(
+        Permission.objects.get(codename="run_saga_runbook"),
+        Permission.objects.get(codename="view_purchasesaga"),
+    )
+    staff.user_permissions.add(Permission.objects.get(codename="view_purchasesaga"))
+    return {
+        "anonymous": None,
+        "alice": UserFactory(username="alice"),
+        "bob": UserFactory(username="bob"),
+        "staff": staff,
+        "operator": operator,
+    }
+
+
+def _api(user):
+    from rest_framework.test import APIClient
+
+    return APIClient() if user is None else _client_for(user)
+
+
+@pytest.mark.django_db
+def test_api_authorization_matrix(people, gateway):
+    event = EventFactory(seats=["A1", "A2", "A3", "A4", "A5", "A6"])
+    alices = saga_charge(saga_id=start_purchase(people["alice"], event, seats=["A1"]).pk)
+    detail = f"/api/purchases/{alices.pk}/"
+    seats = iter(["A2", "A3", "A4", "A5", "A6"])
+    expected = {
+        # who: (events, seats, list, alice's purchase, create)
+        "anonymous": (200, 200, 401, 401, 401),
+        "alice": (200, 200, 200, 200, 202),
+        "bob": (200, 200, 200, 404, 202),
+        "staff": (200, 200, 200, 404, 202),  # staff get no API powers over others
+        "operator": (200, 200, 200, 404, 202),
+    }
+    for who, want in expected.items():
+        client = _api(people[who])
+        got = (
+            client.get("/api/events/").status_code,
+            client.get(f"/api/events/{event.pk}/seats/").status_code,
+            client.get("/api/purchases/").status_code,
+            client.get(detail).status_code,
+            client.post("/api/purchases/", purchase_body(event, seats=[next(seats)]),
+                        format="json", HTTP_IDEMPOTENCY_KEY=f"k-{who}").status_code,
+        )
+        assert got == want, who
+        if who not in ("anonymous", "alice"):
+            listed = client.get("/api/purchases/").json()["results"]
+            assert str(alices.pk) not in [p["id"] for p in listed], who
+
+
+@pytest.mark.django_db
+def test_admin_authorization_matrix(people, gateway, client):
+    event = EventFactory(seats=["A1"])
+    saga = saga_charge(saga_id=start_purchase(people["alice"], event).pk)
+    changelist = "/admin/purchases/purchasesaga/"
+    expected = {"anonymous": 302, "alice": 302, "bob": 302, "staff": 200, "operator": 200}
+    for who, status in expected.items():
+        client.logout()
+        if people[who] is not None:
+            client.force_login(people[who])
+        assert client.get(changelist).status_code == status, who
+        assert client.get(f"{changelist}{saga.pk}/change/").status_code == status, who
+        if status == 200:
+            page = client.get(changelist).content.decode()
+            assert ("refund" in page) is (who == "operator"), who
+
+    # a forged action POST by staff without the permission does nothing
+    client.force_login(people["staff"])
+    client.post(changelist, {"action": "refund", "_selected_action": [str(saga.pk)],
+                             "confirm": "yes", "reason": "forged"})
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "CONFIRMED"
+
+
+@pytest.mark.django_db
+def test_idempotency_keys_are_scoped_per_user(people):
+    event = EventFactory(seats=["A1", "A2"])
+    first = _api(people["alice"]).post("/api/purchases/", purchase_body(event, seats=["A1"]),
+                                       format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    other = _api(people["bob"]).post("/api/purchases/", purchase_body(event, seats=["A2"]),
+                                     format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    assert (first.status_code, other.status_code) == (202, 202)
+    assert first.json()["id"] != other.json()["id"]
+    assert IdempotencyRecord.objects.filter(key="shared").count() == 2
+
+
+# --- throttling and limits ---------------------------------------------------------------
+
+
+@pytest.fixture
+def tight_throttle(settings):
+    settings.PURCHASE_THROTTLE_RATE = "3/min"
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.mark.django_db
+def test_purchase_starts_are_throttled_per_user_with_retry_after(people, tight_throttle):
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
+    alice, bob = _api(people["alice"]), _api(people["bob"])
+
+    answers = [
+        alice.post("/api/purchases/", purchase_body(event, seats=[f"A{n}"]), format="json",
+                   HTTP_IDEMPOTENCY_KEY=f"t{n}")
+        for n in range(1, 5)
+    ]
+
+    assert [a.status_code for a in answers] == [202, 202, 202, 429]
+    assert answers[-1].json()["code"] == "throttled"
+    assert 0 < int(answers[-1]["Retry-After"]) <= 60
+    assert PurchaseSaga.objects.count() == 3
+    # another user is not affected, and reading is not throttled
+    assert bob.post("/api/purchases/", purchase_body(event, seats=["A8"]), format="json",
+                    HTTP_IDEMPOTENCY_KEY="b1").status_code == 202
+    assert alice.get("/api/purchases/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_an_oversized_body_is_refused_before_parsing(people, settings):
+    settings.MAX_REQUEST_BYTES = 1024
+    event = EventFactory(seats=["A1"])
+    body = purchase_body(event) | {"padding": "x" * 2048}
+
+    answer = _api(people["alice"]).post("/api/purchases/", body, format="json",
+                                        HTTP_IDEMPOTENCY_KEY="big")
+
+    assert answer.status_code == 413
+    assert answer.json()["code"] == "payload_too_large"
+    assert PurchaseSaga.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_more_seats_than_allowed_is_refused(people, settings):
+    settings.MAX_SEATS_PER_PURCHASE = 2
+    event = EventFactory(seats=["A1", "A2", "A3"])
+    answer = _api(people["alice"]).post("/api/purchases/",
+                                        purchase_body(event, seats=["A1", "A2", "A3"]),
+                                        format="json", HTTP_IDEMPOTENCY_KEY="many")
+    assert answer.status_code == 400 and answer.json()["field"] == "seats"
+
+
+# --- no pickle anywhere in Celery -------------------------------------------------------
+
+
+def test_celery_speaks_json_only():
+    from config.celery import app
+
+    assert app.conf.task_serializer == "json"
+    assert app.conf.result_serializer == "json"
+    assert list(app.conf.accept_content) == ["json"]
+    assert app.conf.event_serializer == "json"
+
+
+def test_a_pickled_message_is_refused_by_our_consumers():
+    from django.conf import settings
+
+    from config.celery import app
+
+    queue = Queue(f"pickle-probe-{os.getpid()}", Exchange("pickle-probe"), "probe",
+                  auto_delete=True)
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        producer = Producer(conn.channel(), exchange=queue.exchange, routing_key="probe")
+        queue(producer.channel).declare()
+        producer.publish({"evil": "payload"}, serializer="pickle")
+        received = []
+        with Consumer(conn.channel(), queues=[queue], accept=app.conf.accept_content,
+                      callbacks=[lambda body, msg: received.append(body)]):
+            with pytest.raises(ContentDisallowed):
+                conn.drain_events(timeout=5)
+        assert received == []
+
+
+# --- production settings -------------------------------------------------------------------
+
+
+def _manage(*args, **env):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env}, timeout=60,
+    )
+
+
+def test_debug_is_off_and_a_secret_key_required_by_default():
+    without_key = _manage("check")
+    assert without_key.returncode != 0
+    assert "SECRET_KEY must be set" in without_key.stderr
+
+    probe = _manage("shell", "-c", "from django.conf import settings; print(settings.DEBUG)",
+                    SECRET_KEY="x" * 60)
+    assert probe.stdout.strip().splitlines()[-1] == "False", probe.stderr
+
+
+def test_check_deploy_passes_under_production_settings():
+    result = _manage(
+        "check", "--deploy", "--fail-level", "WARNING",
+        SECRET_KEY=secrets.token_urlsafe(60), ALLOWED_HOSTS="tickets.example.com",
+        SECURE_SSL_REDIRECT="true", SECURE_HSTS_SECONDS="31536000",
+        SECURE_HSTS_INCLUDE_SUBDOMAINS="true", SECURE_HSTS_PRELOAD="true",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_the_fake_gateway_is_not_mounted_in_production():
+    result = _manage("shell", "-c",
+                     "from django.urls import resolve, Resolver404\n"
+                     "try:\n    resolve('/fake-gateway/v1/charges')\n    print('mounted')\n"
+                     "except Resolver404:\n    print('absent')",
+                     SECRET_KEY="x" * 60, FAKE_GATEWAY_ENABLED="")
+    assert result.stdout.strip().splitlines()[-1] == "absent", result.stderr
