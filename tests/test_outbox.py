@@ -246,3 +246,35 @@ def test_a_message_that_never_completes_becomes_a_dead_letter(settings):
 
     assert handed == [message.pk] * 3
     assert list(dead_letters()) == [message]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_wakes_on_notify_not_only_on_its_poll():
+    # A relay polling every 10 minutes still hands a new row over at once:
+    # the commit's NOTIFY wakes it (the row was published after it went to
+    # sleep, so only the notification can explain a prompt hand-off).
+    import time
+
+    from outbox.relay import relay_run
+
+    stop = threading.Event()
+    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=600),
+                                             connection.close()))
+    relay.start()
+    try:
+        time.sleep(1.0)  # let it reach its first wait
+        with transaction.atomic():
+            message = outbox_publish(topic="test.notify", payload={})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if OutboxMessage.objects.filter(pk=message.pk, fired_at__isnull=False).exists():
+                break
+            time.sleep(0.05)
+        fired = OutboxMessage.objects.get(pk=message.pk).fired_at
+    finally:
+        stop.set()
+        with transaction.atomic():  # one more notification so the relay sees the stop
+            outbox_publish(topic="test.notify", payload={})
+        relay.join(30)
+    assert fired is not None, "the relay slept through the notification"
+    assert not relay.is_alive()
