@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -18,3 +18,17 @@ def _db_reuse(sender, **kwargs):
     from django.conf import settings
 
     sender.conf["CELERY_DB_REUSE_MAX"] = settings.CELERY_DB_REUSE_MAX
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _drop_dead_connections(**kwargs):
+    # With DB reuse on, Celery's fix-up looks at connections only every
+    # CELERY_DB_REUSE_MAX tasks, so a worker would keep a connection killed by
+    # a PostgreSQL restart and fail every task after it. Django's own check
+    # (the same one it runs around each request) closes a connection that
+    # errored or outlived CONN_MAX_AGE; with CONN_HEALTH_CHECKS the next query
+    # reconnects.
+    from django.db import close_old_connections
+
+    close_old_connections()

@@ -163,27 +163,40 @@ class _Listener:
 
     def close(self) -> None:
         if self.conn is not None:
-            self.conn.close()
+            try:
+                self.conn.close()
+            except Exception:  # already broken: nothing more to release
+                pass
 
 
 def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = None) -> None:
-    """The relay loop (``manage.py run_relay``)."""
+    """The relay loop (``manage.py run_relay``).
+
+    It survives its database going away (restart, failover): a failed tick or
+    a broken LISTEN connection is logged, both connections are dropped, and the
+    loop sleeps one poll interval before it connects again. Nothing is lost
+    meanwhile: due rows wait in the table.
+    """
     poll = settings.OUTBOX_POLL_SECONDS if poll is None else poll
-    listener = _Listener()
-    logger.info("outbox relay started", extra={"poll_seconds": poll, "listen": bool(listener.conn)})
+    listener: _Listener | None = None
+    logger.info("outbox relay started", extra={"poll_seconds": poll})
     try:
         while not stop():
             try:
+                if listener is None:
+                    listener = _Listener()
                 handed = relay_tick()
                 if handed >= settings.OUTBOX_BATCH_SIZE:
                     continue  # more are due: no waiting
                 due = next_due_in(now=timezone.now())
+                listener.wait(poll if due is None else min(poll, due))
             except Exception:
-                # The database went away (restart, failover): keep the process,
-                # drop the connection, try again after a poll interval.
-                logger.exception("outbox relay tick failed")
+                logger.exception("outbox relay tick failed; reconnecting after %ss", poll)
                 connection.close()
-                due = None
-            listener.wait(poll if due is None else min(poll, due))
+                if listener is not None:
+                    listener.close()
+                    listener = None
+                time.sleep(poll)
     finally:
-        listener.close()
+        if listener is not None:
+            listener.close()

@@ -278,3 +278,42 @@ def test_the_relay_wakes_on_notify_not_only_on_its_poll():
         relay.join(30)
     assert fired is not None, "the relay slept through the notification"
     assert not relay.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_survives_its_connections_being_killed():
+    # A PostgreSQL restart kills the relay's LISTEN connection and its query
+    # connection. The relay logs, reconnects, and goes on handing rows over;
+    # before this was handled the thread died with the first broken wait.
+    import time
+
+    from outbox.relay import relay_run
+
+    stop = threading.Event()
+    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=0.2),
+                                             connection.close()))
+    relay.start()
+    try:
+        time.sleep(1.0)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (killed,) = cursor.fetchone()
+        assert killed >= 2  # the listener and the relay's own connection
+        time.sleep(0.5)
+        with transaction.atomic():
+            message = outbox_publish(topic="test.restart", payload={})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if OutboxMessage.objects.filter(pk=message.pk, fired_at__isnull=False).exists():
+                break
+            time.sleep(0.05)
+        fired = OutboxMessage.objects.get(pk=message.pk).fired_at
+        alive = relay.is_alive()
+    finally:
+        stop.set()
+        relay.join(30)
+    assert alive, "the relay thread died with its connection"
+    assert fired is not None, "the relay did not reconnect and hand the row over"

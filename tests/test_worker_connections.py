@@ -1,0 +1,35 @@
+"""A worker outlives a PostgreSQL restart: its dead connection is dropped
+between tasks instead of failing every task after the restart."""
+
+import psycopg
+import pytest
+from celery import signals
+from django.db import OperationalError, connection
+
+from config.celery import app
+
+
+def _kill_own_backend():
+    pid = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    with psycopg.connect(autocommit=True, **params) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_killed_between_tasks_is_replaced_before_the_next_task():
+    app.finalize()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    _kill_own_backend()
+    with pytest.raises(OperationalError), connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # the task that met the restart fails
+
+    signals.task_postrun.send(sender=None)  # what the worker sends after it
+    signals.task_prerun.send(sender=None)   # and before the next task
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
