@@ -61,6 +61,31 @@ def test_the_confirmation_email_is_sent_once_whatever_the_deliveries(alice, even
 
 
 @pytest.mark.django_db
+def test_an_email_resent_after_a_crash_carries_the_first_ones_message_id(
+        alice, event, gateway):
+    # The worker sent the email and died before writing the inbox entry: the
+    # redelivery sends again (at least once), as the same message.
+    from outbox.delivery import message_deliver
+    from outbox.models import InboxEntry
+
+    saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+    other = saga_charge(saga_id=start_purchase(
+        alice, event, seats=["A2"], payment_method="pm_card_chargeDeclined").pk)
+    drain_outbox()
+    message = OutboxMessage.objects.get(topic="PurchaseConfirmed", saga_id=saga.pk)
+    InboxEntry.objects.filter(message=message).delete()
+    OutboxMessage.objects.filter(pk=message.pk).update(completed_at=None)
+
+    message_deliver(message_id=message.pk)
+
+    ids = [m.extra_headers["Message-ID"] for m in mail.outbox]
+    assert len(ids) == 3
+    mine = [m.message()["Message-ID"] for m in mail.outbox if saga.reservation.ref in m.subject]
+    assert mine == [f"<confirmed.{saga.pk}@boxoffice.local>"] * 2
+    assert len(set(ids)) == 2 and f"<failed.{other.pk}@boxoffice.local>" in ids
+
+
+@pytest.mark.django_db
 def test_a_declined_purchase_is_compensated(alice, event, gateway):
     saga = start_purchase(alice, event, seats=["A1"], payment_method="pm_card_chargeDeclined")
 
