@@ -916,6 +916,9 @@ def saga_expire_hold(
                 event_id=saga.event_id,
                 saga_id=saga.pk,
                 now=now,
+                # A redelivered recheck (its worker died before the inbox
+                # entry) finds its successor armed already.
+                if_absent=True,
             )
             return saga
     return saga_compensate(saga_id=saga_id, gateway=gateway, now=now)

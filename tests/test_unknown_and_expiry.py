@@ -221,6 +221,34 @@ def test_expiry_with_the_gateway_unreachable_waits_and_asks_again(
     assert _seat(event) == "available"
 
 
+@pytest.mark.django_db
+def test_an_expiry_check_delivered_again_after_a_crash_arms_its_successor_once(
+        alice, event, faulty_gateway, settings):
+    # Found by the stateful test: the worker that ran the expiry check died
+    # before the inbox entry; the redelivery asked the gateway again and then
+    # failed on the already-armed next check (a unique key) forever.
+    from outbox.models import InboxEntry
+
+    settings.PURCHASE_HOLD_SECONDS = 30
+    settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
+    faulty_gateway.down("charge")
+    faulty_gateway.down("retrieve")
+    faulty_gateway.down("cancel")
+    with freeze_time(T0) as clock:
+        saga = start_purchase(alice, event)
+        saga_charge(saga_id=saga.pk)
+        clock.tick(30)
+        (check,) = [m for m in drain_outbox() if m.key == f"hold:{saga.pk}"]
+        InboxEntry.objects.filter(message=check).delete()
+        OutboxMessage.objects.filter(pk=check.pk).update(completed_at=None)
+
+        assert message_deliver(message_id=check.pk) == "delivered"
+
+    retries = OutboxMessage.objects.filter(key__startswith=f"hold:{saga.pk}:retry:")
+    assert list(retries.values_list("key", flat=True)) == [f"hold:{saga.pk}:retry:1"]
+    assert _state(saga) == "UNKNOWN" and _seat(event) == "held"
+
+
 # --- Seed 000's four properties ---------------------------------------------
 
 
