@@ -150,6 +150,8 @@ COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default
 MAX_SEATS_PER_PURCHASE = env.int("MAX_SEATS_PER_PURCHASE", default=10)
 # Purchase starts per user (DRF rate syntax: N/s, N/min, N/hour, N/day).
 PURCHASE_THROTTLE_RATE = env.str("PURCHASE_THROTTLE_RATE", default="60/min")
+# Attempts at POST /api/auth/token/ per client address (password guessing).
+AUTH_TOKEN_THROTTLE_RATE = env.str("AUTH_TOKEN_THROTTLE_RATE", default="30/min")
 # Request bodies above this answer 413 before anything parses them.
 MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=16 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(MAX_REQUEST_BYTES, 2_621_440)

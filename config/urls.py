@@ -1,14 +1,16 @@
 from django.conf import settings
 from django.contrib import admin
+from django.http import JsonResponse
 from django.urls import include, path
+from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import ObtainAuthToken
 
 from config.metrics import metrics_view
+from purchases.apis import TokenApi
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/auth/token/", ObtainAuthToken.as_view(), name="auth-token"),
+    path("api/auth/token/", TokenApi.as_view(), name="auth-token"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include("purchases.urls")),
@@ -17,3 +19,18 @@ urlpatterns = [
 
 if settings.FAKE_GATEWAY_ENABLED:
     urlpatterns.append(path("fake-gateway/v1/", include("payments.fake_gateway.urls")))
+
+
+# Under /api/ every answer is JSON in the one error shape, also for what
+# never reaches a view (a path that matches no route, a server error).
+def _api_or(page, status: int, code: str, detail: str):
+    def handler(request, exception=None):
+        if request.path.startswith("/api/"):
+            return JsonResponse({"code": code, "detail": detail}, status=status)
+        return page(request, exception) if exception is not None else page(request)
+    return handler
+
+
+handler400 = _api_or(defaults.bad_request, 400, "bad_request", "Bad request.")
+handler404 = _api_or(defaults.page_not_found, 404, "not_found", "Not found.")
+handler500 = _api_or(defaults.server_error, 500, "server_error", "Server error.")

@@ -7,8 +7,11 @@ import logging
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions
+from rest_framework import exceptions, serializers
+from rest_framework.authtoken.serializers import AuthTokenSerializer
+from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,7 +28,7 @@ from .serializers import (
     PurchaseSummarySerializer,
     SeatSerializer,
 )
-from .throttling import PurchaseStartThrottle
+from .throttling import PurchaseStartThrottle, TokenThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +62,11 @@ def exception_handler(exc, context):
         return None
     code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
     if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
-        fields = sorted(exc.detail)
+        # "field" names the field "detail" talks about: the first one.
         response.data = {
             "code": code,
             "detail": _first_message(exc.detail),
-            "field": fields[0],
+            "field": next(iter(exc.detail)),
             "errors": exc.detail,
         }
     else:
@@ -75,10 +78,45 @@ def error(status_code: int, code: str, detail: str, **extra) -> Response:
     return Response({"code": code, "detail": detail, **extra}, status=status_code)
 
 
+class _TokenSerializer(serializers.Serializer):
+    token = serializers.CharField()
+
+
+class TokenApi(ObtainAuthToken):
+    """``POST /api/auth/token/``: DRF's token view, JSON in (shared/API.md),
+    with its answers documented."""
+
+    parser_classes = [JSONParser]
+    # No authentication to get a token: a stale token in the header must not
+    # stand between a user and a new one.
+    authentication_classes = []
+    permission_classes = [AllowAny]
+    throttle_classes = [TokenThrottle]
+
+    @extend_schema(
+        request=AuthTokenSerializer,
+        responses={
+            200: _TokenSerializer,
+            400: ErrorSerializer,
+            429: OpenApiResponse(ErrorSerializer, description="throttled, with `Retry-After`"),
+        },
+        summary="Exchange a username and password for an API token",
+    )
+    def post(self, request, *args, **kwargs):
+        return super().post(request, *args, **kwargs)
+
+
+# The catalog needs no credentials, but credentials that are sent are checked:
+# a client whose token was revoked hears so (401) instead of being served as
+# anonymous without knowing it.
+_BAD_CREDENTIALS = OpenApiResponse(ErrorSerializer, description="credentials sent and invalid")
+
+
 class EventListApi(APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses=EventSerializer(many=True), summary="List events")
+    @extend_schema(responses={200: EventSerializer(many=True), 401: _BAD_CREDENTIALS},
+                   summary="List events")
     def get(self, request):
         return Response(EventSerializer(selectors.event_list(), many=True).data)
 
@@ -87,7 +125,7 @@ class EventSeatsApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        responses={200: SeatSerializer(many=True), 404: ErrorSerializer},
+        responses={200: SeatSerializer(many=True), 401: _BAD_CREDENTIALS, 404: ErrorSerializer},
         summary="Seats of an event (informative; only the purchase decides)",
     )
     def get(self, request, event_id: int):
@@ -106,6 +144,13 @@ def _key_problem(key: str | None) -> Response | None:
             "the Idempotency-Key header must be 1 to 255 printable ASCII characters",
         )
     return None
+
+
+class _PurchasePageSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = PurchaseSummarySerializer(many=True)
 
 
 class PurchaseListCreateApi(APIView):
@@ -159,7 +204,16 @@ class PurchaseListCreateApi(APIView):
         response["Location"] = started.body["links"]["self"]
         return response
 
-    @extend_schema(responses=PurchaseSummarySerializer(many=True), summary="Your purchases")
+    @extend_schema(
+        parameters=[OpenApiParameter("page", OpenApiTypes.INT, OpenApiParameter.QUERY)],
+        responses={
+            200: _PurchasePageSerializer,
+            401: ErrorSerializer,
+            404: OpenApiResponse(ErrorSerializer, description="no such page"),
+        },
+        summary="Your purchases, newest first, a page at a time",
+        operation_id="purchases_list",
+    )
     def get(self, request):
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(selectors.purchase_list(user=request.user), request)

@@ -17,9 +17,16 @@ os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"boxoffice-test-{os.getpid()
 os.environ.setdefault("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "1.0")
 os.environ.setdefault("FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", "1.5")
 os.environ.setdefault("PURCHASE_THROTTLE_RATE", "100000/min")
+os.environ.setdefault("AUTH_TOKEN_THROTTLE_RATE", "100000/min")
 
 from config.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
+
+# pytest's caplog listens on the root logger: let ours propagate to it (the
+# product's loggers stop at their own handler so a line is not printed twice).
+for _logger in LOGGING["loggers"].values():  # noqa: F405
+    _logger["propagate"] = True
+    _logger["handlers"] = []

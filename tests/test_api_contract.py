@@ -554,3 +554,15 @@ def test_docs_render_html_publicly(anon_api):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/html")
     assert b"/api/schema/" in response.content
+
+
+@pytest.mark.django_db
+def test_a_path_no_route_matches_answers_json_under_api_and_html_elsewhere(anon_api):
+    # Found by the schema fuzzer: /api/events/null/seats/ matched no route and
+    # Django answered its HTML page to a JSON client.
+    api = anon_api.get("/api/events/null/seats/")
+    page = anon_api.get("/no-such-page/")
+
+    assert api.status_code == 404 and api["Content-Type"] == "application/json"
+    assert api.json() == {"code": "not_found", "detail": "Not found."}
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")

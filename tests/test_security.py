@@ -12,6 +12,7 @@ from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.exceptions import ContentDisallowed
+from rest_framework.test import APIClient
 
 from purchases.models import IdempotencyRecord, PurchaseSaga
 from purchases.services import saga_charge
@@ -144,6 +145,23 @@ def test_purchase_starts_are_throttled_per_user_with_retry_after(people, tight_t
     assert bob.post("/api/purchases/", purchase_body(event, seats=["A8"]), format="json",
                     HTTP_IDEMPOTENCY_KEY="b1").status_code == 202
     assert alice.get("/api/purchases/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_token_requests_are_throttled_per_address_and_ignore_a_stale_token(people, settings):
+    settings.AUTH_TOKEN_THROTTLE_RATE = "3/min"
+    cache.clear()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token stale-token-from-last-week")
+    try:
+        answers = [client.post("/api/auth/token/", {"username": "alice", "password": guess},
+                               format="json") for guess in ("a", "b", "c", "d")]
+    finally:
+        cache.clear()
+
+    assert [a.status_code for a in answers] == [400, 400, 400, 429]
+    assert answers[-1].json()["code"] == "throttled"
+    assert 0 < int(answers[-1]["Retry-After"]) <= 60
 
 
 @pytest.mark.django_db
