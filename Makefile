@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test install lint clean
+.PHONY: run test bench chaos install lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,19 @@ run: install
 
 test: install
 	scripts/with-services.sh $(BIN)/pytest $(PYTEST_ARGS)
+
+# Not timed tests: the benchmark, each figure beside a baseline measured in
+# the same run (bench/README.md). BENCH_ARGS=--full for the long variants.
+bench: install
+	scripts/with-services.sh $(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The long reliability runs: the chaos stack for minutes, and the stateful
+# property test with STATEFUL_EXAMPLES examples on fresh random seeds.
+STATEFUL_EXAMPLES ?= 1000
+chaos: install
+	scripts/with-services.sh $(BIN)/pytest -m chaos -p no:logging tests/test_chaos.py $(PYTEST_ARGS)
+	scripts/with-services.sh env STATEFUL_EXAMPLES=$(STATEFUL_EXAMPLES) STATEFUL_DERANDOMIZE=0 \
+		$(BIN)/pytest -p no:logging tests/test_stateful.py $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

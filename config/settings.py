@@ -274,8 +274,22 @@ OUTBOX_CONSUMERS = {
 }
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------
+# How often beat runs each sweep (seconds). A sweep that has not succeeded
+# within twice its interval raises a "sweep stalled" alert. A queued sweep
+# older than its interval expires: the next one is already on its way.
+RESUME_SWEEP_SECONDS = env.float("RESUME_SWEEP_SECONDS", default=60.0)
+CHASE_SWEEP_SECONDS = env.float("CHASE_SWEEP_SECONDS", default=300.0)
+AUDIT_SWEEP_SECONDS = env.float("AUDIT_SWEEP_SECONDS", default=86400.0)
+SWEEP_INTERVALS = {
+    "resume_sagas": RESUME_SWEEP_SECONDS,
+    "chase_compensations": CHASE_SWEEP_SECONDS,
+    "audit_sagas": AUDIT_SWEEP_SECONDS,
+}
 CELERY_BEAT_SCHEDULE = {
-    "resume-sagas": {"task": "purchases.resume_sagas", "schedule": 60.0},
-    "chase-compensations": {"task": "purchases.chase_compensations", "schedule": 300.0},
-    "audit-sagas": {"task": "purchases.audit_sagas", "schedule": 86400.0},
+    name.replace("_", "-"): {
+        "task": f"purchases.{name}",
+        "schedule": every,
+        "options": {"expires": every},
+    }
+    for name, every in SWEEP_INTERVALS.items()
 }

@@ -40,7 +40,10 @@ DRIVING_TOPICS = (services.TOPIC_RECONCILE, services.TOPIC_REFUND_RETRY,
 RESUMABLE = (S.PENDING, S.CHARGING, S.UNKNOWN, S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING,
              S.COMPENSATION_PENDING)
 
-SWEEP_INTERVALS = {"resume_sagas": 60, "chase_compensations": 300, "audit_sagas": 86400}
+
+def sweep_interval(name: str) -> float:
+    """Seconds between runs of a sweep (settings.SWEEP_INTERVALS)."""
+    return settings.SWEEP_INTERVALS.get(name, 300)
 
 
 # --- heartbeats -----------------------------------------------------------------
@@ -56,7 +59,7 @@ class Pulse:
 def heartbeat(name: str, *, now: datetime | None = None):
     """Record a sweep run: start, then success (with counts) or failure."""
     now = now or timezone.now()
-    interval = SWEEP_INTERVALS.get(name, 300)
+    interval = max(1, round(sweep_interval(name)))
     with transaction.atomic(durable=True):
         SweepHeartbeat.objects.update_or_create(
             name=name, defaults={"last_started_at": now, "interval_seconds": interval}

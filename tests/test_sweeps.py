@@ -4,6 +4,7 @@ the sweep queries as finished sagas pile up."""
 import io
 import json
 import logging
+import os
 from datetime import timedelta
 
 import pytest
@@ -324,3 +325,31 @@ def test_a_saga_behind_a_timer_overdue_past_the_threshold_is_resumed(alice, even
         report = sweep_resume()
 
     assert [line.result for line in report.lines] == ["CONFIRMED"]
+
+
+def test_the_beat_schedule_follows_the_sweep_settings():
+    import subprocess
+    import sys
+
+    script = ("import django, json; django.setup(); from django.conf import settings; "
+              "print(json.dumps(settings.CELERY_BEAT_SCHEDULE))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
+           "RESUME_SWEEP_SECONDS": "7", "CHASE_SWEEP_SECONDS": "11"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    schedule = json.loads(out)
+
+    assert schedule["resume-sagas"] == {"task": "purchases.resume_sagas", "schedule": 7.0,
+                                        "options": {"expires": 7.0}}
+    assert schedule["chase-compensations"]["schedule"] == 11.0
+    assert schedule["audit-sagas"]["schedule"] == 86400.0
+
+
+@pytest.mark.django_db
+def test_the_stall_alert_uses_the_configured_interval(settings):
+    settings.SWEEP_INTERVALS = {**settings.SWEEP_INTERVALS, "resume_sagas": 5}
+    with freeze_time(T0) as clock:
+        sweep_resume()
+        clock.tick(11)
+        assert sweeps_stalled() == ["resume_sagas"]
+    assert SweepHeartbeat.objects.get(name="resume_sagas").interval_seconds == 5
