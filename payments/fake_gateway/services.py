@@ -25,14 +25,22 @@ Test payment methods (``shared/API.md``):
   anything is recorded (504 after the stall); the retry charges;
 - ``pm_card_unreachable``: every call times out and charges nothing; the intent
   reads ``requires_payment`` until cancelled.
+
+Chaos: ``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE`` (0..1, a setting or an environment
+variable, read at each call, default 0) makes that share of successful charges,
+whatever the payment method, behave like ``pm_card_timeout_charged``: the
+charge and its stored answer commit, and the answer times out.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import random
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
@@ -205,8 +213,25 @@ def _charge_locked(
         200,
         {"status": "succeeded", "charge_id": charge.id},
         # The charge commits; only the answer is lost on the way back.
-        times_out=payment_method == PM_TIMEOUT_CHARGED,
+        times_out=payment_method == PM_TIMEOUT_CHARGED or _chaos_loses_answer(),
     )
+
+
+def chaos_timeout_rate() -> float:
+    """``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE``, from the settings or else the
+    environment, read per call so a running server can be told at any time."""
+    raw = getattr(settings, "FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", None)
+    if raw is None:
+        raw = os.environ.get("FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", "")
+    try:
+        return min(1.0, max(0.0, float(raw or 0)))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _chaos_loses_answer() -> bool:
+    rate = chaos_timeout_rate()
+    return rate > 0 and random.random() < rate
 
 
 def _validate_charge(*, amount: Any, currency: Any, payment_method: Any) -> Answer | None:

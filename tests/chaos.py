@@ -1,0 +1,827 @@
+"""Chaos harness: the whole boxoffice stack on servers it is allowed to break.
+
+A disposable PostgreSQL and a disposable Redis (started here, on free ports,
+in a temporary folder, so they may be restarted), gunicorn serving the API
+and the fake gateway, Celery workers, the outbox relay and Celery beat with
+fast sweeps, all as separate processes; a purchase load over HTTP; and the
+faults: SIGKILL of worker children, Redis restarted empty, PostgreSQL
+restarted, charges whose answer is lost after the charge landed.
+
+Nothing here imports Django at module level: the test process reads the
+disposable database with psycopg, and the same file is run as a module for
+two helper processes::
+
+    python -m tests.chaos beat       # Celery beat, waking every second
+    python -m tests.chaos watchdog   # stops PostgreSQL if the test process dies
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+
+PAYMENT_METHODS = {
+    # method: share of the purchases
+    "pm_card_visa": 0.35,
+    "pm_card_chargeDeclined": 0.15,
+    "pm_card_timeout_charged": 0.15,
+    "pm_card_timeout_not_charged": 0.15,
+    "pm_card_unreachable": 0.20,
+}
+# Short timings so that a whole story fits in seconds; every one of them is an
+# ordinary setting (README, "Settings").
+SETTINGS = {
+    "PURCHASE_HOLD_SECONDS": 8,
+    "RECONCILE_BACKOFF_SECONDS": "1,1,2,2,3,3",
+    "RESUME_AFTER_SECONDS": 5,
+    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": 0.5,
+    "FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS": 0.8,
+    "OUTBOX_REDELIVER_AFTER_SECONDS": 5,
+    # A delivery killed with its worker is retried once its lease runs out.
+    "OUTBOX_CLAIM_LEASE_SECONDS": 10,
+    "COMPENSATION_DEADLINE_SECONDS": 30,
+    "FAKE_GATEWAY_CHAOS_TIMEOUT_RATE": 0.3,
+    "RESUME_SWEEP_SECONDS": 2,
+    "CHASE_SWEEP_SECONDS": 5,
+}
+TERMINAL = ("CONFIRMED", "COMPENSATED")
+ESCALATED = ("UNKNOWN_EXPIRED", "COMPENSATION_PENDING")
+
+
+def die_with_parent() -> None:
+    # A test run that is killed must not leave a stack behind (see tests/stack.py).
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(predicate, what: str, timeout: float, every: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# --- disposable servers ----------------------------------------------------------
+
+
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+                        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    if not candidates:
+        raise RuntimeError(f"no {name}: install PostgreSQL (apt-get install postgresql)")
+    return str(candidates[-1])
+
+
+def servers_available() -> str | None:
+    """Why the chaos stack cannot run here, or None."""
+    try:
+        _pg_bin("pg_ctl")
+        _pg_bin("initdb")
+    except RuntimeError as exc:
+        return str(exc)
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        return "no redis-server/redis-cli (apt-get install redis-server)"
+    return None
+
+
+class Postgres:
+    """A throw-away cluster, run as ``postgres`` when we are root (it refuses root)."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base / "pg"
+        self.port = free_port()
+        self.user = _whoami()
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.pg_ctl = _pg_bin("pg_ctl")
+        self.restarts = 0
+        # (went down, came back), local time as the logs write it
+        self.outages: list[tuple[datetime.datetime, datetime.datetime]] = []
+
+    @property
+    def url(self) -> str:
+        return f"postgres://{self.user}@127.0.0.1:{self.port}/boxoffice"
+
+    def _run(self, *argv: str, timeout: float = 60) -> None:
+        subprocess.run([*self.as_user, *argv], check=True, timeout=timeout,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True)
+        if self.as_user:
+            shutil.chown(self.dir, "postgres")
+        self._run(_pg_bin("initdb"), "-D", str(self.dir), "-U", self.user, "--auth=trust")
+        # fsync off: the data is thrown away; the restart we test is a
+        # process restart (-m fast), which loses nothing that was committed.
+        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                   "-c fsync=off -c max_connections=300")
+        self._run(self.pg_ctl, "-D", str(self.dir), "-l", str(self.dir / "log"), "-w",
+                  "-o", options, "start")
+        import psycopg
+
+        with psycopg.connect(self.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as c:
+            c.execute("CREATE DATABASE boxoffice")
+
+    def restart(self) -> float:
+        """``pg_ctl restart -m fast``: every connection is cut. Returns seconds down."""
+        started = time.monotonic()
+        down = datetime.datetime.now()
+        self._run(self.pg_ctl, "-D", str(self.dir), "-l", str(self.dir / "log"), "-w",
+                  "-m", "fast", "restart")
+        self.restarts += 1
+        self.outages.append((down, datetime.datetime.now()))
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        if (self.dir / "postmaster.pid").exists():
+            with contextlib.suppress(Exception):
+                self._run(self.pg_ctl, "-D", str(self.dir), "-m", "immediate", "stop", timeout=30)
+
+
+class Redis:
+    """A throw-away Redis in the foreground (it dies with us), never saving."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        wait_until(lambda: listening(self.port), "Redis to listen", 10)
+
+    def restart_empty(self, *, down_seconds: float = 1.0) -> None:
+        """``shutdown nosave``, then a new empty server on the same port: every
+        queued and unacknowledged task is gone."""
+        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
+                       timeout=10, capture_output=True)
+        self.proc.wait(10)
+        time.sleep(down_seconds)
+        self.start()
+        self.restarts += 1
+
+    def queue_length(self, queue: str) -> int | None:
+        done = subprocess.run(["redis-cli", "-p", str(self.port), "llen", queue],
+                              capture_output=True, text=True, timeout=5)
+        try:
+            return int(done.stdout.strip())
+        except ValueError:
+            return None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _whoami() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+class Watchdog:
+    """A helper process outside our process group that stops PostgreSQL (a
+    daemon that ``pg_ctl`` detaches, so PDEATHSIG cannot reach it) and removes
+    the folder if the test process dies without tearing down."""
+
+    def __init__(self, *, pg: Postgres, folder: Path, log: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos", "watchdog", "--parent", str(os.getpid()),
+             "--pgdata", str(pg.dir), "--pg-ctl", pg.pg_ctl, "--as-postgres",
+             "1" if pg.as_user else "0", "--folder", str(folder)],
+            cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def _watchdog_main(args) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while os.getppid() == args.parent:
+        time.sleep(0.5)
+    as_user = ["runuser", "-u", "postgres", "--"] if args.as_postgres == "1" else []
+    subprocess.run([*as_user, args.pg_ctl, "-D", args.pgdata, "-m", "immediate", "stop"],
+                   timeout=60, check=False)
+    shutil.rmtree(args.folder, ignore_errors=True)
+
+
+# --- the stack --------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc, no psutil)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = text.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return sorted(out)
+
+
+class ChaosStack:
+    """web (gunicorn), workers, relay and beat on the disposable servers."""
+
+    def __init__(self, *, workdir: Path, pg: Postgres, redis: Redis, settings: dict) -> None:
+        self.workdir = workdir
+        self.mail_dir = workdir / "mail"
+        self.mail_dir.mkdir(parents=True, exist_ok=True)
+        self.web_port = free_port()
+        self.queue = f"boxoffice-chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.base_url = f"http://127.0.0.1:{self.web_port}"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTEST", "DJANGO", "CELERY", "EMAIL", "CACHE"))}
+        env.update({
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DEBUG": "false",
+            "SECRET_KEY": "x",
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "FAKE_GATEWAY_ENABLED": "true",
+            "PURCHASE_THROTTLE_RATE": "1000000/min",
+            "DATABASE_URL": pg.url,
+            "CELERY_BROKER_URL": redis.url,
+            "REDIS_URL": redis.url,
+            "CELERY_TASK_DEFAULT_QUEUE": self.queue,
+            "PAYMENT_GATEWAY_URL": f"{self.base_url}/fake-gateway/v1",
+            "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "EMAIL_FILE_PATH": str(self.mail_dir),
+            "BOXOFFICE_VAR_DIR": str(workdir / "var"),
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "INFO",
+            **{k: str(v) for k, v in settings.items()},
+        })
+        self.env = env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.kills: list[tuple[float, str, int]] = []
+        # (name, exit code, log tail) of every process that died on its own
+        self.crashes: list[tuple[str, int, str]] = []
+
+    # processes
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.argv[name] = argv
+        self.procs[name] = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )
+
+    def manage(self, *args: str, timeout: float = 120, check: bool = True):
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, timeout=timeout,
+            capture_output=True, text=True, check=check, preexec_fn=die_with_parent,
+        )
+
+    def start_web(self, *, workers: int = 2, threads: int = 16) -> None:
+        self._start("web", [
+            sys.executable, "-m", "gunicorn", "config.wsgi:application",
+            "--bind", f"127.0.0.1:{self.web_port}", "--worker-class", "gthread",
+            "--workers", str(workers), "--threads", str(threads), "--timeout", "60",
+            "--graceful-timeout", "5", "--access-logfile", "-",
+            "--access-logformat", '%(m)s %(U)s %(s)s %(L)s',
+        ])
+
+    def start_worker(self, name: str, concurrency: int = 2) -> None:
+        self._start(name, [
+            sys.executable, "-m", "celery", "-A", "config", "worker", f"--queues={self.queue}",
+            f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
+            "--loglevel=INFO", f"--hostname={name}@%h",
+        ])
+
+    def start_relay(self) -> None:
+        self._start("relay", [sys.executable, "manage.py", "run_relay", "--poll", "0.5"])
+
+    def start_beat(self) -> None:
+        self._start("beat", [sys.executable, "-m", "tests.chaos", "beat"])
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        import httpx
+
+        def web_up() -> bool:
+            self.assert_alive()
+            try:
+                return httpx.get(f"{self.base_url}/api/events/", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(web_up, "gunicorn to answer", timeout, every=0.3)
+        for name in self.procs:
+            if name.startswith("worker"):
+                wait_until(lambda n=name: self.assert_alive() or " ready." in self.log(n),
+                           f"{name} to be ready", timeout, every=0.3)
+
+    def dead(self) -> dict[str, int]:
+        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+
+    def assert_alive(self) -> None:
+        dead = self.dead()
+        if dead:
+            raise AssertionError(f"stack process(es) exited: {dead}\n" + self.tails(dead))
+
+    def supervise(self) -> list[str]:
+        """Start again every process that exited, as a supervisor would
+        (Compose: ``restart: unless-stopped``), and remember the crash: the
+        run goes on so that what follows a crash is tested too, and the crash
+        is reported as a failure. Returns the names restarted."""
+        restarted = []
+        for name, code in self.dead().items():
+            self.crashes.append((name, code, self.log(name)[-3000:]))
+            with open(self.workdir / f"{name}.log", "ab") as log:
+                log.write(f"\n=== exited with {code}; restarted by the harness ===\n".encode())
+            self._start(name, self.argv[name])
+            restarted.append(name)
+        return restarted
+
+    def worker_children(self, name: str) -> list[int]:
+        return _children(self.procs[name].pid)
+
+    def kill_worker_child(self, rng: random.Random) -> tuple[str, int] | None:
+        """SIGKILL one pool process of a random worker (never the master)."""
+        workers = [n for n in self.procs if n.startswith("worker")]
+        rng.shuffle(workers)
+        for name in workers:
+            children = self.worker_children(name)
+            if children:
+                pid = rng.choice(children)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    self.kills.append((time.monotonic(), name, pid))
+                    return name, pid
+        return None
+
+    def stop(self) -> None:
+        for name in ("beat", "relay", *sorted(n for n in self.procs if n.startswith("worker")),
+                     "web"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        # Pool processes left behind by a master that died first.
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    # logs and mail
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def tails(self, names=None, chars: int = 4000) -> str:
+        names = names or list(self.procs)
+        return "\n".join(f"--- {n}.log (tail) ---\n{self.log(n)[-chars:]}" for n in names)
+
+    def grep(self, needle: str, limit: int = 60) -> str:
+        lines = []
+        for path in sorted(self.workdir.glob("*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if needle in line:
+                    lines.append(f"{path.stem}: {line}")
+        return "\n".join(lines[:limit])
+
+    # A task that failed because its process's database connection is dead.
+    DEAD_CONNECTION = re.compile(
+        r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+: \w+/(ForkPoolWorker-\d+)\] .*"
+        r"OperationalError\('(the connection is (?:closed|lost)|terminating connection[^']*)",
+        re.M)
+
+    def dead_connection_errors(self, *, after: datetime.datetime,
+                               before: datetime.datetime | None = None) -> list[str]:
+        """Task runs between ``after`` and ``before`` that failed on a dead
+        database connection, per pool process: "worker/process: first..last (count)"."""
+        spans: dict[str, list] = {}
+        for name in sorted(n for n in self.procs if n.startswith("worker")):
+            for at, process, _ in self.DEAD_CONNECTION.findall(self.log(name)):
+                when = datetime.datetime.strptime(at, "%Y-%m-%d %H:%M:%S")
+                if when > after and (before is None or when < before):
+                    span = spans.setdefault(f"{name}/{process}", [when, when, 0])
+                    span[1] = when
+                    span[2] += 1
+        return [f"{k}: {a:%H:%M:%S}..{b:%H:%M:%S} ({n} task runs)"
+                for k, (a, b, n) in spans.items()]
+
+    def task_results(self) -> Counter:
+        """(task, result) -> count, from the workers' "succeeded" log lines."""
+        found = Counter()
+        pattern = re.compile(r"Task ([\w.]+)\[[^\]]+\] succeeded in [\d.]+s: '?([\w]+)")
+        for path in self.workdir.glob("worker*.log"):
+            for task, result in pattern.findall(path.read_text(errors="replace")):
+                found[task, result if not result.isdigit() else "ok"] += 1
+        return found
+
+    def emails_by_saga(self) -> dict[str, list[str]]:
+        """saga id -> subjects of the emails sent about it (the file backend's
+        output), one per Message-ID: a resend after a crash between sending
+        and the inbox write carries the first send's Message-ID, so it is the
+        same email to every mail server and client."""
+        out: dict[str, list[str]] = defaultdict(list)
+        seen: set[str] = set()
+        self.resends = 0
+        for path in sorted(self.mail_dir.glob("*")):
+            for message in path.read_text(errors="replace").split("-" * 79):
+                subject = re.search(r"^Subject: (.*)$", message, re.M)
+                ref = re.search(r"Reference ([0-9a-f-]{36})", message)
+                mid = re.search(r"^Message-ID: (.*)$", message, re.M | re.I)
+                if not (subject and ref):
+                    continue
+                if mid and mid.group(1) in seen:
+                    self.resends += 1
+                    continue
+                if mid:
+                    seen.add(mid.group(1))
+                out[ref.group(1)].append(subject.group(1))
+        return out
+
+
+# --- seed, load ----------------------------------------------------------------------
+
+
+SEED_SCRIPT = """
+import json, sys
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from purchases.services import event_create_with_seats
+
+users, rows, per_row = {users}, {rows!r}, {per_row}
+event = event_create_with_seats(name="chaos night", starts_at=timezone.now(),
+                                rows=rows, seats_per_row=per_row, price_amount=2500)
+tokens = []
+with transaction.atomic():
+    for n in range(users):
+        user = get_user_model().objects.create(username=f"chaos{{n}}",
+                                               email=f"chaos{{n}}@example.com")
+        tokens.append(Token.objects.create(user=user).key)
+refs = list(event.seats.order_by("id").values_list("ref", flat=True))
+sys.stdout.write("SEED " + json.dumps({{"event": event.pk, "tokens": tokens, "seats": refs}}))
+"""
+
+
+def seed(stack: ChaosStack, *, users: int, rows: str, per_row: int) -> dict:
+    done = stack.manage("shell", "-c", SEED_SCRIPT.format(users=users, rows=rows,
+                                                          per_row=per_row))
+    return json.loads(done.stdout.split("SEED ", 1)[1])
+
+
+@dataclass
+class LoadStats:
+    requests: Counter = field(default_factory=Counter)  # "202", "409", "500", "connect_error"...
+    sagas: dict = field(default_factory=dict)  # saga id -> payment method
+    replays: int = 0
+    replay_mismatches: list = field(default_factory=list)
+    reused_key_refusals: int = 0
+    reused_key_wrong: list = field(default_factory=list)
+
+
+class PurchaseLoad:
+    """Threads that buy seats over HTTP, with every test payment method, as
+    many users; some requests repeat their Idempotency-Key (same body: must
+    replay the same purchase; another body: must be refused with 422)."""
+
+    def __init__(self, *, base_url: str, seed_data: dict, threads: int, mean_gap: float,
+                 rng_seed: int, hot_seats: int = 12) -> None:
+        self.base_url = base_url
+        self.event = seed_data["event"]
+        self.tokens = seed_data["tokens"]
+        self.seats = seed_data["seats"]
+        self.hot = self.seats[:hot_seats]
+        self.threads_n = threads
+        self.mean_gap = mean_gap
+        self.rng_seed = rng_seed
+        self.stats = LoadStats()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for n in range(self.threads_n):
+            t = threading.Thread(target=self._run, args=(random.Random(self.rng_seed + n),),
+                                 name=f"load-{n}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(30)
+
+    def _count(self, key: str) -> None:
+        with self.lock:
+            self.stats.requests[key] += 1
+
+    def _post(self, client, token: str, key: str, body: dict):
+        import httpx
+
+        try:
+            answer = client.post("/api/purchases/", json=body, headers={
+                "Authorization": f"Token {token}", "Idempotency-Key": key})
+        except httpx.HTTPError as exc:
+            self._count(type(exc).__name__)
+            return None
+        self._count(str(answer.status_code))
+        return answer
+
+    def _run(self, rng: random.Random) -> None:
+        import httpx
+
+        methods, weights = zip(*PAYMENT_METHODS.items(), strict=True)
+        with httpx.Client(base_url=self.base_url, timeout=15) as client:
+            while not self.stopping.is_set():
+                token = rng.choice(self.tokens)
+                method = rng.choices(methods, weights)[0]
+                pool = self.hot if rng.random() < 0.2 else self.seats
+                seats = rng.sample(pool, rng.choice((1, 1, 2)))
+                body = {"event": self.event, "seats": seats, "payment_method": method}
+                key = f"chaos-{uuid.uuid4()}"
+                answer = self._post(client, token, key, body)
+                if answer is not None and answer.status_code == 202:
+                    saga_id = answer.json()["id"]
+                    with self.lock:
+                        self.stats.sagas[saga_id] = method
+                    roll = rng.random()
+                    if roll < 0.10:
+                        self._replay(client, token, key, body, answer)
+                    elif roll < 0.13:
+                        self._reuse_with_other_body(client, token, key, body)
+                self.stopping.wait(rng.uniform(0, 2 * self.mean_gap))
+
+    def _replay(self, client, token, key, body, first) -> None:
+        again = self._post(client, token, key, body)
+        if again is None or again.status_code >= 500:
+            return  # the server could not answer (a restart): proves nothing
+        with self.lock:
+            self.stats.replays += 1
+            if again.status_code != 202 or again.content != first.content:
+                self.stats.replay_mismatches.append(
+                    (key, first.status_code, first.text[:200], again.status_code,
+                     again.text[:200]))
+
+    def _reuse_with_other_body(self, client, token, key, body) -> None:
+        other = {**body, "payment_method": "pm_card_visa"
+                 if body["payment_method"] != "pm_card_visa" else "pm_card_chargeDeclined"}
+        again = self._post(client, token, key, other)
+        if again is None or again.status_code >= 500:
+            return
+        with self.lock:
+            if again.status_code == 422:
+                self.stats.reused_key_refusals += 1
+            else:
+                self.stats.reused_key_wrong.append((key, again.status_code, again.text[:200]))
+
+
+# --- reading the disposable database ---------------------------------------------
+
+
+class Db:
+    """Short autocommit connections (the server may have been restarted)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def rows(self, sql: str, params=()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def unsettled(self) -> tuple[int, int]:
+        """(sagas neither terminal nor escalated, outbox rows due and not done)."""
+        live = self.rows("SELECT count(*) FROM purchases_purchasesaga WHERE state <> ALL(%s)",
+                         (list(TERMINAL + ESCALATED),))[0][0]
+        due = self.rows("SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL "
+                        "AND cancelled_at IS NULL AND available_at <= now()")[0][0]
+        return live, due
+
+    def outcomes(self) -> dict[str, Counter]:
+        out: dict[str, Counter] = defaultdict(Counter)
+        for method, state, n in self.rows(
+            "SELECT payment_method, state, count(*) FROM purchases_purchasesaga "
+            "GROUP BY 1, 2 ORDER BY 1, 2"
+        ):
+            out[method][state] = n
+        return out
+
+    def settle_times(self) -> list[tuple[str, str, float]]:
+        """(saga id, state, seconds from start to its first terminal or escalated state)."""
+        return [
+            (str(saga_id), state, seconds)
+            for saga_id, state, seconds in self.rows(
+                "SELECT s.id, s.state, EXTRACT(EPOCH FROM min(h.at) - s.created_at) "
+                "FROM purchases_purchasesaga s JOIN purchases_sagahistory h ON h.saga_id = s.id "
+                "WHERE h.to_state = ANY(%s) GROUP BY s.id, s.state",
+                (list(TERMINAL + ESCALATED),))
+        ]
+
+    def states(self) -> dict[str, str]:
+        return {str(i): s for i, s in self.rows("SELECT id, state FROM purchases_purchasesaga")}
+
+    def independent_checks(self) -> list[str]:
+        """The money and seat invariants straight from the tables, as a second
+        opinion beside the auditor (which reads the gateway through its API)."""
+        problems = []
+        for intent, n in self.rows(
+            "SELECT intent_id, count(*) FROM fake_gateway_fakecharge GROUP BY 1 HAVING count(*) > 1"
+        ):
+            problems.append(f"{intent}: {n} charges at the gateway")
+        for intent, ledger, gateway in self.rows(
+            """
+            WITH l AS (SELECT intent_id, sum(amount) AS net FROM ledger_ledgerentry GROUP BY 1),
+                 g AS (SELECT intent_id, sum(amount) FILTER (WHERE status = 'succeeded') AS net
+                       FROM fake_gateway_fakecharge GROUP BY 1)
+            SELECT coalesce(l.intent_id, g.intent_id), coalesce(l.net, 0), coalesce(g.net, 0)
+            FROM l FULL JOIN g ON l.intent_id = g.intent_id
+            WHERE coalesce(l.net, 0) <> coalesce(g.net, 0)
+            """
+        ):
+            problems.append(f"{intent}: ledger net {ledger} != gateway captured {gateway}")
+        for ref, n in self.rows(
+            "SELECT s.ref, count(*) FROM purchases_reservationseat rs "
+            "JOIN purchases_seat s ON s.id = rs.seat_id "
+            "JOIN purchases_reservation r ON r.id = rs.reservation_id "
+            "WHERE r.status = 'CONFIRMED' GROUP BY 1 HAVING count(*) > 1"
+        ):
+            problems.append(f"seat {ref} sold to {n} confirmed reservations")
+        for saga_id, state, charges, refunds in self.rows(
+            "SELECT s.id, s.state, "
+            "count(*) FILTER (WHERE l.kind = 'charge'), count(*) FILTER (WHERE l.kind = 'refund') "
+            "FROM purchases_purchasesaga s LEFT JOIN ledger_ledgerentry l "
+            "ON l.intent_id = s.intent_id WHERE s.state IN ('CONFIRMED', 'COMPENSATED') "
+            "GROUP BY 1, 2"
+        ):
+            if state == "CONFIRMED" and (charges, refunds) != (1, 0):
+                problems.append(f"saga {saga_id} CONFIRMED with {charges} charge(s), "
+                                f"{refunds} refund(s) in the ledger")
+            if state == "COMPENSATED" and charges != refunds:
+                problems.append(f"saga {saga_id} COMPENSATED with {charges} charge(s), "
+                                f"{refunds} refund(s) in the ledger")
+        return problems
+
+    def export(self, path: Path) -> None:
+        """Every saga with its history, as JSON, for reading after the run."""
+        sagas = {}
+        for saga_id, state, method, intent, created in self.rows(
+            "SELECT id, state, payment_method, intent_id, created_at FROM purchases_purchasesaga"
+        ):
+            sagas[str(saga_id)] = {"state": state, "method": method, "intent": intent,
+                                   "created": created.isoformat(), "history": []}
+        for saga_id, at, frm, to, actor, reason in self.rows(
+            "SELECT saga_id, at, from_state, to_state, actor, reason FROM purchases_sagahistory "
+            "ORDER BY at, id"
+        ):
+            sagas[str(saga_id)]["history"].append(
+                [at.isoformat(), frm, to, actor, reason])
+        path.write_text(json.dumps(sagas, indent=1))
+
+    def dossier(self, saga_id: str) -> str:
+        """Everything the tables know about one saga, for a failure report."""
+        (saga,) = self.rows(
+            "SELECT id, state, version, payment_method, intent_id, created_at, updated_at "
+            "FROM purchases_purchasesaga WHERE id = %s", (saga_id,)) or [None]
+        if saga is None:
+            return f"saga {saga_id}: no such saga"
+        lines = [f"saga {saga[0]} {saga[1]} v{saga[2]} {saga[3]} {saga[4]} "
+                 f"created {saga[5]:%H:%M:%S.%f} updated {saga[6]:%H:%M:%S.%f}", "  history:"]
+        for at, frm, to, actor, reason in self.rows(
+            "SELECT at, from_state, to_state, actor, reason FROM purchases_sagahistory "
+            "WHERE saga_id = %s ORDER BY at, id", (saga_id,)
+        ):
+            lines.append(f"    {at:%H:%M:%S.%f} {frm or '-'} -> {to} [{actor}] {reason}")
+        lines.append("  probes:")
+        for at, asked, answer, detail, attempt in self.rows(
+            "SELECT at, asked, answer, detail, attempt FROM purchases_reconciliationprobe "
+            "WHERE saga_id = %s ORDER BY at, id", (saga_id,)
+        ):
+            lines.append(f"    {at:%H:%M:%S.%f} {asked} -> {answer} ({detail}) attempt {attempt}")
+        lines.append("  outbox:")
+        for row in self.rows(
+            "SELECT id, topic, key, available_at, fired_at, handed_over_at, completed_at, "
+            "cancelled_at, deliveries FROM outbox_outboxmessage WHERE saga_id = %s ORDER BY id",
+            (saga_id,)
+        ):
+            stamp = [f"{t:%H:%M:%S.%f}" if t else "-" for t in row[3:8]]
+            lines.append(f"    #{row[0]} {row[1]} {row[2]} due {stamp[0]} fired {stamp[1]} "
+                         f"handed {stamp[2]} done {stamp[3]} cancelled {stamp[4]} "
+                         f"deliveries {row[8]}")
+        lines.append("  gateway requests:")
+        for created, endpoint, status, timed_out in self.rows(
+            "SELECT r.created, r.endpoint, r.status_code, r.timed_out "
+            "FROM fake_gateway_fakerequest r WHERE r.intent_id = %s ORDER BY r.id",
+            (saga[4],)
+        ):
+            lines.append(f"    {created:%H:%M:%S.%f} {endpoint} -> {status}"
+                         + (" (timed out)" if timed_out else ""))
+        lines.append("  ledger:")
+        for kind, amount, at in self.rows(
+            "SELECT kind, amount, created_at FROM ledger_ledgerentry WHERE intent_id = %s "
+            "ORDER BY id", (saga[4],)
+        ):
+            lines.append(f"    {at:%H:%M:%S.%f} {kind} {amount}")
+        return "\n".join(lines)
+
+
+# --- beat, waking every second ---------------------------------------------------------
+
+
+def _beat_main() -> None:
+    """Celery beat with the product's schedule (sweep intervals from the
+    settings above), waking at least every second."""
+    import django
+
+    django.setup()
+    from config.celery import app
+
+    var = Path(os.environ["BOXOFFICE_VAR_DIR"])
+    var.mkdir(parents=True, exist_ok=True)
+    app.Beat(schedule=str(var / "celerybeat-schedule"), loglevel="INFO", max_interval=1).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("beat")
+    dog = sub.add_parser("watchdog")
+    dog.add_argument("--parent", type=int, required=True)
+    dog.add_argument("--pgdata", required=True)
+    dog.add_argument("--pg-ctl", required=True)
+    dog.add_argument("--as-postgres", default="0")
+    dog.add_argument("--folder", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "beat":
+        _beat_main()
+    else:
+        _watchdog_main(args)
+
+
+def make_server_folder() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="boxoffice-chaos-"))
+    folder.chmod(0o755)  # the postgres user must reach its data folder
+    return folder
+
+
+if __name__ == "__main__":
+    main()
