@@ -1,0 +1,642 @@
+"""A stateful property test of the purchase saga (Hypothesis RuleBasedStateMachine).
+
+Hypothesis interleaves, at random, everything the world can do to a few
+purchases of a three-seat event: buyers submit (and resubmit) purchases, the
+charge step runs (and is redelivered), the gateway loses answers per method,
+the relay hands due rows over and they are delivered (or redelivered) in any
+order, the hold expiry races the confirming charge, workers die at a gateway
+call (before the request left, or after the processor acted on it), the
+resumer sweeps, customer service refunds, and time passes. After every step the invariants of
+DESIGN.md are checked against the tables (tests/stateful_checks.py); at the
+end of each example the outages stop, time runs far ahead, everything due is
+delivered and the resumer runs until nothing moves, and every saga must have
+reached CONFIRMED or COMPENSATED (or UNKNOWN_EXPIRED with an operator alert)
+with exactly the emails its end calls for.
+
+Deterministic and in-process: the in-process fake gateway behind
+:class:`tests.gateways.FaultyGateway`, one frozen clock that only the rules
+move, the outbox relayed and delivered synchronously, no Celery, no sleeps.
+Each example runs inside its own savepoint (marked ``_from_testcase`` like
+Django's TestCase blocks, so the services' ``atomic(durable=True)`` nests in
+it and the no-I/O-in-a-transaction guard ignores it) and is rolled back.
+
+    STATEFUL_EXAMPLES      examples to run (default 30; ``make chaos``: 1000+)
+    STATEFUL_STEPS         steps per example (default 25)
+    STATEFUL_DERANDOMIZE   1 (default): the same examples every run (CI);
+                           0: fresh random examples (chaos runs)
+    STATEFUL_STATS         1: print what the examples reached (with ``-s``)
+
+A failure prints the shrunk sequence of steps and, with STATEFUL_DERANDOMIZE=0,
+a ``@reproduce_failure(...)`` line to replay it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import freezegun.api
+import pytest
+from django.core import mail
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+from freezegun import freeze_time
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from outbox.delivery import message_deliver
+from outbox.models import InboxEntry, OutboxMessage
+from outbox.relay import relay_tick
+from payments.fake_gateway import services as fake
+from payments.gateway import override_gateway
+from purchases.errors import IdempotencyKeyReused, IllegalTransition, SeatUnavailable
+from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat, SeatStatus
+from purchases.services import (
+    purchase_refund,
+    purchase_start,
+    saga_charge,
+    saga_expire_hold,
+)
+from purchases.states import SagaState
+from purchases.sweeps import sweep_chase, sweep_resume
+
+from . import stateful_checks as checks
+from .factories import EventFactory, UserFactory
+from .gateways import FaultyGateway
+
+S = SagaState
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+SEATS = ("A1", "A2", "A3")
+SEAT_CHOICES = (("A1",), ("A2",), ("A3",), ("A1", "A2"), ("A2", "A3"))
+# The riskiest first: Hypothesis tries the first values of a choice early
+# (and the fixed CI examples are few).
+PAYMENT_METHODS = (
+    "pm_card_timeout_charged",
+    "pm_card_unreachable",
+    "pm_card_timeout_not_charged",
+    "pm_card_chargeDeclined",
+    "pm_card_visa",
+)
+GATEWAY_METHODS = ("charge", "retrieve", "cancel", "refund")
+# How long before a relay pass, a drain or a sweep (time passes in between).
+LATER = st.sampled_from([0, 10, 60, 300, 900])
+# Consumers whose effect is an email: their inbox entry is what stops a
+# redelivery from sending it again (at-least-once if a worker dies between
+# the two, by design), so the "crash before the inbox write" redelivery is
+# only simulated for the consumers that must be idempotent by state.
+EMAIL_TOPICS = ("PurchaseConfirmed", "ReservationCancelled")
+
+EXAMPLES = int(os.environ.get("STATEFUL_EXAMPLES", "30"))
+STEPS = int(os.environ.get("STATEFUL_STEPS", "25"))
+DERANDOMIZE = os.environ.get("STATEFUL_DERANDOMIZE", "1") != "0"
+
+
+# What the examples reached, printed with STATEFUL_STATS=1 (pytest -s).
+COVERAGE: Counter = Counter()
+
+
+class SimulatedCrash(Exception):
+    """The worker process died at this point (nothing after it ran)."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    user: int
+    key: str
+    seats: tuple[str, ...]
+    payment_method: str
+    saga_id: str
+    body: str  # the 202 body as canonical JSON (hashable)
+
+    def __repr__(self) -> str:  # short, for Hypothesis' printed steps
+        return (f"Submission(user={self.user}, key={self.key!r}, seats={self.seats}, "
+                f"pm={self.payment_method!r})")
+
+
+def _processor_handles(method: str, intent_id: str) -> None:
+    """What the processor does with the request of ``method`` (its answer is
+    lost): the in-process fake's own services, with the saga's keys."""
+    if method == "charge":
+        saga = PurchaseSaga.objects.get(intent_id=intent_id)
+        fake.intent_charge(
+            intent_id=intent_id,
+            idempotency_key=intent_id,
+            amount=saga.amount,
+            currency=saga.currency,
+            payment_method=saga.payment_method,
+        )
+    elif method == "cancel":
+        fake.intent_cancel(intent_id=intent_id)
+    elif method == "refund":
+        fake.intent_refund(intent_id=intent_id, idempotency_key=f"refund:{intent_id}")
+    # a look-up changes nothing at the processor
+
+
+def _freeze(body: dict) -> str:
+    return json.dumps(body, sort_keys=True)
+
+
+class PurchaseSagaMachine(RuleBasedStateMachine):
+    # Set by the test: rows created once, outside the per-example savepoint.
+    user_objs: tuple = ()
+    event_id: int = 0
+    clock = None  # the test's frozen clock (freezegun's FrozenDateTimeFactory)
+
+    submissions = Bundle("submissions")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._atomic = None
+        self._settings = None
+        self._gateway_cm = None
+        # The example's transaction first, so that everything below rolls back.
+        atomic = transaction.atomic()
+        # Like TestCase's own blocks: the services' durable blocks may nest in
+        # it, and the no-network-in-a-transaction guard does not count it.
+        atomic._from_testcase = True
+        atomic.__enter__()
+        self._atomic = atomic
+        self.clock.move_to(T0)
+        mail.outbox = []
+        self.gateway = FaultyGateway()
+        self._gateway_cm = override_gateway(self.gateway)
+        self._gateway_cm.__enter__()
+        self.keys = 0
+        self.pending: list[int] = []  # handed over by the relay, not delivered yet
+        self.delivered: list[int] = []  # delivered at least once
+        self.saga_ids: list[str] = []
+        self.hold_seconds = 0
+        self.backoff: list[int] = []
+
+    # --- set-up and tear-down --------------------------------------------------
+
+    @initialize(
+        target=submissions,
+        hold=st.sampled_from([30, 120, 900]),
+        backoff=st.sampled_from([(10, 20, 40), (60, 120, 240, 480), (300, 600)]),
+        first=st.sampled_from(PAYMENT_METHODS),
+        second=st.sampled_from(PAYMENT_METHODS) | st.none(),
+        users=st.sampled_from([(0, 1), (0, 0), (1, 0)]),
+        outages=st.fixed_dictionaries(
+            {method: st.sampled_from([0, 0, 1, -1]) for method in GATEWAY_METHODS}
+        ),
+        charged=st.booleans(),
+    )
+    def begin(self, hold, backoff, first, second, users, outages, charged):
+        """The example's settings, the network it starts with, and one or two
+        purchases (the random rule selection alone often leaves ``submit`` or
+        ``network`` out of an example)."""
+        self.hold_seconds, self.backoff = hold, list(backoff)
+        self._settings = override_settings(
+            PURCHASE_HOLD_SECONDS=hold,
+            RECONCILE_BACKOFF_SECONDS=list(backoff),
+            RESUME_AFTER_SECONDS=60,
+            COMPENSATION_DEADLINE_SECONDS=3600,
+            OUTBOX_REDELIVER_AFTER_SECONDS=120,
+            OUTBOX_CLAIM_LEASE_SECONDS=30,
+        )
+        self._settings.enable()
+        for method, times in outages.items():
+            if times:
+                self.gateway.down(method, times=times)
+        made = [self._start(users[0], ("A1",), first)]
+        if second is not None:
+            made.append(self._start(users[1], ("A2", "A3"), second))
+        if charged:  # what the task enqueued on commit does, at once
+            for sub in made:
+                saga_charge(saga_id=sub.saga_id)
+        return multiple(*made)
+
+    def teardown(self) -> None:
+        try:
+            if self._settings is not None:
+                self._settle()
+        finally:
+            self.gateway.before.clear()
+            self.gateway.outages.clear()
+            if self._gateway_cm is not None:
+                self._gateway_cm.__exit__(None, None, None)
+            if self._settings is not None:
+                self._settings.disable()
+            if self._atomic is not None:
+                transaction.set_rollback(True)
+                self._atomic.__exit__(None, None, None)
+
+    def _settle(self) -> None:
+        """The outages end; time runs far ahead; everything due is delivered
+        and the sweeps run until nothing moves. Then every saga has an end."""
+        self._note_coverage("before settling")
+        COVERAGE["examples"] += 1
+        COVERAGE[f"sagas per example: {len(self.saga_ids)}"] += 1
+        self.gateway.before.clear()
+        self.gateway.outages.clear()
+        step = max(self.hold_seconds, sum(self.backoff), 300) + 60
+        for _ in range(30):
+            self.clock.tick(step)
+            moved = self._drain()
+            report = sweep_resume(older_than=0)
+            self._assert_resumed(report)
+            sweep_chase()
+            moved += len(report.lines) + self._drain()
+            live = PurchaseSaga.objects.filter(pk__in=self.saga_ids).exclude(
+                state__in=[S.CONFIRMED, S.COMPENSATED, S.UNKNOWN_EXPIRED]
+            )
+            if not moved and not live.exists():
+                break
+        self._note_coverage("settled")
+        checks.check_settled(event_id=self.event_id, saga_ids=self.saga_ids)
+
+    def _note_coverage(self, when: str) -> None:
+        # What the example reached (STATEFUL_STATS=1).
+        for state in set(
+            PurchaseSaga.objects.filter(pk__in=self.saga_ids).values_list("state", flat=True)
+        ):
+            COVERAGE[f"{when}: a saga in {state}"] += 1
+        if when == "settled":
+            for moved in set(
+                SagaHistory.objects.filter(saga_id__in=self.saga_ids).values_list(
+                    "from_state", "to_state"
+                )
+            ):
+                COVERAGE[f"move {moved[0]} -> {moved[1]}"] += 1
+
+    def _drain(self) -> int:
+        delivered = 0
+        for _ in range(50):
+            handed: list[int] = []
+            if relay_tick(dispatch=handed.append) == 0:
+                break
+            for message_id in handed:
+                message_deliver(message_id=message_id)
+                delivered += 1
+        return delivered
+
+    # --- helpers ------------------------------------------------------------------
+
+    def _deliver(self, message_id: int) -> None:
+        self.delivered.append(message_id)
+        self._survive(message_deliver, message_id=message_id)
+
+    def _survive(self, step, **kwargs):
+        """Run a step in a worker that may die at an armed gateway call; a dead
+        worker's step returns None (its message stays undone, as in life)."""
+        try:
+            return step(**kwargs)
+        except SimulatedCrash:
+            COVERAGE["a worker died at the gateway"] += 1
+            return None
+
+    def _crash_armed(self) -> bool:
+        return any(getattr(hook, "crashes", False) for hook in self.gateway.before.values())
+
+    def _hand(self, message_id: int) -> None:
+        self.pending.append(message_id)
+
+    @staticmethod
+    def _assert_resumed(report) -> None:
+        failed = [
+            line for line in report.lines
+            if line.result.startswith("failed") and "SimulatedCrash" not in line.result
+        ]
+        assert not failed, f"the resumer failed on: {[(f.state, f.result) for f in failed]}"
+
+    def _world(self) -> tuple:
+        return (
+            PurchaseSaga.objects.count(),
+            Reservation.objects.count(),
+            OutboxMessage.objects.count(),
+            list(Seat.objects.filter(event_id=self.event_id).order_by("id")
+                 .values_list("status", flat=True)),
+        )
+
+    # --- buyers ---------------------------------------------------------------------
+
+    @rule(
+        target=submissions,
+        user=st.integers(0, 1),
+        seats=st.sampled_from(SEAT_CHOICES),
+        payment_method=st.sampled_from(PAYMENT_METHODS),
+    )
+    def submit(self, user, seats, payment_method):
+        status = dict(
+            Seat.objects.filter(event_id=self.event_id, ref__in=seats).values_list("ref", "status")
+        )
+        taken = sorted(ref for ref, s in status.items() if s != SeatStatus.AVAILABLE)
+        before = self._world()
+        try:
+            sub = self._start(user, seats, payment_method)
+        except SeatUnavailable as exc:
+            assert taken, f"refused {seats} although all were available"
+            assert sorted(exc.seats) == taken
+            assert self._world() == before, "a refused purchase wrote something"
+            return multiple()
+        assert not taken, f"sold {seats} although {taken} were taken"
+        return sub
+
+    def _start(self, user, seats, payment_method) -> Submission:
+        self.keys += 1
+        key = f"key-{self.keys}"
+        started = purchase_start(
+            user=self.user_objs[user],
+            idempotency_key=key,
+            event_id=self.event_id,
+            seat_refs=list(seats),
+            payment_method=payment_method,
+        )
+        assert started.created and started.status_code == 202
+        saga = PurchaseSaga.objects.get(pk=started.saga_id)
+        assert saga.state == S.PENDING
+        timer = OutboxMessage.objects.get(key=saga.hold_timer_key)
+        assert timer.available_at == timezone.now() + timedelta(seconds=self.hold_seconds)
+        self.saga_ids.append(started.saga_id)
+        return Submission(user, key, tuple(seats), payment_method, started.saga_id,
+                          _freeze(started.body))
+
+    @rule(sub=submissions, same_body=st.booleans(), other=st.sampled_from(PAYMENT_METHODS))
+    def resubmit(self, sub, same_body, other):
+        """The same key again: with the same body, the first answer and nothing
+        new; with another body, a refusal and nothing new."""
+        before = self._world()
+        if not same_body:
+            seats = list(sub.seats) if other != sub.payment_method else list(reversed(SEATS))
+            with pytest.raises(IdempotencyKeyReused):
+                purchase_start(
+                    user=self.user_objs[sub.user],
+                    idempotency_key=sub.key,
+                    event_id=self.event_id,
+                    seat_refs=seats,
+                    payment_method=other,
+                )
+            assert self._world() == before, "a refused key reuse wrote something"
+            return
+        again = purchase_start(
+            user=self.user_objs[sub.user],
+            idempotency_key=sub.key,
+            event_id=self.event_id,
+            seat_refs=list(sub.seats),
+            payment_method=sub.payment_method,
+        )
+        assert not again.created
+        assert again.saga_id == sub.saga_id
+        assert again.status_code == 202
+        assert _freeze(again.body) == sub.body
+        assert self._world() == before, "a replay wrote something"
+
+    # --- the charge step ------------------------------------------------------------
+
+    @rule(sub=submissions, twice=st.booleans())
+    def charge(self, sub, twice):
+        saga = PurchaseSaga.objects.get(pk=sub.saga_id)
+        was = saga.state
+        charge_down = self.gateway.outages.get("charge", 0) != 0
+        crash = self._crash_armed()
+        result = self._survive(saga_charge, saga_id=sub.saga_id)
+        if result is None or crash:
+            pass  # a worker died somewhere on the way: no expectation
+        elif was == S.PENDING and not charge_down:
+            expected = {
+                "pm_card_visa": S.CONFIRMED,
+                "pm_card_chargeDeclined": S.COMPENSATED,
+                "pm_card_timeout_charged": S.UNKNOWN,
+                "pm_card_timeout_not_charged": S.UNKNOWN,
+                "pm_card_unreachable": S.UNKNOWN,
+            }[sub.payment_method]
+            assert result.state == expected, (
+                f"{sub.payment_method}: charge from PENDING ended {result.state}"
+            )
+        elif was != S.PENDING:
+            assert result.state == was, "the charge step acted on a saga that moved on"
+        if twice:  # the task delivered again
+            self._survive(saga_charge, saga_id=sub.saga_id)
+
+    @rule(method=st.sampled_from(GATEWAY_METHODS), after_the_gateway=st.booleans())
+    def worker_dies_at(self, method, after_the_gateway):
+        """Arm a crash: the next worker to call ``method`` dies there, before
+        the request left or after the processor handled it (its answer and
+        everything the step would have done next are lost)."""
+        if method in self.gateway.before:
+            return
+
+        def crash(intent_id):
+            self.gateway.before.pop(method, None)
+            if after_the_gateway:
+                _processor_handles(method, intent_id)
+            raise SimulatedCrash(f"{method} {intent_id}")
+
+        crash.crashes = True
+        self.gateway.before[method] = crash
+
+    @precondition(lambda self: "charge" not in self.gateway.before)
+    @rule(sub=submissions, after_the_gateway=st.booleans())
+    def charge_crashes(self, sub, after_the_gateway):
+        """The worker dies during the gateway call: before the request left,
+        or after the processor handled it but before the answer was recorded."""
+
+        def crash(intent_id):
+            if after_the_gateway:
+                _processor_handles("charge", intent_id)
+            raise SimulatedCrash
+
+        self.gateway.before["charge"] = crash
+        try:
+            saga_charge(saga_id=sub.saga_id)
+        except SimulatedCrash:
+            assert PurchaseSaga.objects.get(pk=sub.saga_id).state == S.CHARGING
+        finally:
+            self.gateway.before.pop("charge", None)
+
+    # --- the gateway's network ----------------------------------------------------
+
+    @rule(method=st.sampled_from(GATEWAY_METHODS), times=st.sampled_from([-1, 1, 2, 0]))
+    def network(self, method, times):
+        """Answers of ``method`` get lost: all of them (-1), the next 1 or 2,
+        or none any more (0: the outage ends)."""
+        if times == 0:
+            self.gateway.up(method)
+        else:
+            self.gateway.down(method, times=times)
+
+    # --- the outbox ---------------------------------------------------------------
+
+    @rule(after=LATER)
+    def relay(self, after):
+        """Hand due rows over (to the pending bag; nothing is delivered yet)."""
+        self.clock.tick(after)
+        relay_tick(dispatch=self._hand)
+
+    @rule(after=LATER)
+    def drain(self, after):
+        """What the relay and the workers do when nothing goes wrong: hand
+        over everything due and deliver it (and what was already pending)."""
+        self.clock.tick(after)
+        while self.pending:
+            self._deliver(self.pending.pop(0))
+        for _ in range(20):
+            handed: list[int] = []
+            if relay_tick(dispatch=handed.append) == 0:
+                break
+            for message_id in handed:
+                self._deliver(message_id)
+
+    @precondition(lambda self: self.pending)
+    @rule(index=st.integers(0, 50))
+    def deliver(self, index):
+        message_id = self.pending.pop(index % len(self.pending))
+        self._deliver(message_id)
+
+    @precondition(lambda self: self.delivered)
+    @rule(index=st.integers(0, 50), crashed_before_inbox=st.booleans())
+    def redeliver(self, index, crashed_before_inbox):
+        """The same message again: a second task (acks_late), or, when the
+        worker died after the consumer ran but before the inbox recorded it,
+        the consumer itself runs again."""
+        message_id = self.delivered[index % len(self.delivered)]
+        message = OutboxMessage.objects.get(pk=message_id)
+        OutboxMessage.objects.filter(pk=message_id).update(completed_at=None)
+        if crashed_before_inbox and message.topic not in EMAIL_TOPICS:
+            InboxEntry.objects.filter(message_id=message_id).delete()
+        self._deliver(message_id)
+
+    @rule(sub=submissions, during=st.booleans())
+    def hold_expiry_races_the_charge(self, sub, during):
+        """The hold runs out and the relay hands its timer over; then the
+        charge step runs, and the expiry is delivered while the gateway is
+        being asked, or right after the charge step returned."""
+        timer = OutboxMessage.objects.get(key=f"hold:{sub.saga_id}")
+        if timer.pk not in self.pending:
+            if timer.cancelled_at is not None or timer.completed_at is not None:
+                return  # nothing left to race
+            self.clock.move_to(max(timezone.now(), timer.available_at))
+            relay_tick(dispatch=self._hand)
+            if timer.pk not in self.pending:
+                return  # claimed, or handed over earlier and not due again yet
+        self.pending.remove(timer.pk)
+        fired = []
+
+        def fire(intent_id):
+            self.gateway.before.pop("charge", None)
+            fired.append(intent_id)
+            self._deliver(timer.pk)
+
+        if during and "charge" not in self.gateway.before:
+            self.gateway.before["charge"] = fire
+        try:
+            self._survive(saga_charge, saga_id=sub.saga_id)
+        finally:
+            if self.gateway.before.get("charge") is fire:
+                del self.gateway.before["charge"]
+        if not fired:
+            self._deliver(timer.pk)
+
+    # --- sweeps, customer service, time ---------------------------------------------
+
+    @rule(older_than=st.sampled_from([0, None]), after=LATER)
+    def resume(self, older_than, after):
+        self.clock.tick(after)
+        self._assert_resumed(sweep_resume(older_than=older_than))
+        sweep_chase()
+
+    @rule(sub=submissions)
+    def refund(self, sub):
+        was = PurchaseSaga.objects.get(pk=sub.saga_id).state
+        try:
+            result = self._survive(purchase_refund, saga_id=sub.saga_id,
+                                   reason="customer asked", actor_name="carol")
+        except IllegalTransition:
+            assert was != S.CONFIRMED
+            return
+        COVERAGE["refund of a confirmed purchase"] += 1
+        assert was == S.CONFIRMED
+        assert result is None or result.state in (S.COMPENSATED, S.COMPENSATION_PENDING)
+
+    @rule(seconds=st.sampled_from([1, 10, 30, 60, 120, 300, 900, 3600, 4 * 3600]))
+    def advance_clock(self, seconds):
+        self.clock.tick(seconds)
+
+    # --- after every step -------------------------------------------------------------
+
+    @invariant()
+    def invariants_hold(self):
+        if self.saga_ids or mail.outbox:
+            checks.check_all(event_id=self.event_id, saga_ids=self.saga_ids)
+
+
+@pytest.mark.django_db
+def test_purchase_saga_state_machine(monkeypatch):
+    users = (UserFactory(username="stateful-alice"), UserFactory(username="stateful-bob"))
+    event = EventFactory(seats=list(SEATS))
+    # Hypothesis must keep real time (its own timing and shrinking budget)
+    # while the code under test sees the frozen clock: ignore its modules, and
+    # look only at the direct caller, so that code called *from* a rule (with
+    # Hypothesis a few frames up) is still frozen.
+    monkeypatch.setattr(freezegun.api, "call_stack_inspection_limit", 1)
+    with freeze_time(T0, ignore=["hypothesis"]) as clock:
+        PurchaseSagaMachine.user_objs = users
+        PurchaseSagaMachine.event_id = event.pk
+        PurchaseSagaMachine.clock = clock
+        run_state_machine_as_test(
+            PurchaseSagaMachine,
+            settings=hypothesis_settings(
+                max_examples=EXAMPLES,
+                stateful_step_count=STEPS,
+                deadline=None,
+                derandomize=DERANDOMIZE,
+                database=None,
+                print_blob=True,
+                suppress_health_check=[
+                    HealthCheck.too_slow,
+                    HealthCheck.function_scoped_fixture,
+                    HealthCheck.filter_too_much,
+                ],
+            ),
+        )
+    # Every example ran in its own savepoint and was rolled back.
+    assert not PurchaseSaga.objects.exists()
+    assert not OutboxMessage.objects.exists()
+    if os.environ.get("STATEFUL_STATS") == "1":
+        for what, n in sorted(COVERAGE.items()):
+            print(f"{n:6d}  {what}")
+
+
+# --- what the machine found, kept as plain tests ------------------------------------
+
+
+@pytest.mark.django_db
+def test_hold_expiry_handled_twice_while_the_gateway_cannot_cancel_is_idempotent(
+        alice, event, faulty_gateway, settings):
+    """Found by the machine (``redeliver(crashed_before_inbox=True)`` of a
+    hold-expiry timer while cancels are lost). The consumer runs again when
+    its worker dies after ``handle()`` and before the inbox write (or when a
+    slow delivery outlives its processing lease); the second run must decide
+    from the saga's state like the first, not crash on the retry timer's key.
+    """
+    settings.PURCHASE_HOLD_SECONDS = 30
+    faulty_gateway.down("cancel")
+    with freeze_time(T0) as clock:
+        saga = PurchaseSaga.objects.get(pk=purchase_start(
+            user=alice, idempotency_key="k", event_id=event.pk, seat_refs=["A1"],
+            payment_method="pm_card_visa").saga_id)
+        clock.tick(30)
+
+        saga_expire_hold(saga_id=saga.pk)  # cancel lost: ask again later
+        saga_expire_hold(saga_id=saga.pk)  # the same delivery, handled again
+
+    rechecks = OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.hold_recheck")
+    assert rechecks.count() == 1
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "PENDING"
