@@ -1,0 +1,1 @@
+"""`make bench`: the benchmark harness (bench/run.py) and its Celery tasks."""

@@ -1,0 +1,74 @@
+-- The reserve (POST /api/purchases/) as PostgreSQL sees it, for pgbench.
+--
+-- Statement for statement what one successful request sends on its
+-- connection (captured with CaptureQueriesContext around a real request,
+-- see bench/run.py: capture_reserve_sql; the run compares the shapes and warns
+-- when the product's transaction changes):
+--
+--   1    SELECT 1                      Django's CONN_HEALTH_CHECKS probe on a
+--                                      reused connection (not in connection.queries)
+--   2    token + user                  DRF TokenAuthentication
+--   3    event exists                  PurchaseRequestSerializer.validate_event
+--   4    idempotency record            services._replay (no lock)
+--   5    seats by ref                  purchase_start's unlocked read
+--   6-17 BEGIN .. COMMIT               purchase_start's durable atomic block
+--
+-- Django with psycopg 3 and no OPTIONS["server_side_binding"] binds parameters
+-- on the client and sends every statement with the simple query protocol
+-- (psycopg ClientCursor -> PQsendQuery): run it with -M simple.
+--
+-- Variables (bench/run.py passes them with -D):
+--   ev        the event whose seats this run takes
+--   idoff     seat id = idoff + n (the event's seats were inserted in one go,
+--             'S1'..'S<N>', so their ids are contiguous)
+--   nbase     first seat number minus one
+--   nclients  -c, so that client k takes seats k+1, k+1+N, k+1+2N, ...
+--   ubase     user id of client 0 (client k is user ubase + k, token
+--             md5('bench-token-' || id))
+--   run       a tag that keeps keys and refs unique across runs
+--   hold      PURCHASE_HOLD_SECONDS of the stack
+--   i         0; pgbench keeps a client's variables between transactions,
+--             so :i counts this client's transactions
+--
+-- Literal values the application computes in Python (timestamps, uuids,
+-- the reservation ref, the response body) are made by the server here
+-- (now(), md5(...)::uuid) or are constants of the same size.
+
+\set i :i + 1
+\set n :nbase + (:i - 1) * :nclients + :client_id + 1
+\set seat :idoff + :n
+\set uid :ubase + :client_id
+
+SELECT 1;
+
+SELECT "authtoken_token"."key", "authtoken_token"."user_id", "authtoken_token"."created", "auth_user"."id", "auth_user"."password", "auth_user"."last_login", "auth_user"."is_superuser", "auth_user"."username", "auth_user"."first_name", "auth_user"."last_name", "auth_user"."email", "auth_user"."is_staff", "auth_user"."is_active", "auth_user"."date_joined" FROM "authtoken_token" INNER JOIN "auth_user" ON ("authtoken_token"."user_id" = "auth_user"."id") WHERE "authtoken_token"."key" = md5('bench-token-' || :uid) LIMIT 21;
+
+SELECT 1 AS "a" FROM "purchases_event" WHERE "purchases_event"."id" = :ev LIMIT 1;
+
+SELECT "purchases_idempotencyrecord"."id", "purchases_idempotencyrecord"."request_hash", "purchases_idempotencyrecord"."response_status", "purchases_idempotencyrecord"."response_body", "purchases_idempotencyrecord"."saga_id" FROM "purchases_idempotencyrecord" WHERE ("purchases_idempotencyrecord"."key" = 'pgb-:run-:i' AND "purchases_idempotencyrecord"."user_id" = :uid) ORDER BY "purchases_idempotencyrecord"."id" ASC LIMIT 1;
+
+SELECT "purchases_seat"."id", "purchases_seat"."event_id", "purchases_seat"."ref", "purchases_seat"."row", "purchases_seat"."number", "purchases_seat"."price_amount", "purchases_seat"."currency", "purchases_seat"."status" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S:n')) ORDER BY "purchases_seat"."id" ASC;
+
+BEGIN;
+
+SAVEPOINT "s_pgbench_x1";
+
+INSERT INTO "purchases_idempotencyrecord" ("user_id", "key", "request_hash", "response_status", "response_body", "saga_id", "created_at") VALUES (:uid, 'pgb-:run-:i', md5('pgb-:run-:client_id-:i') || md5('h-:run-:client_id-:i'), 202, '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z", "links": {"self": "/api/purchases/4b7cd96b-711a-4c98-8454-46dc1b1867a5/"}}'::jsonb, md5('pgb-:run-:client_id-:i')::uuid, now()) RETURNING "purchases_idempotencyrecord"."id";
+
+RELEASE SAVEPOINT "s_pgbench_x1";
+
+SELECT "purchases_seat"."id", "purchases_seat"."event_id", "purchases_seat"."ref", "purchases_seat"."row", "purchases_seat"."number", "purchases_seat"."price_amount", "purchases_seat"."currency", "purchases_seat"."status" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."id" IN (:seat)) ORDER BY "purchases_seat"."id" ASC FOR UPDATE OF "purchases_seat";
+
+UPDATE "purchases_seat" SET "status" = 'held' WHERE "purchases_seat"."id" IN (:seat);
+
+INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "hold_expires_at", "total_amount", "currency", "created_at") VALUES ('P:run-:client_id-:i', :ev, :uid, 'HELD', now() + interval ':hold seconds', 5000, 'EUR', now()) RETURNING "purchases_reservation"."id" AS res_id \gset
+
+INSERT INTO "purchases_reservationseat" ("reservation_id", "seat_id", "event_id", "released_at") VALUES (:res_id, :seat, :ev, NULL) RETURNING "purchases_reservationseat"."id";
+
+INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now());
+
+INSERT INTO "purchases_sagahistory" ("saga_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-:run-:client_id-:i')::uuid, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
+
+INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "deliveries") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, 0) RETURNING "outbox_outboxmessage"."id";
+
+COMMIT;
