@@ -25,10 +25,12 @@ def _db_reuse(sender, **kwargs):
 def _drop_dead_connections(**kwargs):
     # With DB reuse on, Celery's fix-up looks at connections only every
     # CELERY_DB_REUSE_MAX tasks, so a worker would keep a connection killed by
-    # a PostgreSQL restart and fail every task after it. Django's own check
-    # (the same one it runs around each request) closes a connection that
-    # errored or outlived CONN_MAX_AGE; with CONN_HEALTH_CHECKS the next query
-    # reconnects.
-    from django.db import close_old_connections
+    # a PostgreSQL restart and fail every task after it. A connection on which
+    # a database error occurred is checked (Django's own check, as around each
+    # request) and closed if it is dead; the next query reconnects. Healthy
+    # connections cost nothing here: no query per task.
+    from django.db import connections
 
-    close_old_connections()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and conn.errors_occurred:
+            conn.close_if_unusable_or_obsolete()

@@ -3,14 +3,27 @@
 Consumers are listed per topic in ``settings.OUTBOX_CONSUMERS`` (one visible
 routing table instead of registrations hidden in signals). Each consumer is a
 function ``handle(message) -> None`` that must be idempotent; the inbox
-records that it ran, so redelivery skips it. A consumer whose effect must be
-exactly once (a counter) claims its inbox entry inside its own transaction
-with :func:`inbox_claim`.
+records that it ran, so redelivery skips it.
+
+Two kinds of consumer:
+
+- ordinary ones may call out (a mail server, the gateway through a service
+  that owns its transactions); they run first, outside any transaction, and
+  their inbox entries are written in the delivery's closing transaction (a
+  crash in between runs them again: at least once);
+- :func:`transactional` ones only touch the database; they run *inside* the
+  closing transaction, so their effect, their inbox entry and the message's
+  completion commit together: exactly once.
+
+A delivery is two commits whatever the consumers: one statement that takes
+the lease and reads the message with what already ran, and the closing
+transaction.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -21,6 +34,17 @@ from django.utils.module_loading import import_string
 from .models import InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
+
+
+def transactional(handle: Callable) -> Callable:
+    """Mark a consumer that only touches the database: it runs inside the
+    delivery's closing transaction (and must not open a durable one)."""
+    handle.runs_in_delivery_transaction = True
+    return handle
+
+
+def _is_transactional(handle) -> bool:
+    return getattr(handle, "runs_in_delivery_transaction", False)
 
 
 def consumers_for(topic: str) -> list[tuple[str, object]]:
@@ -39,38 +63,63 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
     return True
 
 
+_LEASE_SQL = """
+UPDATE {outbox} SET processing_until = %s
+ WHERE id = %s AND completed_at IS NULL AND cancelled_at IS NULL
+   AND (processing_until IS NULL OR processing_until < %s)
+RETURNING *, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id) AS already_ran
+"""
+
+
+def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
+    """Own the delivery for a lease and read the message and the consumers
+    that already ran, in one statement (and one commit). Two copies of the
+    same task cannot both run consumers; no transaction is held open while
+    consumers call out."""
+    lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table,
+                            inbox=InboxEntry._meta.db_table)
+    return next(iter(OutboxMessage.objects.raw(sql, [lease, message_id, now])), None)
+
+
+def _record(message: OutboxMessage, names: list[str]) -> None:
+    if names:
+        at = timezone.now()
+        InboxEntry.objects.bulk_create(
+            [InboxEntry(consumer=name, message=message, processed_at=at) for name in names],
+            ignore_conflicts=True,
+        )
+
+
 def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
     """Run every consumer of the message that has not run yet; returns a verdict."""
     now = now or timezone.now()
-    lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
-    # Own the delivery for a lease, without holding a transaction open while
-    # consumers call out (gateway, mail server). Two copies of the same task
-    # cannot both run consumers.
-    owned = (
-        OutboxMessage.objects.filter(
-            pk=message_id, completed_at__isnull=True, cancelled_at__isnull=True
-        )
-        .filter(_free_of_processing(now))
-        .update(processing_until=lease)
-    )
-    if not owned:
+    message = _lease(message_id=message_id, now=now)
+    if message is None:
         return "skipped"
-    message = OutboxMessage.objects.get(pk=message_id)
-    done = set(InboxEntry.objects.filter(message=message).values_list("consumer", flat=True))
+    pending = [(name, handle) for name, handle in consumers_for(message.topic)
+               if name not in message.already_ran]
+    ran: list[str] = []
     try:
-        for name, handle in consumers_for(message.topic):
-            if name in done:
-                continue
-            handle(message)
-            InboxEntry.objects.get_or_create(
-                consumer=name, message=message, defaults={"processed_at": timezone.now()}
+        for name, handle in pending:
+            if not _is_transactional(handle):
+                handle(message)
+                ran.append(name)
+        with transaction.atomic(durable=True):
+            inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
+            for _, handle in inside:
+                handle(message)
+            _record(message, ran + [name for name, _ in inside])
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                completed_at=timezone.now(), processing_until=None
             )
     except Exception:
-        OutboxMessage.objects.filter(pk=message_id).update(processing_until=None)
+        # What ran did happen: record it, so a redelivery does not run it
+        # again, and give the message back at once instead of at lease end.
+        with transaction.atomic(durable=True):
+            _record(message, ran)
+            OutboxMessage.objects.filter(pk=message.pk).update(processing_until=None)
         raise
-    OutboxMessage.objects.filter(pk=message_id).update(
-        completed_at=timezone.now(), processing_until=None
-    )
     return "delivered"
 
 

@@ -3,9 +3,11 @@
 Two outbox consumers count ``PurchaseConfirmed`` and ``ReservationCancelled``
 into :class:`~purchases.models.DailySales`, one row per (event, UTC day of the
 message, currency). A counter is not idempotent by nature, so each consumer
-claims its inbox entry *inside the transaction that counts*: the claim and the
-increment commit together or not at all, and a redelivery (or a concurrent
-delivery of the same message) finds the claim taken and counts nothing.
+claims its inbox entry *inside the transaction that counts* (they are
+transactional consumers: the delivery's closing transaction): the claim and
+the increment commit together or not at all, and a redelivery (or a
+concurrent delivery of the same message) finds the claim taken and counts
+nothing.
 
 They never block a purchase: they run after the purchase committed, from the
 relay, and a consumer added later (or stopped for a while) counts the history
@@ -19,7 +21,7 @@ import datetime as dt
 from django.db import transaction
 from django.db.models import F
 
-from outbox.delivery import inbox_claim
+from outbox.delivery import inbox_claim, transactional
 from outbox.models import OutboxMessage
 
 from .models import DailySales
@@ -28,6 +30,7 @@ ON_CONFIRMED = "purchases.analytics.analytics_on_confirmed"
 ON_CANCELLED = "purchases.analytics.analytics_on_cancelled"
 
 
+@transactional
 def analytics_on_confirmed(message: OutboxMessage) -> None:
     """``PurchaseConfirmed`` -> one more confirmed sale. Exactly once per message."""
     with transaction.atomic():
@@ -37,6 +40,7 @@ def analytics_on_confirmed(message: OutboxMessage) -> None:
         _add(message, confirmed_count=1, confirmed_amount=amount)
 
 
+@transactional
 def analytics_on_cancelled(message: OutboxMessage) -> None:
     """``ReservationCancelled`` -> one more cancellation (and a refund if money
     went back). Exactly once per message."""

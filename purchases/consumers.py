@@ -60,13 +60,15 @@ def message_id(kind: str, saga_id: str) -> str:
 
 def _send(kind: str, template: str, subject: str, message: OutboxMessage) -> None:
     facts = message.payload
-    buyer = get_user_model().objects.get(pk=facts["buyer_id"])
+    buyer = facts.get("buyer")
+    if buyer is None:  # a message written before the payload carried the buyer
+        buyer = get_user_model().objects.values("username", "email").get(pk=facts["buyer_id"])
     context = {**facts, "buyer": buyer, "amount_display": f"{facts['amount'] / 100:.2f}"}
     EmailMessage(
         subject=subject,
         body=render_to_string(template, context),
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[buyer.email or f"{buyer.username}@example.invalid"],
+        to=[buyer["email"] or f"{buyer['username']}@example.invalid"],
         headers={"Message-ID": message_id(kind, facts["saga_id"])},
     ).send()
     logger.info("email sent: %s", template, extra={"saga_id": facts["saga_id"]})

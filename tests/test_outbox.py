@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from freezegun import freeze_time
 
-from outbox.delivery import message_deliver
+from outbox.delivery import message_deliver, transactional
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_claim, relay_tick
 from outbox.services import (
@@ -157,6 +157,80 @@ RECORDED: list = []
 
 def record_consumer(message):
     RECORDED.append(message.payload["n"])
+
+
+COUNTED: list = []
+
+
+@transactional
+def counting_consumer(message):
+    # A transactional consumer: its row commits with the delivery or not at all.
+    OutboxMessage.objects.filter(pk=message.pk).update(payload={**message.payload, "counted": 1})
+    COUNTED.append(message.payload["n"])
+    if message.payload.get("fail"):
+        raise RuntimeError("the counter's table is locked")
+
+
+def _commits(queries) -> int:
+    """Commits in a captured statement list: each COMMIT, and each statement
+    run in autocommit (outside BEGIN ... COMMIT)."""
+    commits, inside = 0, False
+    for sql in (q["sql"] for q in queries):
+        if sql == "BEGIN":
+            inside = True
+        elif sql in ("COMMIT", "ROLLBACK"):
+            inside = False
+            commits += sql == "COMMIT"
+        elif not inside:
+            commits += 1
+    return commits
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_is_two_commits_and_a_transactional_consumer_commits_with_it(settings):
+    from django.test.utils import CaptureQueriesContext
+
+    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer",
+                                                "tests.test_outbox.counting_consumer"]}
+    RECORDED.clear()
+    COUNTED.clear()
+    with transaction.atomic():
+        message = outbox_publish(topic="test.event", payload={"n": 3})
+
+    with CaptureQueriesContext(connection) as queries:
+        verdict = message_deliver(message_id=message.pk)
+
+    assert verdict == "delivered" and RECORDED == [3] and COUNTED == [3]
+    assert _commits(queries.captured_queries) == 2
+    message.refresh_from_db()
+    assert message.completed_at is not None and message.payload["counted"] == 1
+    assert sorted(InboxEntry.objects.filter(message=message).values_list(
+        "consumer", flat=True)) == ["tests.test_outbox.counting_consumer",
+                                    "tests.test_outbox.record_consumer"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_transactional_consumer_rolls_back_alone_and_what_ran_is_recorded(settings):
+    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer",
+                                                "tests.test_outbox.counting_consumer"]}
+    RECORDED.clear()
+    COUNTED.clear()
+    with transaction.atomic():
+        message = outbox_publish(topic="test.event", payload={"n": 4, "fail": True})
+
+    with pytest.raises(RuntimeError):
+        message_deliver(message_id=message.pk)
+
+    message.refresh_from_db()
+    assert "counted" not in message.payload  # its effect rolled back
+    assert message.completed_at is None and message.processing_until is None  # free at once
+    assert list(InboxEntry.objects.filter(message=message).values_list(
+        "consumer", flat=True)) == ["tests.test_outbox.record_consumer"]
+
+    OutboxMessage.objects.filter(pk=message.pk).update(payload={"n": 4})  # the cause is fixed
+    assert message_deliver(message_id=message.pk) == "delivered"
+    assert RECORDED == [4]  # the ordinary consumer is not run again
+    assert COUNTED == [4, 4]  # the transactional one ran again, and this time committed
 
 
 @pytest.mark.django_db
