@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from . import selectors, services
-from .errors import IdempotencyKeyReused, SeatUnavailable, UnknownSeats
+from .errors import IdempotencyKeyReused, SeatUnavailable, UnknownEvent, UnknownSeats
 from .serializers import (
     ErrorSerializer,
     EventSerializer,
@@ -197,6 +197,11 @@ class PurchaseListCreateApi(APIView):
             return error(422, exc.code, str(exc))
         except SeatUnavailable as exc:
             return error(409, exc.code, str(exc), seats=exc.seats)
+        except UnknownEvent as exc:
+            # Told apart from unknown seats only on the refusal path: the
+            # request itself does not look the event up.
+            return error(400, "invalid", str(exc), field="event",
+                         errors={"event": [str(exc)]})
         except UnknownSeats as exc:
             return error(400, "invalid", str(exc), field="seats",
                          errors={"seats": [str(exc)]}, seats=exc.seats)

@@ -21,6 +21,14 @@ class UnknownSeats(DomainError):
         self.seats = seats
 
 
+class UnknownEvent(DomainError):
+    code = "invalid"
+
+    def __init__(self, event_id: int):
+        super().__init__("no such event")
+        self.event_id = event_id
+
+
 class IdempotencyKeyReused(DomainError):
     code = "idempotency_key_reused"
 

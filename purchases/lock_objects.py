@@ -6,9 +6,10 @@ they queue instead of deadlocking. The start transaction takes seats only; the
 saga steps take the saga, then its seats.
 """
 
+from django.db import connection
 from django.db.models import QuerySet
 
-from .models import PurchaseSaga, Seat
+from .models import PurchaseSaga, Seat, SeatStatus
 
 
 def seats_for_update(*, event_id: int, seat_ids: list[int]) -> list[Seat]:
@@ -17,6 +18,39 @@ def seats_for_update(*, event_id: int, seat_ids: list[int]) -> list[Seat]:
         .filter(event_id=event_id, id__in=seat_ids)
         .order_by("id")
     )
+
+
+_HOLD_SQL = """
+UPDATE {seat} SET status = %s
+  FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[])
+        ORDER BY id FOR UPDATE) AS locked
+ WHERE {seat}.id = locked.id AND {seat}.status = %s
+RETURNING {seat}.id
+"""
+
+
+def seats_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
+    """Lock the seats in id order and hold those still available, in one
+    statement; returns the ids held. Fewer ids than asked: some were taken,
+    and the caller rolls back (the locks go with it).
+
+    The subquery takes the row locks in the fixed order; the UPDATE re-checks
+    ``status`` on the latest committed version of each row (READ COMMITTED's
+    re-check after a wait), so a seat sold by the transaction we waited for is
+    not held again.
+    """
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default) has no row locks: its transactions
+        # are IMMEDIATE, so this one is the only writer until it commits.
+        available = set(Seat.objects.filter(event_id=event_id, id__in=seat_ids,
+                                            status=SeatStatus.AVAILABLE)
+                        .values_list("id", flat=True))
+        Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
+        return available
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_SQL.format(seat=Seat._meta.db_table),
+                       [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def saga_for_update(*, saga_id) -> PurchaseSaga:

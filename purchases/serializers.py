@@ -42,11 +42,6 @@ class PurchaseRequestSerializer(serializers.Serializer):
     )
     payment_method = serializers.CharField(max_length=100)
 
-    def validate_event(self, value):
-        if not Event.objects.filter(pk=value).exists():
-            raise serializers.ValidationError("no such event")
-        return value
-
     def validate_seats(self, value):
         if len(value) > settings.MAX_SEATS_PER_PURCHASE:
             raise serializers.ValidationError(

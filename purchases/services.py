@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -43,10 +44,12 @@ from payments.interface import (
 
 from . import lock_objects
 from .errors import (
+    DomainError,
     IdempotencyKeyReused,
     IllegalTransition,
     SeatUnavailable,
     StaleSaga,
+    UnknownEvent,
     UnknownSeats,
 )
 from .models import (
@@ -225,6 +228,49 @@ class _KeyTaken(Exception):
     """Another request with the same key committed first (or is committing)."""
 
 
+class _Refused(Exception):
+    """This body is refused, unless its key already has an answer."""
+
+    def __init__(self, error: DomainError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _unknown(*, event_id: int, seats: list, missing: list[str]) -> DomainError:
+    if not seats and not Event.objects.filter(pk=event_id).exists():
+        return UnknownEvent(event_id)
+    return UnknownSeats(missing)
+
+
+_CLAIM_KEY_SQL = """
+INSERT INTO {table} (user_id, key, request_hash, response_status, response_body, saga_id,
+                     created_at)
+VALUES (%s, %s, %s, 202, %s, %s, %s)
+ON CONFLICT (user_id, key) DO NOTHING
+RETURNING id
+"""
+
+
+def _claim_key(*, user, key: str, fingerprint: str, body: dict, saga_id, now) -> bool:
+    """Insert the idempotency record unless the key is taken; True if inserted.
+
+    ``ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same key
+    and answers nothing if that one commits: no savepoint, no error to catch.
+    The saga it points to is inserted later in the same transaction (the
+    foreign key is checked at commit).
+    """
+    meta = IdempotencyRecord._meta
+    params = [
+        user.pk, key, fingerprint,
+        meta.get_field("response_body").get_db_prep_value(body, connection),
+        meta.get_field("saga").get_db_prep_value(saga_id, connection),
+        meta.get_field("created_at").get_db_prep_value(now, connection),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_KEY_SQL.format(table=meta.db_table), params)
+        return cursor.fetchone() is not None
+
+
 def _replay(*, user, idempotency_key: str, fingerprint: str) -> PurchaseStarted | None:
     record = (
         IdempotencyRecord.objects.filter(user=user, key=idempotency_key)
@@ -280,69 +326,56 @@ def purchase_start(
     fingerprint = request_fingerprint(
         event_id=event_id, seat_refs=seat_refs, payment_method=payment_method
     )
-    replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
-    if replay is not None:
-        return replay
-
-    # Read (without locks) what the answer will say; prices and refs of a
-    # seat never change, its status is decided under the lock below.
-    seats = list(Seat.objects.filter(event_id=event_id, ref__in=seat_refs).order_by("id"))
-    missing = sorted(set(seat_refs) - {s.ref for s in seats})
-    if missing:
-        raise UnknownSeats(missing)
-    currencies = {s.currency for s in seats}
-    if len(currencies) != 1:
-        raise UnknownSeats(sorted(seat_refs))  # one purchase, one currency
-    currency = currencies.pop()
-    total = sum(s.price_amount for s in seats)
     hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
     saga = PurchaseSaga(
         event_id=event_id,
         buyer=user,
         payment_method=payment_method,
-        amount=total,
-        currency=currency,
         state=S.PENDING,
         version=1,
         created_at=now,
         updated_at=now,
     )
-    body = {
-        "id": str(saga.id),
-        "status": S.PENDING.value,
-        "event": event_id,
-        # In seat order, as the purchase's detail lists them.
-        "seats": [s.ref for s in seats],
-        "total": {"amount": total, "currency": currency},
-        "hold_expires_at": hold_expires_at.isoformat().replace("+00:00", "Z"),
-        "links": {"self": f"/api/purchases/{saga.id}/"},
-    }
-
+    # One transaction and one commit; a replay (the key is taken) and every
+    # refusal roll it back. The statements are few on purpose: this is the
+    # request path (README, "Performance").
     try:
         with transaction.atomic(durable=True):
-            # First write: a concurrent duplicate blocks here on the unique
-            # index until we commit, then replays our answer.
-            try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.create(
-                        user=user,
-                        key=idempotency_key,
-                        request_hash=fingerprint,
-                        response_status=202,
-                        response_body=body,
-                        saga_id=saga.id,  # the FK is checked at commit
-                        created_at=now,
-                    )
-            except IntegrityError as exc:
-                raise _KeyTaken from exc
-
-            locked = lock_objects.seats_for_update(
-                event_id=event_id, seat_ids=[s.id for s in seats]
+            # Prices and refs of a seat never change: read them without a
+            # lock to write the answer; availability is decided under the
+            # lock below.
+            seats = list(
+                Seat.objects.filter(event_id=event_id, ref__in=seat_refs)
+                .only("id", "ref", "price_amount", "currency")
+                .order_by("id")
             )
-            taken = sorted(s.ref for s in locked if s.status != SeatStatus.AVAILABLE)
-            if taken:
-                raise SeatUnavailable(taken)
-            Seat.objects.filter(id__in=[s.id for s in locked]).update(status=SeatStatus.HELD)
+            missing = sorted(set(seat_refs) - {s.ref for s in seats})
+            if missing:
+                raise _Refused(_unknown(event_id=event_id, seats=seats, missing=missing))
+            currencies = {s.currency for s in seats}
+            if len(currencies) != 1:
+                raise _Refused(UnknownSeats(sorted(seat_refs)))  # one purchase, one currency
+            saga.currency = currencies.pop()
+            saga.amount = sum(s.price_amount for s in seats)
+            body = {
+                "id": str(saga.id),
+                "status": S.PENDING.value,
+                "event": event_id,
+                # In seat order, as the purchase's detail lists them.
+                "seats": [s.ref for s in seats],
+                "total": {"amount": saga.amount, "currency": saga.currency},
+                "hold_expires_at": hold_expires_at.isoformat().replace("+00:00", "Z"),
+                "links": {"self": f"/api/purchases/{saga.id}/"},
+            }
+            # First write: a concurrent duplicate waits here on the unique
+            # index until we commit or roll back, then replays our answer.
+            if not _claim_key(user=user, key=idempotency_key, fingerprint=fingerprint,
+                              body=body, saga_id=saga.id, now=now):
+                raise _KeyTaken
+
+            held = lock_objects.seats_hold(event_id=event_id, seat_ids=[s.id for s in seats])
+            if len(held) != len(seats):
+                raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
 
             reservation = Reservation.objects.create(
                 ref=_new_reservation_ref(),
@@ -350,14 +383,14 @@ def purchase_start(
                 buyer=user,
                 status=ReservationStatus.HELD,
                 hold_expires_at=hold_expires_at,
-                total_amount=total,
-                currency=currency,
+                total_amount=saga.amount,
+                currency=saga.currency,
                 created_at=now,
             )
             ReservationSeat.objects.bulk_create(
                 [
-                    ReservationSeat(reservation=reservation, seat=s, event_id=event_id)
-                    for s in locked
+                    ReservationSeat(reservation=reservation, seat_id=s.id, event_id=event_id)
+                    for s in seats
                 ]
             )
             saga.reservation = reservation
@@ -383,11 +416,15 @@ def purchase_start(
             )
             saga_id = str(saga.id)
             transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
-    except _KeyTaken:
+    except (_KeyTaken, _Refused) as exc:
+        # The key's first answer wins over any refusal of this body: the same
+        # body replays it, another body is refused as a reused key (422).
         replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
-        if replay is None:  # pragma: no cover - the unique index said it exists
-            raise
-        return replay
+        if replay is not None:
+            return replay
+        if isinstance(exc, _Refused):
+            raise exc.error from None
+        raise  # pragma: no cover - the unique index said the key exists
 
     logger.info("purchase started", **_log(saga, seats=",".join(seat_refs)))
     return PurchaseStarted(saga_id=str(saga.id), status_code=202, body=body, created=True)
@@ -644,6 +681,9 @@ def _purchase_facts(saga: PurchaseSaga) -> dict:
         "reservation": reservation.ref,
         "event_id": saga.event_id,
         "buyer_id": saga.buyer_id,
+        # Who to write to, as of the purchase: the email consumers need no
+        # read of their own.
+        "buyer": get_user_model().objects.values("username", "email").get(pk=saga.buyer_id),
         "seats": sorted(
             ReservationSeat.objects.filter(reservation=reservation).values_list(
                 "seat__ref", flat=True
