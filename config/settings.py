@@ -177,6 +177,9 @@ FAKE_GATEWAY_LATENCY_MS = env.int("FAKE_GATEWAY_LATENCY_MS", default=0)
 # --- outbox relay -------------------------------------------------------------
 OUTBOX_POLL_SECONDS = env.float("OUTBOX_POLL_SECONDS", default=1.0)
 OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
+# A relay pass publishes its rows as at most this many Celery tasks (a few
+# rows: one task each; a burst: spread evenly over these).
+OUTBOX_DISPATCH_TASKS = env.int("OUTBOX_DISPATCH_TASKS", default=16)
 # A claimed row whose hand-off did not complete within the lease is claimed
 # again by any relay; a delivered row whose consumers did not finish within
 # this long is delivered again (consumers are idempotent).

@@ -1,12 +1,17 @@
 """The relay: hands due outbox rows to Celery.
 
 A tick claims due rows with ``FOR UPDATE SKIP LOCKED`` (several relays may
-run; each row goes to exactly one of them), commits the claim, publishes one
-``outbox.deliver`` task per row *outside* the transaction (a broker that hangs
-must not hold row locks that confirming transactions need to cancel timers),
-then marks the rows fired. A relay that dies between claim and mark leaves a
-lease that expires; the row is claimed again and delivered again, which the
-consumers' inbox makes harmless.
+run; each row goes to exactly one of them), commits the claim, publishes the
+rows to Celery *outside* the transaction (a broker that hangs must not hold
+row locks that confirming transactions need to cancel timers), then marks the
+rows fired. A few rows go one per task (``outbox.deliver``); a large batch is
+spread over at most ``OUTBOX_DISPATCH_TASKS`` tasks (``outbox.deliver_many``),
+all published on one broker connection, so a burst of due timers costs tens
+of publishes, not thousands, and still keeps every worker process busy.
+
+A relay that dies between claim and mark leaves a lease that expires; the row
+is claimed again and delivered again, which the consumers' inbox makes
+harmless.
 
 On PostgreSQL the loop wakes on ``LISTEN/NOTIFY`` and also polls, so a lost
 notification costs at most one poll interval.
@@ -33,10 +38,45 @@ logger = logging.getLogger(__name__)
 Dispatch = Callable[[int], None]
 
 
-def _celery_dispatch(message_id: int) -> None:
-    from .tasks import deliver
+def _chunks(ids: list[int], tasks: int) -> list[list[int]]:
+    """``ids`` in order, spread evenly over at most ``tasks`` chunks."""
+    n = max(1, min(tasks, len(ids)))
+    size, extra = divmod(len(ids), n)
+    chunks, at = [], 0
+    for i in range(n):
+        step = size + (1 if i < extra else 0)
+        chunks.append(ids[at:at + step])
+        at += step
+    return [c for c in chunks if c]
 
-    deliver.apply_async(args=[message_id])
+
+def _celery_hand_over(ids: list[int]) -> tuple[list[int], list[int]]:
+    """Publish the rows; returns (handed, failed)."""
+    from config.celery import app
+
+    from .tasks import deliver, deliver_many
+
+    handed: list[int] = []
+    failed: list[int] = []
+    chunks = _chunks(ids, settings.OUTBOX_DISPATCH_TASKS)
+    try:
+        with app.producer_or_acquire() as producer:
+            for chunk in chunks:
+                try:
+                    if len(chunk) == 1:
+                        deliver.apply_async(args=[chunk[0]], producer=producer)
+                    else:
+                        deliver_many.apply_async(args=[chunk], producer=producer)
+                except Exception:
+                    logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
+                    failed.extend(chunk)
+                else:
+                    handed.extend(chunk)
+    except Exception:  # no broker connection at all
+        logger.exception("outbox hand-off failed: no broker connection")
+    done = set(handed) | set(failed)
+    failed.extend(i for i in ids if i not in done)
+    return handed, failed
 
 
 def due_filter(now: datetime) -> Q:
@@ -109,19 +149,24 @@ def relay_tick(
     dispatch: Dispatch | None = None,
     limit: int | None = None,
 ) -> int:
-    """One pass: claim due rows, hand them over, mark them fired."""
+    """One pass: claim due rows, hand them over, mark them fired.
+
+    ``dispatch`` (tests) hands rows over one by one instead of to Celery.
+    """
     now = now or timezone.now()
-    dispatch = dispatch or _celery_dispatch
     ids = relay_claim(now=now, limit=limit or settings.OUTBOX_BATCH_SIZE)
-    handed, failed = [], []
-    for message_id in ids:
-        try:
-            dispatch(message_id)
-        except Exception:
-            logger.exception("outbox hand-off failed", extra={"message_id": message_id})
-            failed.append(message_id)
-        else:
-            handed.append(message_id)
+    if dispatch is None:
+        handed, failed = _celery_hand_over(ids) if ids else ([], [])
+    else:
+        handed, failed = [], []
+        for message_id in ids:
+            try:
+                dispatch(message_id)
+            except Exception:
+                logger.exception("outbox hand-off failed", extra={"message_id": message_id})
+                failed.append(message_id)
+            else:
+                handed.append(message_id)
     relay_mark_fired(ids=handed, now=now)
     relay_release(ids=failed)
     if handed:

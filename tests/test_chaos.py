@@ -330,7 +330,8 @@ def _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_time
     tasks = stack.task_results()
     lines.append(
         f"outbox deliveries: {tasks['outbox.deliver', 'delivered']} delivered, "
-        f"{tasks['outbox.deliver', 'skipped']} skipped (a copy already done or in progress); "
+        f"{tasks['outbox.deliver', 'skipped']} skipped (a copy already done or in progress), "
+        f"{tasks['outbox.deliver_many', 'delivered']} batched tasks; "
         f"charge tasks finished: {sum(n for (t, _), n in tasks.items() if t == 'purchases.charge')}"
         f"; resume sweeps: {tasks['purchases.resume_sagas', 'ok']}")
     resumed = Counter(re.findall(r"resuming saga: .*? state=(\w+)", "".join(

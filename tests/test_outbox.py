@@ -391,3 +391,58 @@ def test_the_relay_survives_its_connections_being_killed():
         relay.join(30)
     assert alive, "the relay thread died with its connection"
     assert fired is not None, "the relay did not reconnect and hand the row over"
+
+
+def test_a_batch_is_spread_evenly_over_at_most_the_configured_tasks():
+    from outbox.relay import _chunks
+
+    assert _chunks([1, 2, 3], 16) == [[1], [2], [3]]
+    assert _chunks(list(range(10)), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert _chunks([], 16) == []
+    chunks = _chunks(list(range(100)), 16)
+    assert len(chunks) == 16 and sum(chunks, []) == list(range(100))
+    assert {len(c) for c in chunks} == {6, 7}
+
+
+@pytest.mark.django_db
+def test_the_relay_hands_a_burst_to_celery_in_few_tasks_and_a_trickle_one_by_one(
+        settings, broker_queue):
+    settings.OUTBOX_DISPATCH_TASKS = 4
+    with transaction.atomic():
+        burst = [outbox_publish(topic="test.event", payload={"i": i}).pk for i in range(10)]
+
+    assert relay_tick() == 10
+    burst_tasks = broker_queue.messages()
+    with transaction.atomic():
+        single = outbox_publish(topic="test.event", payload={}).pk
+    assert relay_tick() == 1
+    single_tasks = broker_queue.messages()
+
+    assert [t["task"] for t in burst_tasks] == ["outbox.deliver_many"] * 4
+    assert sorted(sum((t["args"][0] for t in burst_tasks), [])) == burst
+    assert single_tasks == [{"task": "outbox.deliver", "args": [single]}]
+    assert OutboxMessage.objects.filter(fired_at__isnull=True).count() == 0
+
+
+@pytest.mark.django_db
+def test_deliver_many_delivers_each_row_and_retries_only_the_failed_ones(settings, monkeypatch):
+    from celery.exceptions import Retry
+
+    from outbox import tasks
+
+    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer"]}
+    RECORDED.clear()
+    with transaction.atomic():
+        ok = [outbox_publish(topic="test.event", payload={"n": n}).pk for n in (1, 2)]
+        bad = outbox_publish(topic="test.event", payload={}).pk  # record_consumer: KeyError
+    retried = []
+    monkeypatch.setattr(tasks.deliver_many, "retry",
+                        lambda args, countdown: retried.append(args) or Retry())
+
+    with pytest.raises(Retry):
+        tasks.deliver_many.run([ok[0], bad, ok[1]])
+
+    assert RECORDED == [1, 2]
+    assert retried == [[[bad]]]
+    assert OutboxMessage.objects.filter(pk__in=ok, completed_at__isnull=False).count() == 2
+    assert tasks.deliver_many.run(ok) == "delivered=0 skipped=2"
