@@ -61,6 +61,10 @@ RESERVE_SQL = BENCH / "reserve.sql"
 BENCH_DB = "boxoffice_bench"
 SWEEPS_DB = "boxoffice_bench_sweeps"
 PGBENCH_DB = "boxoffice_bench_pgbench"
+# The fake gateway runs as its own process on its own database, as a real
+# processor is outside the product: the product database's commit counts
+# (figure 2) are then the product's alone.
+GATEWAY_DB = "boxoffice_bench_gateway"
 
 # Long enough that no hold-expiry timer written during the run fires during the
 # run (a purchase left PENDING on purpose would otherwise wake up mid-figure).
@@ -231,10 +235,13 @@ class PG:
 
 
 class Stack:
-    def __init__(self, *, logdir: Path, base_env: dict, port: int, queue: str, hostname: str):
+    def __init__(self, *, logdir: Path, base_env: dict, port: int, queue: str, hostname: str,
+                 gateway_port: int, gateway_env: dict):
         self.logdir = logdir
         self.base_env = base_env
         self.port = port
+        self.gateway_port = gateway_port
+        self.gateway_env = gateway_env
         self.queue = queue
         self.hostname = hostname
         self.procs: dict[str, subprocess.Popen] = {}
@@ -248,13 +255,13 @@ class Stack:
     def env(self) -> dict:
         return {**self.base_env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms)}
 
-    def _start(self, name: str, argv: list[str]) -> None:
+    def _start(self, name: str, argv: list[str], env: dict | None = None) -> None:
         out = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         out.write(f"\n===== start {dt.datetime.now(dt.UTC).isoformat()} {' '.join(argv)}"
                   f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}\n".encode())
         out.flush()
         self.procs[name] = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+            argv, cwd=ROOT, env=env or self.env(), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
         out.close()
@@ -269,6 +276,13 @@ class Stack:
             "-b", f"127.0.0.1:{self.port}", "--worker-class", "gthread",
             "--workers", str(self.web_workers), "--threads", str(self.web_threads),
         ])
+
+    def start_gateway(self) -> None:
+        self._start("gateway", [
+            sys.executable, "-m", "gunicorn", "config.wsgi:application",
+            "-b", f"127.0.0.1:{self.gateway_port}", "--worker-class", "gthread",
+            "--workers", "1", "--threads", "16",
+        ], env={**self.gateway_env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms)})
 
     def start_worker(self) -> None:
         self._start("worker", [
@@ -314,20 +328,24 @@ class Stack:
     def wait_web(self, timeout: float = 60) -> None:
         import httpx
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                # The fake gateway answers any unknown path with JSON, without
-                # touching the database: it proves gunicorn and the mount.
-                r = httpx.get(f"{self.base_url}/fake-gateway/v1/bench-ready", timeout=2,
-                              trust_env=False)
-                if r.status_code == 404 and "unknown_endpoint" in r.text:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise PhaseFailed("gunicorn did not answer in time")
+        for name, url in (("web", self.base_url),
+                          ("gateway", f"http://127.0.0.1:{self.gateway_port}")):
+            deadline = time.monotonic() + timeout
+            while True:
+                self.check_alive()
+                try:
+                    # The fake gateway answers any unknown path with JSON,
+                    # without touching the database: it proves gunicorn and
+                    # the mount.
+                    r = httpx.get(f"{url}/fake-gateway/v1/bench-ready", timeout=2,
+                                  trust_env=False)
+                    if r.status_code == 404 and "unknown_endpoint" in r.text:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise PhaseFailed(f"gunicorn ({name}) did not answer in time")
+                time.sleep(0.3)
 
     def wait_worker(self, app, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -417,6 +435,7 @@ class Bench:
         self.queue = f"boxoffice-bench-{os.getpid()}"
         self.hostname = f"bench-{os.getpid()}@bench"
         self.port = free_port()
+        self.gateway_port = free_port()
         self.pgbench = find_bin("pgbench")
 
         self.results: dict = {
@@ -613,7 +632,7 @@ class Bench:
             "SECRET_KEY": "bench",
             "ALLOWED_HOSTS": "127.0.0.1",
             "FAKE_GATEWAY_ENABLED": "true",
-            "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{self.port}/fake-gateway/v1",
+            "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}/fake-gateway/v1",
             "PURCHASE_THROTTLE_RATE": "1000000/min",
             "SESSION_COOKIE_SECURE": "false",
             "CSRF_COOKIE_SECURE": "false",
@@ -626,12 +645,15 @@ class Bench:
         }
         base_env.pop("CACHE_URL", None)  # per-process throttle counts; the rate is huge anyway
 
-        log(f"databases: {BENCH_DB}, {SWEEPS_DB}, {PGBENCH_DB} on {self.pg.host}:{self.pg.port}")
-        self.pg.recreate(BENCH_DB)
-        with open(self.logdir / "migrate.log", "wb") as out:
-            subprocess.run([sys.executable, "manage.py", "migrate", "--no-input"], cwd=ROOT,
-                           env=base_env, check=True, timeout=180, stdout=out,
-                           stderr=subprocess.STDOUT)
+        log(f"databases: {BENCH_DB}, {SWEEPS_DB}, {PGBENCH_DB}, {GATEWAY_DB} on "
+            f"{self.pg.host}:{self.pg.port}")
+        gateway_env = {**base_env, "DATABASE_URL": self.pg.url(GATEWAY_DB)}
+        for db, env in ((BENCH_DB, base_env), (GATEWAY_DB, gateway_env)):
+            self.pg.recreate(db)
+            with open(self.logdir / "migrate.log", "ab") as out:
+                subprocess.run([sys.executable, "manage.py", "migrate", "--no-input"], cwd=ROOT,
+                               env=env, check=True, timeout=180, stdout=out,
+                               stderr=subprocess.STDOUT)
         # A copy of the empty schema for figure 6, before anything connects.
         self.pg.recreate(SWEEPS_DB, template=BENCH_DB)
         self.pg.recreate(PGBENCH_DB)
@@ -714,16 +736,19 @@ class Bench:
         self.capture_reserve_sql()
 
         self.stack = Stack(logdir=self.logdir, base_env=base_env, port=self.port,
-                           queue=self.queue, hostname=self.hostname)
+                           queue=self.queue, hostname=self.hostname,
+                           gateway_port=self.gateway_port, gateway_env=gateway_env)
         self.stack.web_workers = self.args.web_workers
         self.stack.web_threads = self.args.web_threads
+        self.stack.start_gateway()
         self.stack.start_web()
         self.stack.start_worker()
         self.stack.start_relay()
         self.stack.wait_web()
         self.stack.wait_worker(self.app)
         self.stack.wait_relay()
-        log(f"stack up: gunicorn :{self.port}, worker {self.hostname}, relay; queue {self.queue}")
+        log(f"stack up: gunicorn :{self.port}, fake gateway :{self.gateway_port}, "
+            f"worker {self.hostname}, relay; queue {self.queue}")
 
     def _git(self) -> dict:
         def run(*argv):
@@ -735,7 +760,8 @@ class Bench:
     def ensure_stack(self) -> None:
         """A process that died in an earlier figure is restarted for the next."""
         st = self.stack
-        for name, start in (("web", st.start_web), ("worker", st.start_worker),
+        for name, start in (("gateway", st.start_gateway), ("web", st.start_web),
+                            ("worker", st.start_worker),
                             ("relay", st.start_relay)):
             proc = st.procs.get(name)
             if proc is not None and proc.poll() is not None:
@@ -764,7 +790,7 @@ class Bench:
 
             connections.close_all()
         if not self.args.keep_dbs:
-            for db in (SWEEPS_DB, PGBENCH_DB):
+            for db in (SWEEPS_DB, PGBENCH_DB, GATEWAY_DB):
                 with contextlib.suppress(Exception):
                     self.pg.drop(db)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -1495,12 +1521,13 @@ class Bench:
         self.results["figures"]["3_gateway"] = fig
         for latency in (0, 300):
             if self.stack.latency_ms != latency:
-                log(f"   restarting gunicorn and the worker with FAKE_GATEWAY_LATENCY_MS={latency}")
-                self.stack.stop("web")
+                log(f"   restarting the fake gateway and the worker with "
+                    f"FAKE_GATEWAY_LATENCY_MS={latency}")
+                self.stack.stop("gateway")
                 self.stack.stop("worker")
                 self.purge_queue()
                 self.stack.latency_ms = latency
-                self.stack.start_web()
+                self.stack.start_gateway()
                 self.stack.start_worker()
                 self.stack.wait_web()
                 self.stack.wait_worker(self.app)
