@@ -27,7 +27,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -77,6 +78,22 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
     same task cannot both run consumers; no transaction is held open while
     consumers call out."""
     lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default) has no arrays; commits are local there.
+        owned = (
+            OutboxMessage.objects.filter(
+                pk=message_id, completed_at__isnull=True, cancelled_at__isnull=True
+            )
+            .filter(_free_of_processing(now))
+            .update(processing_until=lease)
+        )
+        if not owned:
+            return None
+        message = OutboxMessage.objects.get(pk=message_id)
+        message.already_ran = list(
+            InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
+        )
+        return message
     sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table,
                             inbox=InboxEntry._meta.db_table)
     return next(iter(OutboxMessage.objects.raw(sql, [lease, message_id, now])), None)
@@ -123,7 +140,5 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
     return "delivered"
 
 
-def _free_of_processing(now: datetime):
-    from django.db.models import Q
-
+def _free_of_processing(now: datetime) -> Q:
     return Q(processing_until__isnull=True) | Q(processing_until__lt=now)
