@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -100,40 +101,60 @@ def dead_letters():
     )
 
 
-def relay_claim(*, now: datetime, limit: int) -> list[int]:
-    """Claim up to ``limit`` due rows for this relay; returns their ids."""
+@dataclass(frozen=True)
+class _Claimed:
+    ids: list[int]
+    first_due: dict[int, datetime]  # rows never fired before -> their due time
+    next_due_in: float | None  # seconds until the next row not claimed here
+
+
+def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
+    """Claim due rows and, in the same transaction (one commit for the whole
+    pass's bookkeeping), read when the next unclaimed row is due."""
     lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
     with transaction.atomic(durable=True):
-        ids = list(
+        rows = list(
             OutboxMessage.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due_filter(now))
             .order_by("available_at", "id")
-            .values_list("id", flat=True)[:limit]
+            .values_list("id", "available_at", "fired_at")[:limit]
         )
+        ids = [row[0] for row in rows]
         if ids:
             OutboxMessage.objects.filter(id__in=ids).update(claimed_until=lease)
-    return ids
+        due = _next_due_in(now=now, exclude=ids) if look_ahead else None
+    return _Claimed(ids=ids, first_due={i: at for i, at, fired in rows if fired is None},
+                    next_due_in=due)
 
 
-def relay_mark_fired(*, ids: Iterable[int], now: datetime) -> int:
+def relay_claim(*, now: datetime, limit: int) -> list[int]:
+    """Claim up to ``limit`` due rows for this relay; returns their ids."""
+    return _claim(now=now, limit=limit, look_ahead=False).ids
+
+
+def relay_mark_fired(
+    *, ids: Iterable[int], now: datetime, first_due: dict[int, datetime] | None = None
+) -> int:
+    """Mark handed-over rows fired; ``first_due`` (from the claim) feeds the
+    fire-lag metric without another read."""
     ids = list(ids)
     if not ids:
         return 0
     from config.metrics import TIMER_FIRE_LAG
 
-    for due in OutboxMessage.objects.filter(id__in=ids, fired_at__isnull=True).values_list(
-        "available_at", flat=True
-    ):
-        TIMER_FIRE_LAG.observe(max(0.0, (now - due).total_seconds()))
     with transaction.atomic(durable=True):
         # A timer cancelled while we were handing it over stays cancelled and
         # is not marked fired; the delivery task skips it.
-        return OutboxMessage.objects.filter(id__in=ids, cancelled_at__isnull=True).update(
+        marked = OutboxMessage.objects.filter(id__in=ids, cancelled_at__isnull=True).update(
             fired_at=Coalesce(F("fired_at"), now),
             handed_over_at=now,
             claimed_until=None,
             deliveries=F("deliveries") + 1,
         )
+    for message_id in ids:
+        if first_due and message_id in first_due:
+            TIMER_FIRE_LAG.observe(max(0.0, (now - first_due[message_id]).total_seconds()))
+    return marked
 
 
 def relay_release(*, ids: Iterable[int]) -> None:
@@ -149,12 +170,20 @@ def relay_tick(
     dispatch: Dispatch | None = None,
     limit: int | None = None,
 ) -> int:
-    """One pass: claim due rows, hand them over, mark them fired.
+    """One pass: claim due rows, hand them over, mark them fired; returns how
+    many were handed over.
 
     ``dispatch`` (tests) hands rows over one by one instead of to Celery.
     """
-    now = now or timezone.now()
-    ids = relay_claim(now=now, limit=limit or settings.OUTBOX_BATCH_SIZE)
+    return _pass(now=now or timezone.now(), dispatch=dispatch, limit=limit,
+                 look_ahead=False)[0]
+
+
+def _pass(
+    *, now: datetime, dispatch: Dispatch | None, limit: int | None, look_ahead: bool
+) -> tuple[int, float | None]:
+    claimed = _claim(now=now, limit=limit or settings.OUTBOX_BATCH_SIZE, look_ahead=look_ahead)
+    ids = claimed.ids
     if dispatch is None:
         handed, failed = _celery_hand_over(ids) if ids else ([], [])
     else:
@@ -167,18 +196,26 @@ def relay_tick(
                 failed.append(message_id)
             else:
                 handed.append(message_id)
-    relay_mark_fired(ids=handed, now=now)
+    relay_mark_fired(ids=handed, now=now, first_due=claimed.first_due)
     relay_release(ids=failed)
     if handed:
         logger.info("outbox relayed", extra={"count": len(handed), "failed": len(failed)})
-    return len(handed)
+    return len(handed), claimed.next_due_in
 
 
 def next_due_in(*, now: datetime) -> float | None:
     """Seconds until the next pending row is due (None when nothing waits)."""
-    nxt = OutboxMessage.objects.filter(
+    return _next_due_in(now=now, exclude=())
+
+
+def _next_due_in(*, now: datetime, exclude: Iterable[int]) -> float | None:
+    pending = OutboxMessage.objects.filter(
         completed_at__isnull=True, cancelled_at__isnull=True, fired_at__isnull=True
-    ).aggregate(at=Min("available_at"))["at"]
+    )
+    exclude = list(exclude)
+    if exclude:
+        pending = pending.exclude(pk__in=exclude)
+    nxt = pending.aggregate(at=Min("available_at"))["at"]
     if nxt is None:
         return None
     return max(0.0, (nxt - now).total_seconds())
@@ -230,10 +267,10 @@ def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = 
             try:
                 if listener is None:
                     listener = _Listener()
-                handed = relay_tick()
+                handed, due = _pass(now=timezone.now(), dispatch=None, limit=None,
+                                    look_ahead=True)
                 if handed >= settings.OUTBOX_BATCH_SIZE:
                     continue  # more are due: no waiting
-                due = next_due_in(now=timezone.now())
                 listener.wait(poll if due is None else min(poll, due))
             except Exception:
                 logger.exception("outbox relay tick failed; reconnecting after %ss", poll)
