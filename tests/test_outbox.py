@@ -322,6 +322,28 @@ def test_a_message_that_never_completes_becomes_a_dead_letter(settings):
     assert list(dead_letters()) == [message]
 
 
+def _relay_thread(*, poll: float):
+    """``relay_run`` in a thread with its own connection; returns (stop, thread)."""
+    from outbox.relay import relay_run
+
+    stop = threading.Event()
+    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=poll),
+                                             connection.close()))
+    relay.start()
+    return stop, relay
+
+
+def _fired_within(message, *, seconds: float):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if OutboxMessage.objects.filter(pk=message.pk, fired_at__isnull=False).exists():
+            break
+        time.sleep(0.05)
+    return OutboxMessage.objects.get(pk=message.pk).fired_at
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_relay_wakes_on_notify_not_only_on_its_poll():
     # A relay polling every 10 minutes still hands a new row over at once:
@@ -329,22 +351,12 @@ def test_the_relay_wakes_on_notify_not_only_on_its_poll():
     # sleep, so only the notification can explain a prompt hand-off).
     import time
 
-    from outbox.relay import relay_run
-
-    stop = threading.Event()
-    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=600),
-                                             connection.close()))
-    relay.start()
+    stop, relay = _relay_thread(poll=600)
     try:
         time.sleep(1.0)  # let it reach its first wait
         with transaction.atomic():
             message = outbox_publish(topic="test.notify", payload={})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if OutboxMessage.objects.filter(pk=message.pk, fired_at__isnull=False).exists():
-                break
-            time.sleep(0.05)
-        fired = OutboxMessage.objects.get(pk=message.pk).fired_at
+        fired = _fired_within(message, seconds=20)
     finally:
         stop.set()
         with transaction.atomic():  # one more notification so the relay sees the stop
@@ -361,12 +373,7 @@ def test_the_relay_survives_its_connections_being_killed():
     # before this was handled the thread died with the first broken wait.
     import time
 
-    from outbox.relay import relay_run
-
-    stop = threading.Event()
-    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=0.2),
-                                             connection.close()))
-    relay.start()
+    stop, relay = _relay_thread(poll=0.2)
     try:
         time.sleep(1.0)
         with connection.cursor() as cursor:
@@ -379,12 +386,7 @@ def test_the_relay_survives_its_connections_being_killed():
         time.sleep(0.5)
         with transaction.atomic():
             message = outbox_publish(topic="test.restart", payload={})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if OutboxMessage.objects.filter(pk=message.pk, fired_at__isnull=False).exists():
-                break
-            time.sleep(0.05)
-        fired = OutboxMessage.objects.get(pk=message.pk).fired_at
+        fired = _fired_within(message, seconds=20)
         alive = relay.is_alive()
     finally:
         stop.set()
