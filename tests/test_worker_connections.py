@@ -28,8 +28,30 @@ def test_a_connection_killed_between_tasks_is_replaced_before_the_next_task():
         cursor.execute("SELECT 1")  # the task that met the restart fails
 
     signals.task_postrun.send(sender=None)  # what the worker sends after it
-    signals.task_prerun.send(sender=None)   # and before the next task
+    signals.task_prerun.send(sender=None)   # and before the next task, at once
 
     with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_killed_while_the_worker_was_idle_is_checked_before_the_next_task(
+        monkeypatch):
+    # The chaos run: a pool process idle through a PostgreSQL restart failed
+    # its next task on the dead connection, minutes after the restart.
+    from config import celery as celery_config
+
+    app.finalize()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    signals.task_postrun.send(sender=None)
+    _kill_own_backend()
+    monkeypatch.setattr(celery_config, "_last_task_ended",
+                        celery_config._last_task_ended - 60)  # a minute without a task
+
+    signals.task_prerun.send(sender=None)
+
+    with connection.cursor() as cursor:  # the task's first query
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
