@@ -445,7 +445,7 @@ class ChaosStack:
 
     # A task that failed because its process's database connection is dead.
     DEAD_CONNECTION = re.compile(
-        r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+: \w+/(ForkPoolWorker-\d+)\] .*"
+        r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/(ForkPoolWorker-\d+)\] .*"
         r"OperationalError\('(the connection is (?:closed|lost)|terminating connection[^']*)",
         re.M)
 
@@ -456,7 +456,9 @@ class ChaosStack:
         spans: dict[str, list] = {}
         for name in sorted(n for n in self.procs if n.startswith("worker")):
             for at, process, _ in self.DEAD_CONNECTION.findall(self.log(name)):
-                when = datetime.datetime.strptime(at, "%Y-%m-%d %H:%M:%S")
+                # Milliseconds count: a task that met the next restart must
+                # not be dated into the window before it.
+                when = datetime.datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f")
                 if when > after and (before is None or when < before):
                     span = spans.setdefault(f"{name}/{process}", [when, when, 0])
                     span[1] = when
