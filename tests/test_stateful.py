@@ -63,6 +63,7 @@ from outbox.delivery import message_deliver
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway import services as fake
+from payments.fake_gateway.models import FakeIntent
 from payments.gateway import override_gateway
 from purchases.errors import IdempotencyKeyReused, IllegalTransition, SeatUnavailable
 from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat, SeatStatus
@@ -405,10 +406,18 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         saga = PurchaseSaga.objects.get(pk=sub.saga_id)
         was = saga.state
         charge_down = self.gateway.outages.get("charge", 0) != 0
+        # A cancel already reached the processor (an expiry whose worker died
+        # before recording the answer): no charge can land, the saga unwinds.
+        canceled = FakeIntent.objects.filter(
+            intent_id=saga.intent_id, status=FakeIntent.Status.CANCELED).exists()
         crash = self._crash_armed()
         result = self._survive(saga_charge, saga_id=sub.saga_id)
         if result is None or crash:
             pass  # a worker died somewhere on the way: no expectation
+        elif was == S.PENDING and canceled and not charge_down:
+            assert result.state == S.COMPENSATED, (
+                f"{sub.payment_method}: charge of a canceled intent ended {result.state}"
+            )
         elif was == S.PENDING and not charge_down:
             expected = {
                 "pm_card_visa": S.CONFIRMED,

@@ -249,6 +249,26 @@ def test_an_expiry_check_delivered_again_after_a_crash_arms_its_successor_once(
     assert _state(saga) == "UNKNOWN" and _seat(event) == "held"
 
 
+@pytest.mark.django_db
+def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(
+        alice, event, gateway):
+    # Found by the stateful test (1,000 examples): the expiry's cancel reached
+    # the processor and its worker died before recording the answer; the
+    # charge task then runs. The processor refuses the charge, so nothing can
+    # land: the saga unwinds and the seat goes back on sale, with no charge.
+    from payments.fake_gateway import services as fake
+
+    saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
+    fake.intent_cancel(intent_id=saga.intent_id)
+
+    saga = saga_charge(saga_id=saga.pk)
+
+    assert saga.state == "COMPENSATED"
+    assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 0
+    assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 0
+    assert _seat(event) == "available"
+
+
 # --- Seed 000's four properties ---------------------------------------------
 
 
