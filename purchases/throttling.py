@@ -22,9 +22,6 @@ class TokenThrottle(AnonRateThrottle):
     scope = "auth_token"
 
     def get_rate(self):
+        # Counted per address: the token view authenticates nobody, so every
+        # caller is anonymous here, whatever credentials it sends.
         return settings.AUTH_TOKEN_THROTTLE_RATE
-
-    def get_cache_key(self, request, view):
-        # Per address whatever credentials come along: the endpoint is where
-        # credentials are guessed.
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
