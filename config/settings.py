@@ -173,6 +173,9 @@ FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = env.float(
     "FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", default=PAYMENT_GATEWAY_TIMEOUT_SECONDS + 1.0
 )
 FAKE_GATEWAY_LATENCY_MS = env.int("FAKE_GATEWAY_LATENCY_MS", default=0)
+# Share (0..1) of successful charges whose answer the fake loses after
+# charging, whatever the payment method (the chaos suite sets 0.3).
+FAKE_GATEWAY_CHAOS_TIMEOUT_RATE = env.float("FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", default=0.0)
 
 # --- outbox relay -------------------------------------------------------------
 OUTBOX_POLL_SECONDS = env.float("OUTBOX_POLL_SECONDS", default=1.0)

@@ -82,6 +82,7 @@ LONG = Scenario("long", load_seconds=420, threads=4, mean_gap=1.0, kill_every=4,
 
 @pytest.mark.django_db
 def test_the_chaos_knob_makes_a_charge_that_landed_time_out(settings):
+    assert fake.chaos_timeout_rate() == 0.0  # the default is off
     # given: every successful charge loses its answer
     settings.FAKE_GATEWAY_CHAOS_TIMEOUT_RATE = 1.0
     charge = {"idempotency_key": "pi_chaos", "amount": 2500, "currency": "EUR",
@@ -95,12 +96,10 @@ def test_the_chaos_knob_makes_a_charge_that_landed_time_out(settings):
     assert first.times_out and first.status_code == 200
     assert FakeCharge.objects.filter(intent_id="pi_chaos").count() == 1
     assert not again.times_out and again.body == first.body
-    # a decline is never turned into a timeout; and the default is off
+    # a decline is never turned into a timeout
     declined = fake.intent_charge(intent_id="pi_chaos_d", **{
         **charge, "idempotency_key": "pi_chaos_d", "payment_method": "pm_card_chargeDeclined"})
     assert not declined.times_out
-    del settings.FAKE_GATEWAY_CHAOS_TIMEOUT_RATE
-    assert fake.chaos_timeout_rate() == 0.0
 
 
 # --- the stack ---------------------------------------------------------------------

@@ -26,16 +26,15 @@ Test payment methods (``shared/API.md``):
 - ``pm_card_unreachable``: every call times out and charges nothing; the intent
   reads ``requires_payment`` until cancelled.
 
-Chaos: ``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE`` (0..1, a setting or an environment
-variable, read at each call, default 0) makes that share of successful charges,
-whatever the payment method, behave like ``pm_card_timeout_charged``: the
-charge and its stored answer commit, and the answer times out.
+Chaos: the setting ``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE`` (0..1, default 0)
+makes that share of successful charges, whatever the payment method, behave
+like ``pm_card_timeout_charged``: the charge and its stored answer commit,
+and the answer times out.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -218,15 +217,8 @@ def _charge_locked(
 
 
 def chaos_timeout_rate() -> float:
-    """``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE``, from the settings or else the
-    environment, read per call so a running server can be told at any time."""
-    raw = getattr(settings, "FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", None)
-    if raw is None:
-        raw = os.environ.get("FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", "")
-    try:
-        return min(1.0, max(0.0, float(raw or 0)))
-    except (TypeError, ValueError):
-        return 0.0
+    """``settings.FAKE_GATEWAY_CHAOS_TIMEOUT_RATE``, clamped to 0..1."""
+    return min(1.0, max(0.0, float(settings.FAKE_GATEWAY_CHAOS_TIMEOUT_RATE)))
 
 
 def _chaos_loses_answer() -> bool:
