@@ -116,14 +116,14 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
         return "skipped"
     pending = [(name, handle) for name, handle in consumers_for(message.topic)
                if name not in message.already_ran]
+    outside = [(name, handle) for name, handle in pending if not _is_transactional(handle)]
+    inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
     ran: list[str] = []
     try:
-        for name, handle in pending:
-            if not _is_transactional(handle):
-                handle(message)
-                ran.append(name)
+        for name, handle in outside:
+            handle(message)
+            ran.append(name)
         with transaction.atomic(durable=True):
-            inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
             for _, handle in inside:
                 handle(message)
             _record(message, ran + [name for name, _ in inside])
