@@ -89,6 +89,7 @@ DRIVING_TOPICS = (
     services.TOPIC_HOLD_RECHECK,
 )
 ESCALATED = (S.UNKNOWN_EXPIRED, S.COMPENSATION_PENDING)
+COMPENSATION_UNFINISHED = (S.COMPENSATING, S.COMPENSATION_PENDING)
 COMPENSATION_STATES = (S.COMPENSATING, S.COMPENSATION_PENDING, S.COMPENSATED)
 UNKNOWN_STATES = (S.UNKNOWN, S.UNKNOWN_EXPIRED)
 
@@ -237,6 +238,7 @@ class _Audit:
         self.now = now
         self.cutoff = cutoff
         self.report = AuditReport(started_at=now)
+        self.compensation_deadline = timedelta(seconds=settings.COMPENSATION_DEADLINE_SECONDS)
         # intent id -> why the gateway gave no answer about it
         self.unanswered: dict[str, str] = {}
         self.failures_in_a_row = 0
@@ -321,7 +323,7 @@ class _Audit:
     def check_sagas(self, *, chunk_size: int) -> None:
         sagas = (
             PurchaseSaga.objects.order_by("pk")
-            .only("id", "intent_id", "state", "version", "updated_at")
+            .only("id", "intent_id", "state", "version", "updated_at", "compensation_started_at")
             .iterator(chunk_size=chunk_size)
         )
         for chunk in _batched(sagas, chunk_size):
@@ -490,6 +492,20 @@ class _Audit:
                           f"{topic} not processed by {consumer} after {self.age(created_at)}")
 
     def _check_stuck(self, saga: PurchaseSaga, alerts: list[datetime], driven: bool) -> None:
+        started = saga.compensation_started_at
+        if (
+            saga.state in COMPENSATION_UNFINISHED
+            and started is not None
+            and started + self.compensation_deadline <= self.cutoff
+        ):
+            # Past its deadline (with the usual grace) a compensation must be
+            # named by an alert raised since it started, however busy its
+            # retries keep it: being driven is not being settled.
+            if not any(at >= started for at in alerts):
+                self.flag(NO_SILENT_STUCK, saga.pk, saga.intent_id,
+                          f"{saga.state}: compensation started {self.age(started)} ago, past "
+                          "its deadline, and no alert names it")
+            return
         if saga.updated_at > self.cutoff or driven:
             return
         # The alert must name the saga in its current state, not an earlier one.

@@ -117,6 +117,14 @@ class PurchaseSaga(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # When the compensation began (the first move to COMPENSATING). The
+    # chaser's deadline runs from here: every refund retry moves the saga and
+    # resets ``updated_at``, so a deadline measured from that never arrives.
+    compensation_started_at = models.DateTimeField(null=True, blank=True)
+    # Set when the gateway contradicted the ledger (a refund answered "not
+    # charged"): nothing automatic drives the saga any more, an alert names
+    # it, and the next move (an operator's) clears it.
+    awaiting_operator_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -126,17 +126,27 @@ def _transition(
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
+    changes = {
+        "state": to,
+        "version": F("version") + 1,
+        "updated_at": now,
+        "attempts": F("attempts") + (1 if count_attempt else 0),
+        # Any move ends a wait for an operator (the move is the verdict).
+        "awaiting_operator_since": None,
+    }
+    if to == S.COMPENSATING and saga.compensation_started_at is None:
+        changes["compensation_started_at"] = now
     updated = PurchaseSaga.objects.filter(pk=saga.pk, state=source, version=saga.version).update(
-        state=to,
-        version=F("version") + 1,
-        updated_at=now,
-        attempts=F("attempts") + (1 if count_attempt else 0),
+        **changes
     )
     if updated != 1:
         raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
     saga.state = to
     saga.version += 1
     saga.updated_at = now
+    saga.awaiting_operator_since = None
+    saga.compensation_started_at = changes.get("compensation_started_at",
+                                               saga.compensation_started_at)
     if count_attempt:
         saga.attempts += 1
     SagaHistory.objects.create(
@@ -736,9 +746,17 @@ def _next_probe_or_escalate(
     raise_operator_alert(saga, why="reconciliation exhausted", now=now)
 
 
-def raise_operator_alert(saga: PurchaseSaga, *, why: str, now: datetime) -> bool:
-    """Alert once per saga per escalation (its version); True if raised now."""
-    key = f"needs_operator:{saga.pk}:{saga.version}"
+def raise_operator_alert(
+    saga: PurchaseSaga, *, why: str, now: datetime, once_per: str | None = None
+) -> bool:
+    """Alert once per saga per escalation; True if raised now.
+
+    An escalation is the saga's version by default (a move to an escalated
+    state is one escalation). ``once_per`` names one that outlives versions,
+    such as a compensation past its deadline, whose refund retries move the
+    saga again and again: keyed by version it would be raised on every retry.
+    """
+    key = f"needs_operator:{saga.pk}:{once_per or saga.version}"
     if OutboxMessage.objects.filter(key=key).exists():
         return False
     logger.error("saga needs an operator: %s", why, **_log(saga, alert="saga_needs_operator"))
@@ -993,6 +1011,11 @@ def saga_compensate(
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         state = SagaState(saga.state)
+        if saga.awaiting_operator_since is not None and actor != Actor.OPERATOR:
+            # The gateway contradicted the ledger: only an operator's verdict
+            # moves this saga (a late retry timer or the resumer must not).
+            logger.info("compensation skipped: waiting for an operator", **_log(saga))
+            return saga
         if (
             state in _COMPENSABLE
             or (state == S.CONFIRMED and refund_confirmed)
@@ -1029,6 +1052,24 @@ def saga_compensate(
             )
             if saga.version != version or saga.state != S.COMPENSATING:
                 return saga
+            if result.outcome == RefundOutcome.NOT_CHARGED:
+                # Definitive, and a contradiction: our ledger says charged, the
+                # gateway says not. Asking again cannot change that; an
+                # operator compares the two (docs: the runbook).
+                _transition(
+                    saga,
+                    S.COMPENSATION_PENDING,
+                    reason="refund refused: the gateway has no charge; waiting for an operator",
+                    now=now,
+                    actor=actor,
+                    actor_name=actor_name,
+                )
+                PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=now)
+                saga.awaiting_operator_since = now
+                raise_operator_alert(
+                    saga, why="the gateway has no charge for a refund the ledger owes", now=now
+                )
+                return saga
             if result.outcome != RefundOutcome.REFUNDED:
                 _transition(
                     saga,
@@ -1039,10 +1080,6 @@ def saga_compensate(
                     actor_name=actor_name,
                 )
                 _arm_refund_retry(saga, now=now)
-                if result.outcome == RefundOutcome.NOT_CHARGED:
-                    raise_operator_alert(
-                        saga, why="ledger has a charge the gateway does not", now=now
-                    )
                 return saga
         refund_reference = f"refund:{saga.intent_id}"
 

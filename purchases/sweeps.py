@@ -37,6 +37,7 @@ S = SagaState
 # of these is not stale, it is on schedule.
 DRIVING_TOPICS = (services.TOPIC_RECONCILE, services.TOPIC_REFUND_RETRY,
                   services.TOPIC_HOLD_RECHECK)
+COMPENSATION_UNFINISHED = (S.COMPENSATING, S.COMPENSATION_PENDING)
 RESUMABLE = (S.PENDING, S.CHARGING, S.UNKNOWN, S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING,
              S.COMPENSATION_PENDING)
 
@@ -116,7 +117,8 @@ def stale_sagas(*, older_than: int, now: datetime, limit: int | None = None):
     """Live sagas not moved for ``older_than`` seconds and not on a timer."""
     cutoff = now - timedelta(seconds=older_than)
     qs = (
-        PurchaseSaga.objects.filter(state__in=RESUMABLE, updated_at__lt=cutoff)
+        PurchaseSaga.objects.filter(state__in=RESUMABLE, updated_at__lt=cutoff,
+                                    awaiting_operator_since__isnull=True)
         .exclude(Exists(_driving_timer(overdue_before=cutoff)))
         .order_by("updated_at")
     )
@@ -235,9 +237,11 @@ class ChaseLine:
 def sweep_chase(*, deadline: int | None = None, now: datetime | None = None) -> list[ChaseLine]:
     """``manage.py chase_compensations``: escalate what waits too long.
 
-    COMPENSATION_PENDING longer than the deadline, and every UNKNOWN_EXPIRED
-    saga, raise an alert each: once per saga per escalation (the alert is an
-    outbox row keyed by the saga's version), not on every run.
+    A compensation still unfinished ``deadline`` seconds after it *started*
+    (not after its last move: each refund retry moves the saga), and every
+    UNKNOWN_EXPIRED saga, raise an alert each, once: the alert is an outbox
+    row whose key names the escalation (the compensation's deadline, or the
+    version that escalated), not on every run.
     """
     now = now or timezone.now()
     deadline = settings.COMPENSATION_DEADLINE_SECONDS if deadline is None else deadline
@@ -245,18 +249,26 @@ def sweep_chase(*, deadline: int | None = None, now: datetime | None = None) -> 
     with heartbeat("chase_compensations", now=now) as pulse:
         overdue = list(
             PurchaseSaga.objects.filter(
-                state=S.COMPENSATION_PENDING, updated_at__lt=now - timedelta(seconds=deadline)
+                state__in=COMPENSATION_UNFINISHED,
+                compensation_started_at__lt=now - timedelta(seconds=deadline),
             ).values_list("pk", flat=True)
         ) + list(PurchaseSaga.objects.filter(state=S.UNKNOWN_EXPIRED).values_list("pk", flat=True))
         pulse.seen = len(overdue)
         for saga_id in overdue:
             with transaction.atomic(durable=True):
                 saga = lock_objects.saga_for_update_skip_locked(saga_ids=[saga_id]).first()
-                if saga is None or saga.state not in (S.COMPENSATION_PENDING, S.UNKNOWN_EXPIRED):
+                if saga is None:
+                    continue  # someone is driving it right now; the next run looks again
+                if saga.state == S.UNKNOWN_EXPIRED:
+                    alerted = services.raise_operator_alert(
+                        saga, why="charge outcome unknown", now=now)
+                elif saga.state in COMPENSATION_UNFINISHED:
+                    alerted = services.raise_operator_alert(
+                        saga, now=now, once_per="compensation_deadline",
+                        why=f"compensation unfinished past its deadline (started "
+                            f"{saga.compensation_started_at.isoformat()})")
+                else:
                     continue
-                why = ("compensation pending past its deadline"
-                       if saga.state == S.COMPENSATION_PENDING else "charge outcome unknown")
-                alerted = services.raise_operator_alert(saga, why=why, now=now)
             pulse.acted += int(alerted)
             lines.append(ChaseLine(str(saga_id), saga.state, alerted))
     return lines
