@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet
 
 from ledger.models import EntryKind, LedgerEntry
 
@@ -37,12 +37,28 @@ def purchase_list(*, user) -> QuerySet[PurchaseSaga]:
 
 
 def purchase_get(*, user, saga_id) -> PurchaseSaga | None:
-    """The caller's purchase, or None (another user's is as missing as a missing one)."""
+    """The caller's purchase, or None (another user's is as missing as a missing one).
+
+    With what the buyer's history needs (``buyer_history``), in the same
+    queries whatever its length: the moves only (``moves``; a note, from ==
+    to, is not a move and stays in the admin) and whether the ledger has a
+    refund (``has_refund``).
+    """
     return (
         _with_seats(PurchaseSaga.objects.filter(buyer=user, pk=saga_id))
+        .annotate(
+            has_refund=Exists(
+                LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"),
+                                           kind=EntryKind.REFUND)
+            )
+        )
         .prefetch_related(
-            Prefetch("history", queryset=SagaHistory.objects.order_by("at", "id"),
-                     to_attr="timeline")
+            Prefetch(
+                "history",
+                queryset=SagaHistory.objects.exclude(from_state=F("to_state"))
+                .order_by("at", "id"),
+                to_attr="moves",
+            )
         )
         .first()
     )

@@ -3,6 +3,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from .buyer_history import buyer_history
 from .models import Event, PurchaseSaga, Seat
 from .selectors import saga_payment_status, saga_seat_refs
 
@@ -54,14 +55,16 @@ class PurchaseRequestSerializer(serializers.Serializer):
 
 
 class HistoryEntrySerializer(serializers.Serializer):
+    """One move as the buyer reads it (``buyer_history.BuyerMove``). The
+    actor, operators' notes and diagnostics stay in the admin (docs/API.md)."""
+
     def get_fields(self):
         # "from" is a Python keyword, so the fields are declared here.
         return {
             "from": serializers.CharField(source="from_state", allow_null=True),
             "to": serializers.CharField(source="to_state"),
             "at": serializers.DateTimeField(),
-            "reason": serializers.CharField(),
-            "actor": serializers.CharField(),
+            "reason": serializers.CharField(help_text="A sentence written for the buyer"),
         }
 
 
@@ -103,8 +106,7 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
         return {"intent_id": saga.intent_id, "status": saga_payment_status(saga)}
 
     def get_history(self, saga) -> HistoryEntrySerializer(many=True):
-        entries = getattr(saga, "timeline", None) or saga.history.order_by("at", "id")
-        return HistoryEntrySerializer(entries, many=True).data
+        return HistoryEntrySerializer(buyer_history(saga), many=True).data
 
 
 class PurchaseAcceptedSerializer(serializers.Serializer):
