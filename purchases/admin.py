@@ -25,7 +25,9 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from config.admin import ReadOnlyAdminMixin
 from ledger.models import LedgerEntry
+from ledger.money import format_money
 from outbox.models import OutboxMessage
 
 from .errors import DomainError, IllegalTransition
@@ -61,20 +63,6 @@ _GUIDANCE = {
         "the refund) after manual check."
     ),
 }
-
-_ZERO_DECIMAL_CURRENCIES = frozenset({"CLP", "ISK", "JPY", "KRW", "VND"})
-
-
-def _money(amount: int | None, currency: str) -> str:
-    """Integer minor units as "1,234.50 EUR" (never through a float)."""
-    if amount is None:
-        return "-"
-    exponent = 0 if currency.upper() in _ZERO_DECIMAL_CURRENCIES else 2
-    sign = "-" if amount < 0 else ""
-    major, minor = divmod(abs(amount), 10**exponent)
-    text = f"{major:,}" + (f".{minor:0{exponent}d}" if exponent else "")
-    return f"{sign}{text} {currency}"
-
 
 # --- private selectors (reads only) ---------------------------------------------
 
@@ -128,11 +116,11 @@ def _saga_timeline(saga: PurchaseSaga) -> dict:
         "history": list(SagaHistory.objects.filter(saga=saga).order_by("at", "id")),
         "probes": list(ReconciliationProbe.objects.filter(saga=saga).order_by("at", "id")),
         "outbox": outbox,
-        "ledger": [(e, _money(e.amount, e.currency)) for e in ledger],
+        "ledger": [(e, format_money(e.amount, e.currency)) for e in ledger],
         "ledger_net": ledger_net,
-        "ledger_net_display": _money(ledger_net, saga.currency),
+        "ledger_net_display": format_money(ledger_net, saga.currency),
         "reservation": saga.reservation,
-        "reservation_total": _money(saga.reservation.total_amount, saga.reservation.currency),
+        "reservation_total": format_money(saga.reservation.total_amount, saga.reservation.currency),
         "seat_links": list(
             ReservationSeat.objects.filter(reservation_id=saga.reservation_id)
             .select_related("seat")
@@ -166,8 +154,8 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
     else:
         captured = sum(c.amount for c in charges if c.status == "succeeded")
         view.update(
-            charges=[(c, _money(c.amount, saga.currency)) for c in charges],
-            captured=_money(captured, saga.currency),
+            charges=[(c, format_money(c.amount, saga.currency)) for c in charges],
+            captured=format_money(captured, saga.currency),
             agrees_with_ledger=captured == ledger_net,
         )
     return view
@@ -276,7 +264,7 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
 
     @admin.display(description="total", ordering="amount")
     def total(self, obj):
-        return _money(obj.amount, obj.currency)
+        return format_money(obj.amount, obj.currency)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -431,16 +419,27 @@ class EventAdmin(admin.ModelAdmin):
 
 
 @admin.register(Seat)
-class SeatAdmin(admin.ModelAdmin):
-    list_display = ["ref", "event", "status", "price_amount", "currency"]
+class SeatAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    # Read-only: prices and seat status change only through the services.
+    list_display = ["ref", "event", "status", "price"]
     list_filter = ["event", "status"]
-    readonly_fields = ["status"]
+    fields = ["event", "ref", "row", "number", "price", "status"]
+    readonly_fields = fields
+
+    @admin.display(description="price", ordering="price_amount")
+    def price(self, obj):
+        return format_money(obj.price_amount, obj.currency)
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
-    list_display = ["ref", "event", "buyer", "status", "hold_expires_at", "total_amount"]
+class ReservationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    # Read-only: a reservation moves only with its saga.
+    list_display = ["ref", "event", "buyer", "status", "hold_expires_at", "total"]
     list_filter = ["status", "event"]
     search_fields = ["ref", "buyer__username"]
-    readonly_fields = ["ref", "event", "buyer", "status", "hold_expires_at", "total_amount",
-                       "currency", "created_at"]
+    fields = ["ref", "event", "buyer", "status", "hold_expires_at", "total", "created_at"]
+    readonly_fields = fields
+
+    @admin.display(description="total", ordering="total_amount")
+    def total(self, obj):
+        return format_money(obj.total_amount, obj.currency)

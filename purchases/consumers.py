@@ -16,6 +16,7 @@ from django.core.mail import EmailMessage
 from django.db import transaction
 from django.template.loader import render_to_string
 
+from ledger.money import format_money
 from outbox.models import OutboxMessage
 
 from . import services
@@ -63,7 +64,9 @@ def _send(kind: str, template: str, subject: str, message: OutboxMessage) -> Non
     buyer = facts.get("buyer")
     if buyer is None:  # a message written before the payload carried the buyer
         buyer = get_user_model().objects.values("username", "email").get(pk=facts["buyer_id"])
-    context = {**facts, "buyer": buyer, "amount_display": f"{facts['amount'] / 100:.2f}"}
+    # In the currency's own decimals: "5,000 JPY", "1.234 KWD" (never amount / 100).
+    amount_display = format_money(facts["amount"], facts["currency"])
+    context = {**facts, "buyer": buyer, "amount_display": amount_display}
     EmailMessage(
         subject=subject,
         body=render_to_string(template, context),

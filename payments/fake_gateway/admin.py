@@ -1,50 +1,61 @@
-"""Read-mostly admin views of the fake processor's tables, for poking at what
-"the processor" holds during a demo."""
+"""Read-only admin views of the fake processor's tables, for looking at what
+"the processor" holds during a demo. Nobody edits them by hand: a real
+processor's records are not ours to change, and the saga reads them only
+through the gateway's API."""
 
 from django.contrib import admin
+
+from config.admin import ReadOnlyAdminMixin
+from ledger.money import format_money
 
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
 
 
-class FakeChargeInline(admin.TabularInline):
+@admin.display(description="amount", ordering="amount")
+def amount_display(obj):
+    # Null on an intent cancelled before any charge named an amount (shown "-").
+    return None if obj.amount is None else format_money(obj.amount, obj.currency)
+
+
+class FakeChargeInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = FakeCharge
     extra = 0
-    can_delete = False
-    readonly_fields = ("id", "amount", "currency", "status", "created")
+    fields = readonly_fields = ("id", amount_display, "status", "created")
 
 
 @admin.register(FakeIntent)
-class FakeIntentAdmin(admin.ModelAdmin):
-    list_display = ("intent_id", "status", "amount", "currency", "payment_method", "updated")
+class FakeIntentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("intent_id", "status", amount_display, "payment_method", "updated")
     list_filter = ("status", "payment_method")
     search_fields = ("intent_id",)
-    readonly_fields = ("created", "updated")
+    fields = readonly_fields = (
+        "intent_id", "status", amount_display, "payment_method", "created", "updated")
     inlines = [FakeChargeInline]
 
 
 @admin.register(FakeCharge)
-class FakeChargeAdmin(admin.ModelAdmin):
-    list_display = ("id", "intent", "amount", "currency", "status", "created")
+class FakeChargeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "intent", amount_display, "status", "created")
     list_filter = ("status",)
     search_fields = ("id", "intent__intent_id")
-    readonly_fields = ("id", "created")
+    fields = readonly_fields = ("id", "intent", amount_display, "status", "created")
 
 
 @admin.register(FakeIdempotentAnswer)
-class FakeIdempotentAnswerAdmin(admin.ModelAdmin):
+class FakeIdempotentAnswerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("endpoint", "idempotency_key", "intent_id", "status_code", "created")
     list_filter = ("endpoint", "status_code")
     search_fields = ("idempotency_key", "intent_id")
 
 
 @admin.register(FakeDroppedCharge)
-class FakeDroppedChargeAdmin(admin.ModelAdmin):
+class FakeDroppedChargeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("idempotency_key", "intent_id", "created")
     search_fields = ("idempotency_key", "intent_id")
 
 
 @admin.register(FakeRequest)
-class FakeRequestAdmin(admin.ModelAdmin):
+class FakeRequestAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "created",
         "endpoint",
