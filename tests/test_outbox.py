@@ -344,26 +344,93 @@ def _fired_within(message, *, seconds: float):
     return OutboxMessage.objects.get(pk=message.pk).fired_at
 
 
+class _RelayProbe:
+    """Watches ``relay_run`` from inside: when it enters its wait (and for how
+    long it means to wait), when each pass starts, which rows each pass hands
+    over."""
+
+    def __init__(self, monkeypatch):
+        import time
+
+        from outbox import relay as relay_module
+
+        self.waiting = threading.Event()  # the relay is inside its wait
+        self.handed = threading.Event()  # a pass handed rows over (and marked them)
+        self.wait_timeouts: list[float] = []
+        self.pass_started: list[float] = []  # monotonic start of pass n+1
+        self.handed_by: list[tuple[int, list[int]]] = []  # (pass number, ids)
+        self._lock = threading.Lock()
+        self._current = threading.local()
+        original_wait = relay_module._Listener.wait
+        original_pass = relay_module._pass
+        original_hand_over = relay_module._celery_hand_over
+
+        def wait(listener, timeout):
+            self.wait_timeouts.append(timeout)
+            self.waiting.set()
+            return original_wait(listener, timeout)
+
+        def a_pass(**kwargs):
+            with self._lock:
+                self.pass_started.append(time.monotonic())
+                self._current.n = len(self.pass_started)
+            handed, due = original_pass(**kwargs)
+            if handed:
+                self.handed.set()
+            return handed, due
+
+        def hand_over(ids):
+            self.handed_by.append((self._current.n, list(ids)))
+            return original_hand_over(ids)
+
+        monkeypatch.setattr(relay_module._Listener, "wait", wait)
+        monkeypatch.setattr(relay_module, "_pass", a_pass)
+        monkeypatch.setattr(relay_module, "_celery_hand_over", hand_over)
+
+
+def _wake_listeners() -> None:
+    """A bare NOTIFY on the relay's channel, whatever the product's _notify does."""
+    from outbox.services import NOTIFY_CHANNEL
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_relay_wakes_on_notify_not_only_on_its_poll():
-    # A relay polling every 10 minutes still hands a new row over at once:
-    # the commit's NOTIFY wakes it (the row was published after it went to
-    # sleep, so only the notification can explain a prompt hand-off).
+def test_the_relay_wakes_on_notify_not_only_on_its_poll(monkeypatch, broker_queue):
+    # A relay polling every 10 minutes hands a new row over at once: the
+    # commit's NOTIFY wakes it. We know it is inside its wait (its first pass
+    # found nothing) before the row is published, the test gives up long
+    # before the poll would end that wait, and the row must be handed over by
+    # a pass that started after the publish: only the notification explains it.
     import time
 
-    stop, relay = _relay_thread(poll=600)
+    poll = 600.0
+    deadline = 20.0
+    probe = _RelayProbe(monkeypatch)
+    stop, relay = _relay_thread(poll=poll)
     try:
-        time.sleep(1.0)  # let it reach its first wait
+        assert probe.waiting.wait(deadline), "the relay never reached its wait"
+        assert probe.wait_timeouts == [poll]  # asleep for the whole poll
+        assert probe.handed_by == []  # its pass before the wait found nothing
+        passes_before = len(probe.pass_started)
+        published_at = time.monotonic()
         with transaction.atomic():
             message = outbox_publish(topic="test.notify", payload={})
-        fired = _fired_within(message, seconds=20)
+        woken = probe.handed.wait(deadline)
+        handed_after = time.monotonic() - published_at
     finally:
         stop.set()
-        with transaction.atomic():  # one more notification so the relay sees the stop
-            outbox_publish(topic="test.notify", payload={})
+        _wake_listeners()  # so that the relay sees the stop, even without a working NOTIFY
         relay.join(30)
-    assert fired is not None, "the relay slept through the notification"
     assert not relay.is_alive()
+    assert woken, f"the relay slept through the commit's NOTIFY (poll {poll}s)"
+    assert handed_after < deadline < poll
+    [(pass_number, ids)] = probe.handed_by
+    assert ids == [message.pk]
+    assert pass_number > passes_before
+    assert probe.pass_started[pass_number - 1] > published_at
+    assert OutboxMessage.objects.get(pk=message.pk).fired_at is not None
 
 
 @pytest.mark.django_db(transaction=True)

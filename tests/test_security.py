@@ -5,20 +5,24 @@ import os
 import secrets
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
-from kombu import Connection, Consumer, Exchange, Producer, Queue
-from kombu.exceptions import ContentDisallowed
+from django.db import transaction
+from kombu import Connection, Producer
 from rest_framework.test import APIClient
 
+from outbox.models import InboxEntry, OutboxMessage
+from outbox.services import outbox_publish
 from purchases.models import IdempotencyRecord, PurchaseSaga
 from purchases.services import saga_charge
 
 from .conftest import _client_for, purchase_body, start_purchase
 from .factories import EventFactory, UserFactory
+from .stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,23 +204,77 @@ def test_celery_speaks_json_only():
     assert app.conf.event_serializer == "json"
 
 
-def test_a_pickled_message_is_refused_by_our_consumers():
+REFUSED = "Received invalid task message: Refusing to deserialize untrusted content of type pickle"
+
+
+def _publish_task(producer, queue, *, task: str, args: list, serializer: str) -> str:
+    """A task message as Celery's protocol 2 lays it out (headers carry the
+    routing facts, the body is ``(args, kwargs, embed)``), in ``serializer``."""
+    task_id = str(uuid.uuid4())
+    headers = {
+        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None,
+        "expires": None, "group": None, "group_index": None, "retries": 0,
+        "timelimit": [None, None], "root_id": task_id, "parent_id": None,
+        "argsrepr": repr(args), "kwargsrepr": "{}", "origin": "test-security",
+        "ignore_result": True,
+    }
+    body = (args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    producer.publish(body, serializer=serializer, headers=headers, exchange=queue.exchange,
+                     routing_key=queue.routing_key, correlation_id=task_id, retry=True)
+    return task_id
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_path,
+                                                                         broker_queue):
+    # A real worker, started as the E2E stories start it, on this session's
+    # queue. Two messages for outbox.deliver, whose run completes an outbox
+    # row: the first pickled (the bytes a forged message would carry), the
+    # second JSON. The worker takes them in order, one at a time.
     from django.conf import settings
 
     from config.celery import app
 
-    queue = Queue(f"pickle-probe-{os.getpid()}", Exchange("pickle-probe"), "probe",
-                  auto_delete=True)
-    with Connection(settings.CELERY_BROKER_URL) as conn:
-        producer = Producer(conn.channel(), exchange=queue.exchange, routing_key="probe")
-        queue(producer.channel).declare()
-        producer.publish({"evil": "payload"}, serializer="pickle")
-        received = []
-        with Consumer(conn.channel(), queues=[queue], accept=app.conf.accept_content,
-                      callbacks=[lambda body, msg: received.append(body)]):
-            with pytest.raises(ContentDisallowed):
-                conn.drain_events(timeout=5)
-        assert received == []
+    with transaction.atomic():
+        pickled_row = outbox_publish(topic="test.pickle_probe", payload={})
+        json_row = outbox_publish(topic="test.pickle_probe", payload={})
+    stack = Stack(gateway_url="http://127.0.0.1:9/unused", workdir=tmp_path)
+    stack.start_worker(concurrency=1)
+    try:
+        stack.wait_ready()
+        queue = app.amqp.queues[settings.CELERY_TASK_DEFAULT_QUEUE]
+        with Connection(settings.CELERY_BROKER_URL) as conn:
+            channel = conn.default_channel
+            queue(channel).declare()
+            producer = Producer(channel)
+            pickled_id = _publish_task(producer, queue, task="outbox.deliver",
+                                       args=[pickled_row.pk], serializer="pickle")
+            json_id = _publish_task(producer, queue, task="outbox.deliver",
+                                    args=[json_row.pk], serializer="json")
+
+        def done(row):
+            return OutboxMessage.objects.filter(pk=row.pk, completed_at__isnull=False).exists()
+
+        def worker_log() -> str:
+            return (tmp_path / "worker.log").read_text(errors="replace")
+
+        json_ran = f"Task outbox.deliver[{json_id}] succeeded"
+        stack.wait_for(lambda: done(json_row) and json_ran in worker_log(),
+                       "the JSON task to run", timeout=30)
+        # One worker process, one message at a time, in order: the pickled
+        # message was taken before the JSON one, so its fate is settled.
+        ran_pickled = done(pickled_row)
+        stack.check_alive()
+        log = worker_log()
+    finally:
+        stack.stop()
+
+    # the pickled message was refused before it became a task: never run
+    assert not ran_pickled, "the worker ran a pickled task message"
+    assert not InboxEntry.objects.filter(message=pickled_row).exists()
+    assert f"[{pickled_id}]" not in log, log[-6000:]
+    assert f"{REFUSED} (application/x-python-serialize)" in log, log[-6000:]
 
 
 # --- production settings -------------------------------------------------------------------

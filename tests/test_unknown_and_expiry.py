@@ -16,6 +16,7 @@ from outbox.delivery import message_deliver
 from outbox.models import OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway.models import FakeCharge, FakeIntent
+from purchases.errors import IllegalTransition
 from purchases.models import PurchaseSaga, ReconciliationProbe, Seat
 from purchases.services import (
     purchase_refund,
@@ -436,7 +437,7 @@ def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_g
         saga_compensate(saga_id=declined.pk)
         # refund twice
         purchase_refund(saga_id=unknown.pk, reason="r")
-        with pytest.raises(Exception):  # noqa: B017 - not CONFIRMED any more
+        with pytest.raises(IllegalTransition, match="from COMPENSATED to COMPENSATING"):
             purchase_refund(saga_id=unknown.pk, reason="r")
         saga_compensate(saga_id=unknown.pk)
         # every outbox message delivered twice
