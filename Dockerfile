@@ -1,5 +1,6 @@
-# One image for every process of the stack (web, worker, relay, beat); the
-# command picks the role. See docker-compose.yml.
+# One image for every process of the stack (web, worker, relay, beat, and the
+# fake card processor `gateway`); the command and the environment pick the
+# role. See docker-compose.yml.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test bench chaos install lint clean
+.PHONY: run test manage bench chaos install lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ run: install
 
 test: install
 	scripts/with-services.sh $(BIN)/pytest $(PYTEST_ARGS)
+
+# Any manage.py command with the environment of `make run` (scripts/env.sh),
+# e.g. from a second shell while it runs: make manage CMD="audit_sagas".
+manage: install
+	scripts/manage.sh $(CMD)
 
 # Not timed tests: the benchmark, each figure beside a baseline measured in
 # the same run (bench/README.md). BENCH_ARGS=--full for the long variants.

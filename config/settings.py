@@ -56,6 +56,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "config.urls"
+# The fake gateway's own process serves only its URLs
+# (payments.fake_gateway.standalone_urls, docker-compose.yml's gateway service).
+ROOT_URLCONF = env.str("ROOT_URLCONF", default=ROOT_URLCONF)
 WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 

@@ -4,22 +4,15 @@
 # transport under var/ (no server needed). Running it again reuses both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PWD/.venv/bin:$PATH"
-export DEBUG="${DEBUG:-true}"
-export PORT="${PORT:-8000}"
-# Every process (the worker above all) must reach the web process's fake
-# gateway, whatever port honcho hands to the others.
-export PAYMENT_GATEWAY_URL="${PAYMENT_GATEWAY_URL:-http://127.0.0.1:$PORT/fake-gateway/v1}"
-export PYTHONUNBUFFERED=1
-# Web, worker and relay count metrics into one folder that /metrics adds up;
-# counters restart with the stack.
-export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}"
+# The environment, shared with scripts/manage.sh (make manage CMD=...).
+source scripts/env.sh
+# Counters restart with the stack.
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
 python manage.py migrate --no-input
 python manage.py seed_demo
-if [[ -n "${DATABASE_URL:-}" ]]; then db="$DATABASE_URL"; else db="SQLite in var/ (embedded)"; fi
-if [[ -n "${CELERY_BROKER_URL:-}" ]]; then broker="$CELERY_BROKER_URL"; else broker="filesystem transport in var/broker (embedded)"; fi
+db="$(boxoffice_database)"
+broker="$(boxoffice_broker)"
 cat <<MSG
 
   boxoffice is starting
