@@ -61,6 +61,11 @@ def _code(body: Any) -> str:
     return body.get("code", "") if isinstance(body, dict) else ""
 
 
+def _charge_id(body: dict) -> str | None:
+    charge_id = body.get("latest_charge")
+    return charge_id if isinstance(charge_id, str) and charge_id else None
+
+
 def _doubt(status_code: int, body: Any) -> str:
     """The detail of an answer that settles nothing."""
     if status_code >= 500:
@@ -97,7 +102,8 @@ _KNOWN_STATUSES = frozenset(IntentStatus) - {IntentStatus.NOT_FOUND, IntentStatu
 
 def interpret_retrieve(status_code: int, body: Any, *, latency_ms: float = 0.0) -> IntentLookup:
     if status_code == 200 and isinstance(body, dict) and body.get("status") in _KNOWN_STATUSES:
-        return IntentLookup(IntentStatus(body["status"]), latency_ms=latency_ms, raw=body)
+        return IntentLookup(IntentStatus(body["status"]), latency_ms=latency_ms, raw=body,
+                            charge_id=_charge_id(body))
     if status_code == 404 and _code(body) == "not_found":
         return IntentLookup(
             IntentStatus.NOT_FOUND, detail="not_found", latency_ms=latency_ms, raw=body
@@ -115,7 +121,8 @@ def interpret_cancel(status_code: int, body: Any, *, latency_ms: float = 0.0) ->
         return CancelResult(CancelOutcome.CANCELED, latency_ms=latency_ms)
     if status_code == 409 and _code(body) == "already_charged":
         return CancelResult(
-            CancelOutcome.ALREADY_CHARGED, detail="already_charged", latency_ms=latency_ms
+            CancelOutcome.ALREADY_CHARGED, detail="already_charged", latency_ms=latency_ms,
+            charge_id=_charge_id(body),
         )
     return CancelResult(
         CancelOutcome.UNKNOWN, detail=_doubt(status_code, body), latency_ms=latency_ms

@@ -67,6 +67,8 @@ class IntentLookup:
     detail: str = ""
     latency_ms: float = 0.0
     raw: dict = field(default_factory=dict)
+    # The processor's reference of the charge it holds, when it names one.
+    charge_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class CancelResult:
     outcome: CancelOutcome
     detail: str = ""
     latency_ms: float = 0.0
+    # With ALREADY_CHARGED: the charge that made the cancel impossible.
+    charge_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,14 @@ def seats_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
 
 
 def saga_for_update(*, saga_id) -> PurchaseSaga:
-    return PurchaseSaga.objects.select_for_update(of=("self",)).get(pk=saga_id)
+    # The reservation comes along unlocked (``of``): its hold's end and ref
+    # never change, and the steps read them (the hold check, the facts an
+    # event carries) without another round trip.
+    return (
+        PurchaseSaga.objects.select_for_update(of=("self",))
+        .select_related("reservation")
+        .get(pk=saga_id)
+    )
 
 
 def saga_for_update_skip_locked(*, saga_ids) -> QuerySet[PurchaseSaga]:

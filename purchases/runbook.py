@@ -209,7 +209,8 @@ def _reconcile_now(saga, *, operator, note, gateway, now):
         if saga.state != S.UNKNOWN_EXPIRED:
             return saga
         if lookup.status == IntentStatus.SUCCEEDED:
-            services._confirm(saga, charge_id="", reason=f"reconciled by operator: {note}",
+            services._confirm(saga, charge_id=lookup.charge_id or "",
+                              reason=f"reconciled by operator: {note}",
                               now=now, actor=Actor.OPERATOR, actor_name=operator)
         else:
             services._note(saga, reason=f"operator look-up: {lookup.status.value}", now=now,

@@ -473,18 +473,31 @@ def saga_charge(
         if saga.state != S.PENDING:
             logger.info("charge skipped: saga has moved on", **_log(saga))
             return saga
-        _transition(
-            saga,
-            S.CHARGING,
-            reason="charge started",
-            now=_now(now),
-            actor=actor,
-            actor_name=actor_name,
-            count_attempt=True,
-        )
+        at = _now(now)
+        hold_ran_out = _hold_ran_out(saga, at)
+        if not hold_ran_out:
+            _transition(
+                saga,
+                S.CHARGING,
+                reason="charge started",
+                now=at,
+                actor=actor,
+                actor_name=actor_name,
+                count_attempt=True,
+            )
+    if hold_ran_out:
+        # The relay and the workers were down past the hold: the seats are no
+        # longer the buyer's to pay for. Settle it as the expiry would (cancel
+        # the intent first), never with a first charge.
+        logger.warning("charge refused: the hold ran out first", **_log(saga))
+        return saga_expire_hold(saga_id=saga_id, gateway=gateway, now=now)
     return _charge_and_record(
         saga=saga, gateway=_gateway(gateway), now=now, actor=actor, actor_name=actor_name
     )
+
+
+def _hold_ran_out(saga: PurchaseSaga, at: datetime) -> bool:
+    return at >= saga.reservation.hold_expires_at
 
 
 def _charge_and_record(
@@ -532,7 +545,7 @@ def saga_record_charge(
     ``probe_attempt`` is how many reconcile probes this saga has had: a charge
     retried after "no charge found" keeps its place in the backoff schedule.
     """
-    now = _now(now)
+    at = _now(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         _probe(
@@ -541,7 +554,7 @@ def saga_record_charge(
             answer=result.outcome.lower(),
             detail=result.detail,
             latency_ms=result.latency_ms,
-            now=now,
+            now=at,
         )
         if saga.state != S.CHARGING or saga.version != expected_version:
             # Someone else moved it while we were on the wire (the hold expiry
@@ -557,7 +570,7 @@ def saga_record_charge(
                 saga,
                 charge_id=result.charge_id or "",
                 reason="charge succeeded",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
@@ -567,7 +580,7 @@ def saga_record_charge(
                 saga,
                 S.PAYMENT_FAILED,
                 reason=f"charge declined ({result.detail})",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
@@ -576,12 +589,12 @@ def saga_record_charge(
                 saga,
                 S.UNKNOWN,
                 reason=f"charge outcome unknown ({result.detail})",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
             _next_probe_or_escalate(
-                saga, attempt=probe_attempt + 1, now=now, actor=actor, actor_name=actor_name
+                saga, attempt=probe_attempt + 1, now=at, actor=actor, actor_name=actor_name
             )
     if saga.state == S.PAYMENT_FAILED:
         return saga_compensate(
@@ -798,8 +811,10 @@ def saga_reconcile(
             return saga
         version = saga.version
     lookup = gateway.retrieve(saga.intent_id)
-    now = _now(now)
-    retry_charge = False
+    # This commit's own instant; the steps it leads to (a charge, a
+    # compensation) take theirs, after their own network calls.
+    at = _now(now)
+    retry_charge = expire_instead = False
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         _probe(
@@ -808,7 +823,7 @@ def saga_reconcile(
             answer=lookup.status.value,
             detail=lookup.detail,
             latency_ms=lookup.latency_ms,
-            now=now,
+            now=at,
             attempt=attempt,
         )
         if saga.version != version:
@@ -819,7 +834,7 @@ def saga_reconcile(
                 saga,
                 S.UNKNOWN,
                 reason="charge answer lost; reconciling",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
@@ -827,9 +842,9 @@ def saga_reconcile(
         if status == IntentStatus.SUCCEEDED:
             _confirm(
                 saga,
-                charge_id="",
+                charge_id=lookup.charge_id or "",
                 reason="reconciled: charged at the gateway",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
@@ -839,21 +854,33 @@ def saga_reconcile(
                 saga,
                 S.PAYMENT_FAILED,
                 reason="reconciled: declined at the gateway",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
         elif status in (IntentStatus.NOT_FOUND, IntentStatus.REQUIRES_PAYMENT):
-            _transition(
-                saga,
-                S.CHARGING,
-                reason=f"reconciled: {status.value}; charging again",
-                now=now,
-                actor=actor,
-                actor_name=actor_name,
-                count_attempt=True,
-            )
-            retry_charge = True
+            if _hold_ran_out(saga, at):
+                # No charge landed, and the hold is over: a retry now would be
+                # a first charge for seats no longer held for it.
+                _note(
+                    saga,
+                    reason=f"reconciled: {status.value}; the hold ran out, not charging again",
+                    now=at,
+                    actor=actor,
+                    actor_name=actor_name,
+                )
+                expire_instead = True
+            else:
+                _transition(
+                    saga,
+                    S.CHARGING,
+                    reason=f"reconciled: {status.value}; charging again",
+                    now=at,
+                    actor=actor,
+                    actor_name=actor_name,
+                    count_attempt=True,
+                )
+                retry_charge = True
         elif status in (IntentStatus.CANCELED, IntentStatus.REFUNDED):
             # Only we cancel or refund an intent; seeing it here means a step
             # of ours committed at the gateway and died before recording it.
@@ -861,22 +888,24 @@ def saga_reconcile(
                 saga,
                 S.UNKNOWN_EXPIRED,
                 reason=f"gateway reports {status.value} for an unsettled saga",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
-            raise_operator_alert(saga, why=f"gateway reports {status.value}", now=now)
+            raise_operator_alert(saga, why=f"gateway reports {status.value}", now=at)
         else:
             _note(
                 saga,
                 reason=f"reconcile probe {attempt}: no answer ({lookup.detail})",
-                now=now,
+                now=at,
                 actor=actor,
                 actor_name=actor_name,
             )
             _next_probe_or_escalate(
-                saga, attempt=attempt + 1, now=now, actor=actor, actor_name=actor_name
+                saga, attempt=attempt + 1, now=at, actor=actor, actor_name=actor_name
             )
+    if expire_instead:
+        return saga_expire_hold(saga_id=saga_id, gateway=gateway, now=now)
     if retry_charge:
         return _charge_and_record(
             saga=saga,
@@ -933,7 +962,7 @@ def saga_expire_hold(
         return saga
 
     answer = gateway.cancel(saga.intent_id)
-    now = _now(now)
+    at = _now(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         _probe(
@@ -942,38 +971,39 @@ def saga_expire_hold(
             answer=answer.outcome.value,
             detail=answer.detail,
             latency_ms=answer.latency_ms,
-            now=now,
+            now=at,
             attempt=attempt,
         )
         if saga.version != version and saga.state not in _NEEDS_DEFINITIVE_ANSWER:
             return saga  # moved on while we asked; the gateway's answer stays as evidence
         if answer.outcome == CancelOutcome.CANCELED:
             _transition(
-                saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway", now=now
+                saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway", now=at
             )
         elif answer.outcome == CancelOutcome.ALREADY_CHARGED:
-            _confirm(saga, charge_id="", reason="hold expired but the gateway had charged", now=now)
+            _confirm(saga, charge_id=answer.charge_id or "",
+                     reason="hold expired but the gateway had charged", now=at)
             return saga
         else:
             backoff = _backoff()
             if attempt >= len(backoff) - 1:
                 raise_operator_alert(
-                    saga, why="hold expired and the gateway cannot be reached", now=now
+                    saga, why="hold expired and the gateway cannot be reached", now=at
                 )
             _note(
                 saga,
                 reason=f"expiry: gateway unreachable ({answer.detail}); will ask again",
-                now=now,
+                now=at,
             )
             delay = backoff[min(attempt, len(backoff) - 1)]
             timer_schedule(
                 key=f"hold:{saga.pk}:retry:{attempt + 1}",
                 topic=TOPIC_HOLD_RECHECK,
                 payload={"saga_id": str(saga.pk), "attempt": attempt + 1},
-                due_at=now + timedelta(seconds=delay),
+                due_at=at + timedelta(seconds=delay),
                 event_id=saga.event_id,
                 saga_id=saga.pk,
-                now=now,
+                now=at,
                 # A redelivered recheck (its worker died before the inbox
                 # entry) finds its successor armed already.
                 if_absent=True,
@@ -1039,7 +1069,7 @@ def saga_compensate(
     if needs_refund:
         gateway = _gateway(gateway)
         result = gateway.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")
-        now = _now(now)
+        at = _now(now)
         with transaction.atomic(durable=True):
             saga = lock_objects.saga_for_update(saga_id=saga_id)
             _probe(
@@ -1048,7 +1078,7 @@ def saga_compensate(
                 answer=result.outcome.value,
                 detail=result.detail,
                 latency_ms=result.latency_ms,
-                now=now,
+                now=at,
             )
             if saga.version != version or saga.state != S.COMPENSATING:
                 return saga
@@ -1060,14 +1090,14 @@ def saga_compensate(
                     saga,
                     S.COMPENSATION_PENDING,
                     reason="refund refused: the gateway has no charge; waiting for an operator",
-                    now=now,
+                    now=at,
                     actor=actor,
                     actor_name=actor_name,
                 )
-                PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=now)
-                saga.awaiting_operator_since = now
+                PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=at)
+                saga.awaiting_operator_since = at
                 raise_operator_alert(
-                    saga, why="the gateway has no charge for a refund the ledger owes", now=now
+                    saga, why="the gateway has no charge for a refund the ledger owes", now=at
                 )
                 return saga
             if result.outcome != RefundOutcome.REFUNDED:
@@ -1075,15 +1105,15 @@ def saga_compensate(
                     saga,
                     S.COMPENSATION_PENDING,
                     reason=f"refund not confirmed ({result.outcome.value}); will retry",
-                    now=now,
+                    now=at,
                     actor=actor,
                     actor_name=actor_name,
                 )
-                _arm_refund_retry(saga, now=now)
+                _arm_refund_retry(saga, now=at)
                 return saga
         refund_reference = f"refund:{saga.intent_id}"
 
-    now = _now(now)
+    at = _now(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
         if saga.state != S.COMPENSATING:
@@ -1096,12 +1126,12 @@ def saga_compensate(
                 currency=saga.currency,
                 saga_id=saga.pk,
                 event_id=saga.event_id,
-                now=now,
+                now=at,
                 gateway_reference=refund_reference,
             )
         _finish_compensation(
             saga,
-            now=now,
+            now=at,
             actor=actor,
             actor_name=actor_name,
             refunded=bool(refund_reference) or _refunded(saga),

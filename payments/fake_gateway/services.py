@@ -68,8 +68,8 @@ class Answer:
     times_out: bool = False
 
 
-def error(status_code: int, code: str, detail: str) -> Answer:
-    return Answer(status_code, {"code": code, "detail": detail})
+def error(status_code: int, code: str, detail: str, **extra: Any) -> Answer:
+    return Answer(status_code, {"code": code, "detail": detail, **extra})
 
 
 def iso_utc(value: dt.datetime) -> str:
@@ -291,7 +291,20 @@ def _intent_body(intent: FakeIntent) -> dict:
         "status": intent.status,
         "amount": intent.amount,
         "currency": intent.currency or None,
+        "latest_charge": _latest_charge(intent.intent_id),
     }
+
+
+def _latest_charge(intent_id: str) -> str | None:
+    """The id of the intent's latest successful charge (refunded or not),
+    as processors name it on the intent: a look-up that finds the money also
+    finds its reference."""
+    return (
+        FakeCharge.objects.filter(intent_id=intent_id)
+        .order_by("-created", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
 
 
 # --- cancel and refund ----------------------------------------------------------
@@ -309,7 +322,8 @@ def intent_cancel(*, intent_id: str) -> Answer:
             intent = _intent_for_update(intent_id=intent_id)
             if intent.status in (Status.SUCCEEDED, Status.REFUNDED):
                 answer = error(
-                    409, "already_charged", "This payment intent was charged; refund it instead."
+                    409, "already_charged", "This payment intent was charged; refund it instead.",
+                    latest_charge=_latest_charge(intent_id),
                 )
             else:
                 if intent.status != Status.CANCELED:
