@@ -91,12 +91,19 @@ class DatabaseCollector:
         yield stalled
 
         last = AuditRun.objects.filter(finished_at__isnull=False).first()
-        yield GaugeMetricFamily("boxoffice_audit_violations",
-                                "Violations found by the last invariant audit",
-                                value=last.violations if last else 0)
-        yield GaugeMetricFamily("boxoffice_audit_last_run_timestamp_seconds",
-                                "When the last invariant audit finished",
-                                value=last.finished_at.timestamp() if last else 0)
+        if last is not None:
+            # Before the first audit there is no verdict: no series at all
+            # (alert on its absence), never a reassuring 0.
+            yield GaugeMetricFamily("boxoffice_audit_violations",
+                                    "Violations found by the last invariant audit",
+                                    value=last.violations)
+            yield GaugeMetricFamily("boxoffice_audit_unverified_intents",
+                                    "Intents the last audit could not verify (gateway gave no "
+                                    "answer): the run was incomplete",
+                                    value=last.unverified)
+            yield GaugeMetricFamily("boxoffice_audit_last_run_timestamp_seconds",
+                                    "When the last invariant audit finished",
+                                    value=last.finished_at.timestamp())
         from outbox.relay import dead_letters
 
         yield GaugeMetricFamily("boxoffice_outbox_dead_letters",

@@ -64,8 +64,6 @@ CONFIRMED_HAS_ONE_CHARGE_ENTRY = "confirmed_has_one_charge_entry"
 EMAILS_EXACTLY_ONCE = "emails_exactly_once"
 NO_SILENT_STUCK = "no_silent_stuck"
 UNKNOWN_NEVER_COMPENSATED_BLIND = "unknown_never_compensated_blind"
-# Not an invariant of the product: the audit could not vouch for an intent.
-GATEWAY_UNREACHABLE = "gateway_unreachable"
 
 INVARIANTS = (
     SEAT_SOLD_ONCE,
@@ -75,7 +73,6 @@ INVARIANTS = (
     EMAILS_EXACTLY_ONCE,
     NO_SILENT_STUCK,
     UNKNOWN_NEVER_COMPENSATED_BLIND,
-    GATEWAY_UNREACHABLE,
 )
 
 CONFIRMATION_EMAIL = "purchases.consumers.confirmation_email"
@@ -119,6 +116,20 @@ class Violation:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Unverified:
+    """An intent whose money the audit could not check: the gateway gave no
+    answer. Not a violation (nothing is known to be wrong); it makes the run
+    incomplete."""
+
+    saga_id: str | None
+    intent_id: str
+    detail: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class AuditReport:
     started_at: datetime
@@ -129,6 +140,9 @@ class AuditReport:
     # list_charges calls made (one per intent).
     intents_checked: int = 0
     violations: list[Violation] = field(default_factory=list)
+    unverified: list[Unverified] = field(default_factory=list)
+    # Where the gateway was asked (its base URL), for "could not check".
+    gateway_url: str = ""
     run_id: int | None = None
 
     @property
@@ -140,6 +154,10 @@ class AuditReport:
     def ok(self) -> bool:
         return not self.violations
 
+    @property
+    def complete(self) -> bool:
+        return not self.unverified
+
     def as_dict(self) -> dict:
         return {
             "run_id": self.run_id,
@@ -150,6 +168,9 @@ class AuditReport:
             "intents_checked": self.intents_checked,
             "counts": self.counts,
             "violations": [v.as_dict() for v in self.violations],
+            "complete": self.complete,
+            "gateway_url": self.gateway_url,
+            "unverified": [u.as_dict() for u in self.unverified],
         }
 
 
@@ -163,7 +184,8 @@ def audit_run(
     """Check every invariant; record the run as an :class:`AuditRun`.
 
     Never raises for a violation (they are the report) nor for a gateway that
-    cannot answer about an intent (``gateway_unreachable``).
+    cannot answer about an intent: that intent is *unverified* and the run
+    incomplete, which is not a violation (nothing is known to be wrong).
     """
     from .sweeps import heartbeat
 
@@ -176,6 +198,7 @@ def audit_run(
     if stuck_after_seconds is None:
         stuck_after_seconds = settings.RESUME_AFTER_SECONDS + settings.PURCHASE_HOLD_SECONDS
     audit = _Audit(gateway=gateway, now=now, cutoff=now - timedelta(seconds=stuck_after_seconds))
+    audit.report.gateway_url = str(getattr(gateway, "base_url", "") or type(gateway).__name__)
 
     with heartbeat("audit_sagas", now=now) as pulse:
         audit.check_seats()
@@ -193,6 +216,9 @@ def audit_run(
                 sagas_checked=report.sagas_checked,
                 violations=len(report.violations),
                 report=[v.as_dict() for v in report.violations],
+                unverified=len(report.unverified),
+                unverified_report=[u.as_dict() for u in report.unverified],
+                gateway_url=report.gateway_url,
             )
         report.run_id = run.pk
 
@@ -202,10 +228,17 @@ def audit_run(
             extra={"alert": "audit_violation", "invariant": v.invariant,
                    "saga_id": v.saga_id, "intent_id": v.intent_id},
         )
+    if report.unverified:
+        logger.warning(
+            "audit incomplete: the gateway at %s gave no answer about %d intent(s)",
+            report.gateway_url, len(report.unverified),
+            extra={"audit_run": run.pk, "unverified": len(report.unverified)},
+        )
     logger.info(
         "audit finished",
         extra={"audit_run": run.pk, "sagas_checked": report.sagas_checked,
-               "sagas_skipped": report.sagas_skipped, "violations": len(report.violations)},
+               "sagas_skipped": report.sagas_skipped, "violations": len(report.violations),
+               "unverified": len(report.unverified)},
     )
     return report
 
@@ -432,8 +465,9 @@ class _Audit:
         return charges
 
     def _unverified(self, saga_id, intent_id: str) -> None:
-        self.flag(GATEWAY_UNREACHABLE, saga_id, intent_id,
-                  f"money of this intent not verified ({self.unanswered[intent_id]})")
+        self.report.unverified.append(
+            Unverified(str(saga_id) if saga_id else None, intent_id,
+                       f"money of this intent not verified ({self.unanswered[intent_id]})"))
 
     # --- per-saga verdicts ------------------------------------------------------------
 

@@ -262,9 +262,15 @@ class AuditRun(models.Model):
     sagas_checked = models.PositiveIntegerField(default=0)
     violations = models.PositiveIntegerField(default=0)
     report = models.JSONField(default=list)
+    # Intents whose money the run could not verify (the gateway gave no
+    # answer): an incomplete run, which is not a violation.
+    unverified = models.PositiveIntegerField(default=0)
+    unverified_report = models.JSONField(default=list)
+    gateway_url = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
         ordering = ["-started_at"]
 
     def __str__(self) -> str:
-        return f"audit {self.started_at:%Y-%m-%d %H:%M} ({self.violations} violations)"
+        incomplete = f", {self.unverified} unverified" if self.unverified else ""
+        return f"audit {self.started_at:%Y-%m-%d %H:%M} ({self.violations} violations{incomplete})"

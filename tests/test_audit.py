@@ -448,11 +448,15 @@ def test_an_intent_the_gateway_cannot_answer_about_is_reported_not_fatal(story):
 
     report = audit_run(gateway=gateway)
 
-    _only(report, "gateway_unreachable", story.visa)
+    assert report.violations == [] and not report.complete
+    assert [(u.saga_id, u.intent_id) for u in report.unverified] == [
+        (str(story.visa.pk), story.visa.intent_id)]
     assert report.sagas_checked == 5
     assert report.intents_checked == 5
     assert len([c for c in gateway.calls if c[0] == "list_charges"]) == 4  # + the one lost
-    assert "list charges: timeout" in report.violations[0].detail
+    assert "list charges: timeout" in report.unverified[0].detail
+    run = AuditRun.objects.get(pk=report.run_id)
+    assert (run.violations, run.unverified) == (0, 1)
 
 
 @pytest.mark.django_db
@@ -463,9 +467,9 @@ def test_a_gateway_that_stays_down_is_not_asked_about_every_intent(story, monkey
     report = audit_run(gateway=gateway)
 
     assert gateway.lost == report.intents_checked == 2
-    assert report.counts["gateway_unreachable"] == 5
-    assert _invariants(report) == {"gateway_unreachable"}
-    assert sum("not asked" in v.detail for v in report.violations) == 3
+    assert len(report.unverified) == 5
+    assert report.violations == []
+    assert sum("not asked" in u.detail for u in report.unverified) == 3
 
 
 # --- cost --------------------------------------------------------------------------------
@@ -522,3 +526,43 @@ def test_the_number_of_queries_does_not_grow_with_the_number_of_sagas(alice, gat
         many = _audit_queries()
 
     assert few == many
+
+
+# --- an audit that cannot reach the gateway is incomplete, not a violation ------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.django_db
+def test_an_audit_that_cannot_reach_the_gateway_is_incomplete_not_a_violation(story, client):
+    from payments.gateway import HttpPaymentGateway
+
+    url = f"http://127.0.0.1:{_closed_port()}/fake-gateway/v1"
+    out = StringIO()
+    with override_gateway(HttpPaymentGateway(base_url=url, timeout=0.5)):
+        with pytest.raises(CommandError) as failed:
+            call_command("audit_sagas", stdout=out)
+
+    text = out.getvalue()
+    assert failed.value.returncode == 2, "could not check is not a violation (exit 1)"
+    assert "0 violation(s)" in text and "incomplete" in text and url in text
+    run = AuditRun.objects.get()
+    assert run.violations == 0 and run.report == []
+    assert run.unverified == 5 and run.gateway_url == url
+    metrics = client.get("/metrics").content.decode()
+    assert "boxoffice_audit_violations 0.0" in metrics
+    assert "boxoffice_audit_unverified_intents 5.0" in metrics
+
+
+@pytest.mark.django_db
+def test_before_any_audit_the_metrics_do_not_claim_zero_violations(client):
+    samples = [line for line in client.get("/metrics").content.decode().splitlines()
+               if line.startswith("boxoffice_audit_")]
+
+    assert samples == []

@@ -9,7 +9,9 @@ class Command(BaseCommand):
     help = (
         "Check every invariant of DESIGN.md across sagas, seats, ledger, outbox and the "
         "gateway's records (read through its API), record the run (AuditRun) and print the "
-        "verdict per invariant, then each violation. Exits 1 when anything is violated."
+        "verdict per invariant, then each violation. Exits 1 when anything is violated, "
+        "2 when nothing is but the run is incomplete (the gateway could not be asked about "
+        "some intents), 0 otherwise."
     )
 
     def add_arguments(self, parser):
@@ -28,6 +30,11 @@ class Command(BaseCommand):
             f"{report.intents_checked} intent(s) asked at the gateway, "
             f"{len(report.violations)} violation(s)"
         )
+        if report.unverified:
+            summary += (
+                f"; incomplete: {len(report.unverified)} intent(s) not verified, the gateway "
+                f"at {report.gateway_url} gave no answer"
+            )
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2))
         else:
@@ -35,6 +42,8 @@ class Command(BaseCommand):
             self.stdout.write(summary)
         if report.violations:
             raise CommandError(summary, returncode=1)
+        if report.unverified:
+            raise CommandError(summary, returncode=2)
 
     def _table(self, report) -> None:
         counts = report.counts
@@ -50,4 +59,10 @@ class Command(BaseCommand):
                     f"{v.invariant:<{width}}  {v.saga_id or '-':<36}  {v.intent_id or '-':<20}  "
                     f"{v.detail}"
                 )
+        if report.unverified:
+            self.stdout.write("")
+            self.stdout.write(f"incomplete: not verified, the gateway at {report.gateway_url} "
+                              "gave no answer:")
+            for u in report.unverified:
+                self.stdout.write(f"  {u.saga_id or '-':<36}  {u.intent_id:<20}  {u.detail}")
 
