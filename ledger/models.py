@@ -23,6 +23,9 @@ class LedgerEntry(models.Model):
     event_id = models.BigIntegerField()
     gateway_reference = models.CharField(max_length=100, blank=True, default="")
     note = models.TextField(blank=True, default="")
+    # Written on an operator's word while the gateway could not be asked:
+    # the auditor names it until the gateway's records agree.
+    override = models.BooleanField(default=False)
     created_at = models.DateTimeField()
 
     class Meta:

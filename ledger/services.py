@@ -22,6 +22,7 @@ def ledger_record(
     now: datetime,
     gateway_reference: str = "",
     note: str = "",
+    override: bool = False,
 ) -> LedgerEntry:
     if not in_transaction():
         raise RuntimeError("ledger_record belongs inside the transition's transaction")
@@ -36,6 +37,7 @@ def ledger_record(
         event_id=event_id,
         gateway_reference=gateway_reference,
         note=note,
+        override=override,
         created_at=now,
     )
 

@@ -202,6 +202,14 @@ class RunbookReasonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
         help_text="Required. Lands in the saga's history and in the admin log.",
     )
+    override = forms.BooleanField(
+        required=False,
+        label="Override",
+        help_text="Only for a manual confirmation while the gateway cannot be reached: write "
+        "the money on my word. The ledger entry and the history are marked, and the auditor "
+        "reports it until the gateway's records agree. It never overrules a gateway that "
+        "answers and disagrees.",
+    )
 
 
 @dataclass
@@ -228,7 +236,7 @@ def _runbook_action(action: Action):
 
 
 @admin.register(PurchaseSaga)
-class PurchaseSagaAdmin(admin.ModelAdmin):
+class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "state", "age", "event", "buyer", "total", "attempts", "updated_at"]
     list_filter = ["state", AgeFilter, "event"]
     # The pk is a UUID: matched exactly in get_search_results, not with icontains.
@@ -241,17 +249,8 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
               "intent_id", "payment_method", "total", "created_at", "updated_at"]
     readonly_fields = fields
 
-    # Read-only: viewing needs the view permission; nobody adds, changes or
-    # deletes a saga by hand (the change view renders without a save row).
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    # Read-only (ReadOnlyAdminMixin): viewing needs the view permission;
+    # nobody adds, changes or deletes a saga by hand.
 
     def has_run_saga_runbook_permission(self, request):
         return request.user.has_perm("purchases.run_saga_runbook")
@@ -320,7 +319,8 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
         confirmed = bool(request.POST.get("confirm") or request.POST.get("post"))
         form = RunbookReasonForm(request.POST if confirmed else None)
         if confirmed and form.is_valid():
-            return self._runbook_run(request, sagas, action, form.cleaned_data["reason"])
+            return self._runbook_run(request, sagas, action, form.cleaned_data["reason"],
+                                     override=form.cleaned_data["override"])
         return self._runbook_confirm(request, sagas, action, form)
 
     def _runbook_confirm(self, request, sagas, action, form):
@@ -335,6 +335,7 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
             "rows": rows,
             "allowed_count": allowed,
             "refused_count": len(rows) - allowed,
+            "override_needed": any(plan.override_needed for _, plan in rows),
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
@@ -344,11 +345,12 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
             request, "admin/purchases/purchasesaga/runbook_confirm.html", context
         )
 
-    def _runbook_run(self, request, sagas, action, reason):
+    def _runbook_run(self, request, sagas, action, reason, *, override=False):
         operator = request.user.username
         results = []
         for saga in sagas:
-            results.append(self._runbook_run_one(request, saga, action, operator, reason))
+            results.append(self._runbook_run_one(request, saga, action, operator, reason,
+                                                 override=override))
         counts = {k: sum(1 for r in results if r.outcome == k)
                   for k in ("done", "refused", "failed")}
         self.message_user(
@@ -371,7 +373,8 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
             request, "admin/purchases/purchasesaga/runbook_result.html", context
         )
 
-    def _runbook_run_one(self, request, saga, action, operator, reason) -> _ResultRow:
+    def _runbook_run_one(self, request, saga, action, operator, reason, *,
+                         override=False) -> _ResultRow:
         before = saga.state
         # The operator confirmed what the dry run showed at this version; a
         # saga that moved since is looked at again, not acted on blind.
@@ -380,12 +383,16 @@ class PurchaseSagaAdmin(admin.ModelAdmin):
             return _ResultRow(saga, before, before, "refused",
                               f"moved on since the dry run (v{seen} → v{saga.version}, now "
                               f"{before}): look again")
-        plan = action_plan(saga=saga, action=action)
+        # The table's verdict only: the gateway is asked by the action itself,
+        # after the operator's note is on the record.
+        plan = action_plan(saga=saga, action=action, ask_gateway=False)
         if not plan.allowed:
             return _ResultRow(saga, before, before, "refused", plan.why)
-        extra = {"saga_id": str(saga.pk), "runbook_action": action.value, "operator": operator}
+        extra = {"saga_id": str(saga.pk), "runbook_action": action.value, "operator": operator,
+                 "override": override}
         try:
-            action_run(saga_id=saga.pk, action=action, operator=operator, reason=reason)
+            action_run(saga_id=saga.pk, action=action, operator=operator, reason=reason,
+                       override=override)
         except (ActionRefused, IllegalTransition) as exc:
             outcome, message = "refused", str(exc)
         except DomainError as exc:

@@ -64,6 +64,9 @@ CONFIRMED_HAS_ONE_CHARGE_ENTRY = "confirmed_has_one_charge_entry"
 EMAILS_EXACTLY_ONCE = "emails_exactly_once"
 NO_SILENT_STUCK = "no_silent_stuck"
 UNKNOWN_NEVER_COMPENSATED_BLIND = "unknown_never_compensated_blind"
+# Money an operator wrote while the gateway could not be asked must match the
+# gateway's records once it can be.
+OVERRIDE_AGREES_WITH_GATEWAY = "override_agrees_with_gateway"
 
 INVARIANTS = (
     SEAT_SOLD_ONCE,
@@ -73,6 +76,7 @@ INVARIANTS = (
     EMAILS_EXACTLY_ONCE,
     NO_SILENT_STUCK,
     UNKNOWN_NEVER_COMPENSATED_BLIND,
+    OVERRIDE_AGREES_WITH_GATEWAY,
 )
 
 CONFIRMATION_EMAIL = "purchases.consumers.confirmation_email"
@@ -263,6 +267,7 @@ class _Ledger:
     charges: int = 0
     refunds: int = 0
     others: int = 0
+    overrides: int = 0
 
 
 class _Audit:
@@ -408,13 +413,16 @@ class _Audit:
 
     def _ledger_for(self, intent_ids: list[str]) -> dict[str, _Ledger]:
         ledger: dict[str, _Ledger] = defaultdict(_Ledger)
-        for intent_id, kind, n, total in (
+        for intent_id, kind, n, total, overrides in (
             LedgerEntry.objects.filter(intent_id__in=intent_ids)
-            .values("intent_id", "kind").annotate(n=Count("id"), total=Sum("amount"))
-            .values_list("intent_id", "kind", "n", "total")
+            .values("intent_id", "kind")
+            .annotate(n=Count("id"), total=Sum("amount"),
+                      overrides=Count("id", filter=Q(override=True)))
+            .values_list("intent_id", "kind", "n", "total", "overrides")
         ):
             entry = ledger[intent_id]
             entry.net += total or 0
+            entry.overrides += overrides
             if kind == EntryKind.CHARGE:
                 entry.charges += n
             elif kind == EntryKind.REFUND:
@@ -464,23 +472,32 @@ class _Audit:
         self.failures_in_a_row = 0
         return charges
 
-    def _unverified(self, saga_id, intent_id: str) -> None:
+    def _unverified(self, saga_id, intent_id: str, *, override: bool = False) -> None:
+        waiting = "; an operator's override awaits the gateway's records" if override else ""
         self.report.unverified.append(
             Unverified(str(saga_id) if saga_id else None, intent_id,
-                       f"money of this intent not verified ({self.unanswered[intent_id]})"))
+                       f"money of this intent not verified ({self.unanswered[intent_id]})"
+                       f"{waiting}"))
 
     # --- per-saga verdicts ------------------------------------------------------------
 
     def _check_money(self, saga: PurchaseSaga, entries: _Ledger,
                      charges: list[GatewayCharge] | None) -> None:
         if charges is None:
-            self._unverified(saga.pk, saga.intent_id)
+            self._unverified(saga.pk, saga.intent_id, override=bool(entries.overrides))
+            return
+        captured = sum(c.amount for c in charges if c.status == "succeeded")
+        if entries.overrides and captured != entries.net:
+            # Named for what it is (not a plain ledger mismatch): money an
+            # operator wrote on their own word, which the gateway contradicts.
+            self.flag(OVERRIDE_AGREES_WITH_GATEWAY, saga.pk, saga.intent_id,
+                      f"an operator's override wrote ledger net {entries.net}; the gateway's "
+                      f"net captured is {captured} (saga {saga.state})")
             return
         if len(charges) > 1:
             self.flag(ONE_CHARGE_PER_INTENT, saga.pk, saga.intent_id,
                       f"{len(charges)} charges at the gateway: "
                       + ", ".join(f"{c.id} {c.amount} {c.status}" for c in charges))
-        captured = sum(c.amount for c in charges if c.status == "succeeded")
         # A live saga in the middle of a step may legitimately disagree for a
         # moment (charged, answer not yet recorded); an old one may not.
         settled = saga.state in TERMINAL or saga.updated_at <= self.cutoff

@@ -16,7 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.models import EntryKind
+from ledger.money import format_money
 from ledger.services import ledger_has_charge, ledger_record
+from payments.gateway import GatewayUnavailable
 from payments.interface import CancelOutcome, IntentStatus, PaymentGateway
 
 from . import lock_objects, services
@@ -83,25 +85,109 @@ class Plan:
     emails: list[str] = field(default_factory=list)
     ledger: str = ""
     gateway_calls: list[str] = field(default_factory=list)
+    # What the gateway says about the intent (manual actions only): the
+    # operator reads it beside their own view before confirming anything.
+    gateway_answer: str = ""
+    # The gateway could not be asked: only an explicit override may proceed.
+    override_needed: bool = False
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    """The gateway's records of an intent, as a manual action weighs them."""
+
+    reachable: bool
+    captured: int = 0
+    # The succeeded charge, when the gateway holds exactly the saga's amount.
+    charge_id: str | None = None
+    text: str = ""
+
+
+def gateway_view(saga: PurchaseSaga, *, gateway: PaymentGateway | None = None) -> GatewayView:
+    """Ask the gateway for the intent's charges. Network I/O: call it outside
+    any transaction (the adapters assert it)."""
+    gateway = services._gateway(gateway)
+    try:
+        charges = gateway.list_charges(saga.intent_id)
+    except GatewayUnavailable as exc:
+        return GatewayView(reachable=False, text=f"the gateway cannot be reached ({exc})")
+    captured = sum(c.amount for c in charges if c.status == "succeeded")
+    succeeded = [c for c in charges if c.status == "succeeded"]
+    listed = "; ".join(f"{c.id} {format_money(c.amount, saga.currency)} {c.status}"
+                       for c in charges) or "no charge"
+    return GatewayView(
+        reachable=True,
+        captured=captured,
+        charge_id=succeeded[0].id if len(succeeded) == 1 and captured == saga.amount else None,
+        text=f"{listed}; captured {format_money(captured, saga.currency)}",
+    )
+
+
+def _disagreement(saga: PurchaseSaga, view: GatewayView) -> str:
+    """Why the gateway's records contradict the operator's verdict ("" if
+    they agree), for a manual confirmation from the saga's state."""
+    if not view.reachable:
+        return ""
+    if saga.state == S.UNKNOWN_EXPIRED and view.charge_id is None:
+        # "I saw the charge": the gateway must hold exactly this purchase's money.
+        return f"the gateway disagrees: {view.text}, not {format_money(saga.amount, saga.currency)}"
+    if saga.state == S.COMPENSATION_PENDING and view.captured != 0:
+        # "I saw the refund": the gateway must hold none of it any more.
+        return f"the gateway disagrees: {view.text}"
+    return ""
 
 
 def actions_for(state: str) -> list[Action]:
     return [a for a in Action if SagaState(state) in SOURCES[a]]
 
 
-def action_plan(*, saga: PurchaseSaga, action: Action) -> Plan:
-    """The dry run: what the action would do to this saga. Writes nothing."""
+def action_plan(
+    *,
+    saga: PurchaseSaga,
+    action: Action,
+    gateway: PaymentGateway | None = None,
+    ask_gateway: bool = True,
+) -> Plan:
+    """The dry run: what the action would do to this saga. Writes nothing.
+
+    For the manual actions it asks the gateway (outside any transaction) and
+    shows its answer; a confirmation the gateway contradicts is refused here
+    already, and one it cannot be asked about needs the override.
+    ``ask_gateway=False`` gives the transition table's verdict alone (the
+    action asks the gateway itself when it runs).
+    """
     state = SagaState(saga.state)
     plan = Plan(str(saga.pk), state, action, allowed=state in SOURCES[action])
     if not plan.allowed:
         plan.why = f"not allowed from {state}"
         return plan
+    if ask_gateway and action in (Action.CONFIRM_MANUAL, Action.COMPENSATE_MANUAL):
+        view = gateway_view(saga, gateway=gateway)
+        plan.gateway_answer = view.text
+        if action == Action.CONFIRM_MANUAL:
+            if disagreement := _disagreement(saga, view):
+                plan.allowed = False
+                plan.why = disagreement
+                return plan
+            plan.override_needed = not view.reachable
+        elif state == S.UNKNOWN_EXPIRED and view.captured:
+            plan.allowed = False
+            plan.why = f"the gateway says charged: confirm instead ({view.text})"
+            return plan
     seats = saga_seat_refs(saga)
     charged = ledger_has_charge(intent_id=saga.intent_id)
     was_confirmed = Reservation.objects.filter(
         pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
     ).exists()
-    if action == Action.RECONCILE_NOW and state in (S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED):
+    if plan.override_needed:
+        plan.why = (f"{plan.gateway_answer}: only with the override (the ledger entry and "
+                    "the history say so; the auditor reports it until the gateway agrees)")
+        plan.ledger = (f"{'charge +' if state == S.UNKNOWN_EXPIRED else 'refund -'}"
+                       f"{format_money(saga.amount, saga.currency)}, marked as an override")
+        plan.seats_freed = seats if state == S.COMPENSATION_PENDING else []
+        plan.emails = (["confirmation"] if state == S.UNKNOWN_EXPIRED
+                       else ["correction" if was_confirmed else "failure"])
+    elif action == Action.RECONCILE_NOW and state in (S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED):
         plan.gateway_calls = ["retrieve"]
         plan.why = "look the intent up; act only on a definitive answer"
         if state != S.UNKNOWN_EXPIRED:
@@ -117,16 +203,18 @@ def action_plan(*, saga: PurchaseSaga, action: Action) -> Plan:
         else:  # a compensation to run or finish
             plan.refund = charged
             plan.gateway_calls = ["refund"] if charged else []
-            plan.ledger = f"refund -{saga.amount} {saga.currency}" if charged else ""
+            plan.ledger = f"refund -{format_money(saga.amount, saga.currency)}" if charged else ""
             plan.seats_freed = seats
             plan.emails = ["correction" if was_confirmed else "failure"]
     elif action == Action.CONFIRM_MANUAL and state == S.UNKNOWN_EXPIRED:
-        plan.why = "the operator saw the charge at the gateway"
-        plan.ledger = f"charge +{saga.amount} {saga.currency} with the operator's note"
+        plan.why = "the operator and the gateway saw the charge"
+        plan.ledger = (f"charge +{format_money(saga.amount, saga.currency)} with the "
+                       "operator's note")
         plan.emails = ["confirmation"]
     elif action == Action.CONFIRM_MANUAL:
-        plan.why = "the operator saw the refund at the gateway"
-        plan.ledger = f"refund -{saga.amount} {saga.currency} with the operator's note"
+        plan.why = "the operator and the gateway saw the refund"
+        plan.ledger = (f"refund -{format_money(saga.amount, saga.currency)} with the "
+                       "operator's note")
         plan.seats_freed = seats
         plan.emails = ["correction" if was_confirmed else "failure"]
     elif action == Action.COMPENSATE_MANUAL and state == S.UNKNOWN_EXPIRED:
@@ -137,7 +225,7 @@ def action_plan(*, saga: PurchaseSaga, action: Action) -> Plan:
     else:  # compensate COMPENSATION_PENDING, or refund CONFIRMED
         plan.refund = charged
         plan.gateway_calls = ["refund"] if charged else []
-        plan.ledger = f"refund -{saga.amount} {saga.currency}" if charged else ""
+        plan.ledger = f"refund -{format_money(saga.amount, saga.currency)}" if charged else ""
         plan.seats_freed = seats
         plan.emails = ["correction" if was_confirmed else "failure"]
         plan.why = "refund, free the seats, announce, email"
@@ -156,11 +244,18 @@ def action_run(
     action: Action,
     operator: str,
     reason: str,
+    override: bool = False,
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
 ) -> PurchaseSaga:
     """Run a runbook action for ``operator``. Raises ActionRefused if the
-    saga is not in a state the action may start from."""
+    saga is not in a state the action may start from, or if the gateway
+    contradicts a manual confirmation.
+
+    ``override`` lets a manual confirmation proceed while the gateway cannot
+    be asked (never when it answers and disagrees); the ledger entry and the
+    history are marked, and the auditor reports it until the gateway agrees.
+    """
     if not reason or not reason.strip():
         raise ActionRefused("a reason is required")
     if not operator:
@@ -183,7 +278,8 @@ def action_run(
         return services.purchase_refund(saga_id=saga_id, reason=note, actor=Actor.OPERATOR,
                                         actor_name=operator, gateway=gateway, now=now)
     if action == Action.CONFIRM_MANUAL:
-        return _confirm_manual(saga_id, operator=operator, note=note, now=now)
+        return _confirm_manual(saga_id, operator=operator, note=note, override=override,
+                               gateway=gateway, now=now)
     return _compensate_manual(saga_id, operator=operator, note=note, gateway=gateway, now=now)
 
 
@@ -218,27 +314,43 @@ def _reconcile_now(saga, *, operator, note, gateway, now):
     return saga
 
 
-def _confirm_manual(saga_id, *, operator, note, now):
-    now = now or timezone.now()
+def _confirm_manual(saga_id, *, operator, note, override, gateway, now):
+    """The operator saw the charge (UNKNOWN_EXPIRED) or the refund
+    (COMPENSATION_PENDING) at the processor. The gateway is asked first and
+    must agree; money is never written on the operator's word alone, except
+    with the override while the gateway cannot be asked."""
+    view = gateway_view(PurchaseSaga.objects.get(pk=saga_id), gateway=gateway)
+    at = now or timezone.now()
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga_id)
-        if saga.state == S.UNKNOWN_EXPIRED:
-            services._confirm(saga, charge_id="manual", reason=f"confirmed after manual check: "
-                              f"{note}", now=now, actor=Actor.OPERATOR, actor_name=operator,
-                              note=f"manual confirmation: {note}")
-            return saga
-        if saga.state != S.COMPENSATION_PENDING:
+        if saga.state not in (S.UNKNOWN_EXPIRED, S.COMPENSATION_PENDING):
             raise IllegalTransition(saga.state, S.CONFIRMED)
+        if disagreement := _disagreement(saga, view):
+            raise ActionRefused(disagreement)
+        marked = ""
+        if not view.reachable:
+            if not override:
+                raise ActionRefused(f"{view.text}: confirm only with the override")
+            marked = " [override: the gateway could not be asked]"
+        if saga.state == S.UNKNOWN_EXPIRED:
+            services._confirm(
+                saga, charge_id=view.charge_id or "manual-override",
+                reason=f"confirmed after manual check: {note}{marked}", now=at,
+                actor=Actor.OPERATOR, actor_name=operator,
+                note=f"manual confirmation: {note}{marked}", override=bool(marked),
+            )
+            return saga
         if not ledger_has_charge(intent_id=saga.intent_id):
             raise ActionRefused("no charge in the ledger: nothing to confirm as refunded")
         ledger_record(
             intent_id=saga.intent_id, kind=EntryKind.REFUND, amount=-saga.amount,
-            currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=now,
-            gateway_reference="manual", note=f"refund confirmed after manual check: {note}",
+            currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=at,
+            gateway_reference="manual-override" if marked else "manual",
+            note=f"refund confirmed after manual check: {note}{marked}", override=bool(marked),
         )
         services._finish_compensation(
-            saga, now=now, actor=Actor.OPERATOR, actor_name=operator, refunded=True,
-            reason=f"refund confirmed after manual check: {note}",
+            saga, now=at, actor=Actor.OPERATOR, actor_name=operator, refunded=True,
+            reason=f"refund confirmed after manual check: {note}{marked}",
         )
     return saga
 

@@ -645,6 +645,7 @@ def _confirm(
     actor: str = Actor.SYSTEM,
     actor_name: str = "",
     note: str = "",
+    override: bool = False,
 ) -> None:
     """CONFIRMED in one commit: ledger, seats sold, reservation, timer, event."""
     if saga.state == S.PENDING:
@@ -670,6 +671,7 @@ def _confirm(
         now=now,
         gateway_reference=charge_id,
         note=note,
+        override=override,
     )
     seat_ids = list(
         ReservationSeat.objects.filter(

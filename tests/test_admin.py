@@ -355,7 +355,10 @@ def _confirm_unknown_expired(alice, event, gw):
 
 
 def _confirm_compensation_pending(alice, event, gw):
-    return compensation_pending(alice, event, "A1", gw)
+    saga = compensation_pending(alice, event, "A1", gw)
+    # The refund landed at the processor; its answer was lost on the way back.
+    gw.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")
+    return saga
 
 
 def _compensate_unknown_expired(alice, event, gw):
@@ -589,7 +592,7 @@ def test_the_dry_run_shows_the_plan_and_writes_nothing(op_client, alice, big_eve
     allowed = plans[str(refundable.pk)]
     assert (allowed.allowed, allowed.refund, allowed.seats_freed, allowed.emails,
             allowed.gateway_calls) == (True, True, ["A1"], ["correction"], ["refund"])
-    assert allowed.ledger == "refund -2500 EUR"
+    assert allowed.ledger == "refund -25.00 EUR"
     refused = plans[str(held.pk)]
     assert (refused.allowed, refused.why) == (False, "not allowed from PENDING")
     html = response.content.decode()
@@ -707,3 +710,51 @@ def test_staff_without_the_view_permission_cannot_open_the_sagas(client, alice, 
     assert gateway.calls == [("charge", saga.intent_id)]  # no look-up for the unauthorized
 
 
+
+
+# --- a manual confirmation asks the gateway; the override is explicit ------------------
+
+
+@pytest.mark.django_db
+def test_the_confirm_dry_run_shows_the_gateways_answer_and_refuses_a_contradiction(
+        op_client, alice, event, gateway):
+    # escalated, and nothing was ever charged
+    saga = unknown_expired(alice, event, "A1", payment_method="pm_card_timeout_not_charged")
+
+    dry_run = _post_action(op_client, "confirm_after_manual_check", [saga], confirm=False)
+    [(_, plan)] = dry_run.context["rows"]
+    ran = _post_action(op_client, "confirm_after_manual_check", [saga])
+
+    assert not plan.allowed and "gateway disagrees" in plan.why
+    assert "no charge" in dry_run.content.decode()
+    assert 'name="override"' not in dry_run.content.decode()
+    assert _results(ran)[str(saga.pk)].outcome == "refused"
+    assert _state(saga) == "UNKNOWN_EXPIRED"
+    assert not LedgerEntry.objects.filter(intent_id=saga.intent_id).exists()
+
+
+@pytest.mark.django_db
+def test_the_override_is_offered_when_the_gateway_cannot_be_reached_and_marks_the_money(
+        op_client, alice, event, gateway, monkeypatch):
+    from payments.gateway import GatewayUnavailable
+
+    saga = unknown_expired(alice, event, "A1")  # charged; the answer was lost
+
+    def unreachable(intent_id):
+        raise GatewayUnavailable("list charges: timeout")
+
+    monkeypatch.setattr(gateway, "list_charges", unreachable)
+
+    dry_run = _post_action(op_client, "confirm_after_manual_check", [saga], confirm=False)
+    without = _post_action(op_client, "confirm_after_manual_check", [saga])
+    with_override = _post_action(op_client, "confirm_after_manual_check", [saga],
+                                 override="on")
+
+    html = dry_run.content.decode()
+    assert "cannot be reached" in html and 'name="override"' in html
+    assert _results(without)[str(saga.pk)].outcome == "refused"
+    assert "override" in _results(without)[str(saga.pk)].message
+    assert _results(with_override)[str(saga.pk)].outcome == "done"
+    assert _state(saga) == "CONFIRMED"
+    entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
+    assert entry.override and "override" in entry.note

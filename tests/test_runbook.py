@@ -16,7 +16,34 @@ from .conftest import start_purchase
 def _unknown_expired(user, event, **kwargs):
     saga = start_purchase(user, event, **kwargs)
     for to in ("CHARGING", "UNKNOWN", "UNKNOWN_EXPIRED"):
-        saga_transition(saga_id=saga.pk, to=to, reason="test")
+        saga = saga_transition(saga_id=saga.pk, to=to, reason="test")
+    return saga
+
+
+class _Unreachable:
+    """The gateway's charge list cannot be had (the processor is down)."""
+
+    def __init__(self, gateway):
+        self.gateway = gateway
+
+    def __call__(self, intent_id):
+        from payments.gateway import GatewayUnavailable
+
+        self.gateway.calls.append(("list_charges", intent_id))
+        raise GatewayUnavailable("list charges: connection_error")
+
+
+def _charged_but_unknown_expired(user, event, seats=("A1",)):
+    saga = start_purchase(user, event, seats=seats, payment_method="pm_card_timeout_charged")
+    assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"  # charged; the answer was lost
+    return saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="test")
+
+
+def _refund_pending(user, event, gateway):
+    saga = saga_charge(saga_id=start_purchase(user, event).pk)
+    gateway.down("refund")
+    assert purchase_refund(saga_id=saga.pk, reason="r").state == "COMPENSATION_PENDING"
+    gateway.up("refund")
     return saga
 
 
@@ -30,7 +57,7 @@ def test_manual_actions_only_make_moves_the_table_allows():
 
 @pytest.mark.django_db
 def test_confirm_after_manual_check_writes_a_ledger_note(alice, event, gateway):
-    saga = _unknown_expired(alice, event)
+    saga = _charged_but_unknown_expired(alice, event)
 
     result = action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
                         reason="charge ch_123 seen in the processor dashboard")
@@ -72,9 +99,9 @@ def test_compensate_after_manual_check_refuses_when_the_gateway_charged(alice, e
 
 @pytest.mark.django_db
 def test_confirm_after_manual_check_of_a_pending_refund(alice, event, faulty_gateway):
-    saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-    faulty_gateway.down("refund")
-    assert purchase_refund(saga_id=saga.pk, reason="r").state == "COMPENSATION_PENDING"
+    saga = _refund_pending(alice, event, faulty_gateway)
+    # The refund did land at the processor (an answer lost on the way back).
+    faulty_gateway.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")
 
     result = action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
                         reason="refund visible at the processor")
@@ -110,3 +137,114 @@ def test_the_dry_run_of_a_refund_says_what_will_happen_and_writes_nothing(alice,
     assert plan.gateway_calls == ["refund"]
     assert PurchaseSaga.objects.get(pk=saga.pk).version == version
     assert [c for c in gateway.calls if c[0] == "refund"] == []
+
+
+# --- money is written on the gateway's word, not the operator's alone -----------------
+
+
+@pytest.mark.django_db
+def test_confirm_after_manual_check_refuses_when_the_gateway_has_no_charge(alice, event,
+                                                                          gateway):
+    saga = _unknown_expired(alice, event)  # nothing ever reached the gateway
+
+    with pytest.raises(ActionRefused, match="gateway disagrees.*no charge"):
+        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+                   reason="I am sure I saw it")
+
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
+    assert not LedgerEntry.objects.filter(intent_id=saga.intent_id).exists()
+    assert Seat.objects.get(event=event, ref="A1").status == "held"
+    assert ("list_charges", saga.intent_id) in gateway.calls
+
+
+@pytest.mark.django_db
+def test_confirm_after_manual_check_records_the_gateways_charge(alice, event, gateway):
+    from payments.fake_gateway.models import FakeCharge
+
+    saga = _charged_but_unknown_expired(alice, event)
+
+    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+               reason="seen in the dashboard")
+
+    entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
+    assert entry.gateway_reference == FakeCharge.objects.get(intent_id=saga.intent_id).id
+    assert not entry.override
+
+
+@pytest.mark.django_db
+def test_confirming_a_refund_is_refused_while_the_gateway_still_holds_the_money(
+        alice, event, faulty_gateway):
+    saga = _refund_pending(alice, event, faulty_gateway)  # the refund never landed
+
+    with pytest.raises(ActionRefused, match="gateway disagrees.*captured"):
+        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+                   reason="the customer says they got it")
+
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "COMPENSATION_PENDING"
+    assert list(LedgerEntry.objects.filter(intent_id=saga.intent_id)
+                .values_list("kind", flat=True)) == ["charge"]
+    assert Seat.objects.get(event=event, ref="A1").status == "sold"  # not released
+
+
+@pytest.mark.django_db
+def test_the_dry_run_shows_the_gateways_answer(alice, bob, event, gateway):
+    disagreeing = _unknown_expired(alice, event, seats=["A1"])
+    agreeing = _charged_but_unknown_expired(bob, event, seats=["A2"])
+
+    refused = action_plan(saga=disagreeing, action=Action.CONFIRM_MANUAL)
+    allowed = action_plan(saga=agreeing, action=Action.CONFIRM_MANUAL)
+
+    assert not refused.allowed
+    assert "no charge" in refused.gateway_answer and "disagrees" in refused.why
+    assert allowed.allowed and not allowed.override_needed
+    assert "succeeded" in allowed.gateway_answer and "25.00 EUR" in allowed.gateway_answer
+
+
+@pytest.mark.django_db
+def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor_follows_it(
+        alice, event, gateway, monkeypatch):
+    from purchases.audit import audit_run
+
+    saga = _charged_but_unknown_expired(alice, event)
+    monkeypatch.setattr(gateway, "list_charges", _Unreachable(gateway))
+
+    plan = action_plan(saga=saga, action=Action.CONFIRM_MANUAL)
+    assert plan.allowed and plan.override_needed and "cannot be reached" in plan.gateway_answer
+    with pytest.raises(ActionRefused, match="cannot be reached.*override"):
+        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+                   reason="processor dashboard shows ch_9")
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
+
+    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+               reason="processor dashboard shows ch_9", override=True)
+
+    saga = PurchaseSaga.objects.get(pk=saga.pk)
+    assert saga.state == "CONFIRMED"
+    entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
+    assert entry.override and "override" in entry.note.lower()
+    assert "override" in saga.history.latest("id").reason.lower()
+    # While the gateway cannot confirm it, the auditor keeps naming it.
+    report = audit_run(gateway=gateway)
+    assert report.violations == []
+    assert [u.intent_id for u in report.unverified] == [saga.intent_id]
+    assert "override" in report.unverified[0].detail
+    # Once the gateway answers and agrees, it is settled.
+    monkeypatch.undo()
+    assert audit_run(gateway=gateway).violations == []
+
+
+@pytest.mark.django_db
+def test_the_auditor_reports_an_override_the_gateway_contradicts(alice, event, gateway,
+                                                                monkeypatch):
+    from purchases.audit import audit_run
+
+    saga = _unknown_expired(alice, event)  # nothing was charged
+    monkeypatch.setattr(gateway, "list_charges", _Unreachable(gateway))
+    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
+               reason="wrong guess", override=True)
+    monkeypatch.undo()
+
+    report = audit_run(gateway=gateway)
+
+    assert [(v.invariant, v.saga_id) for v in report.violations] == [
+        ("override_agrees_with_gateway", str(saga.pk))]
