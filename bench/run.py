@@ -882,7 +882,7 @@ class Bench:
             if self.wait_drained(max(1.0, deadline - time.monotonic()), "the queue to drain"):
                 (due,) = self.q1(
                     "SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL"
-                    " AND cancelled_at IS NULL AND available_at <= now()")
+                    " AND cancelled_at IS NULL AND dead_at IS NULL AND available_at <= now()")
                 if due == 0:
                     return True
             time.sleep(0.5)
@@ -1335,11 +1335,14 @@ class Bench:
         if not self.quiesce(120):
             self.results["notes"].append("timers: the stack was not quiet before the run")
         tag = uuid.uuid4().hex[:8]
+        # due_at: what outbox_publish writes (the relay claims on it).
         self.q("INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id,"
-               " created_at, available_at, deliveries)"
+               " created_at, available_at, due_at, deliveries)"
                " SELECT 'bench.noop', '{}'::jsonb, 'bench-timer:' || %s || ':' || g, NULL, NULL,"
-               " now(), now() + make_interval(secs => %s + g * %s / %s), 0"
-               " FROM generate_series(1, %s) g", [tag, lead, window, n, n])
+               " now(), t.at, t.at, 0"
+               " FROM generate_series(1, %s) g,"
+               " LATERAL (SELECT now() + make_interval(secs => %s + g * %s / %s) AS at) t",
+               [tag, n, lead, window, n])
         log(f"   armed {n} timers due from +{lead:.0f}s to +{lead + window:.0f}s "
             "(topic bench.noop: no consumer, delivery only completes them)")
         where = "topic = 'bench.noop' AND key LIKE %s"
@@ -1362,7 +1365,7 @@ class Bench:
         drained = True
         # The deliveries trail behind (each is a Celery task); wait a bounded
         # time, then finish the bench's own leftovers by hand so that they are
-        # not handed over again (OUTBOX_REDELIVER_AFTER_SECONDS) mid-figure.
+        # not handed over again (OUTBOX_REDELIVER_SECONDS) mid-figure.
         deadline = time.monotonic() + (300 if self.full else 30)
         while True:
             (completed,) = self.q1(f"SELECT count(completed_at) FROM outbox_outboxmessage"
@@ -1393,8 +1396,8 @@ class Bench:
         (redelivered,) = self.q1(f"SELECT count(*) FROM outbox_outboxmessage WHERE {where}"
                                  " AND deliveries > 1", [like])
         if not drained:
-            self.q(f"UPDATE outbox_outboxmessage SET completed_at = now() WHERE {where}"
-                   " AND completed_at IS NULL", [like])
+            self.q(f"UPDATE outbox_outboxmessage SET completed_at = now(), due_at = NULL"
+                   f" WHERE {where} AND completed_at IS NULL", [like])
             self.purge_queue()
         poll = self.results["config"]["relay_poll_seconds"]
         self.results["figures"]["4_timers"] = {
@@ -1748,16 +1751,17 @@ def sweeps_seed_live(conn) -> None:
         """)
         conn.execute("""
             INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id, created_at,
-                available_at, deliveries)
+                available_at, due_at, deliveries)
             SELECT 'purchase.reconcile', '{}', 'reconcile:' || s.id, s.event_id, s.id, now(),
-                   now() + interval '10 minutes', 0
+                   now() + interval '10 minutes', now() + interval '10 minutes', 0
             FROM purchases_purchasesaga s WHERE s.intent_id = 'pi_L1'
         """)
         conn.execute("""
             INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id, created_at,
-                available_at, deliveries)
+                available_at, due_at, deliveries)
             SELECT 'bench.noop', '{}', NULL, NULL, NULL, now() - interval '1 minute',
-                   now() - interval '1 minute', 0 FROM generate_series(1, 5)
+                   now() - interval '1 minute', now() - interval '1 minute', 0
+            FROM generate_series(1, 5)
         """)
 
 

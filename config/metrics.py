@@ -107,7 +107,8 @@ class DatabaseCollector:
         from outbox.relay import dead_letters
 
         yield GaugeMetricFamily("boxoffice_outbox_dead_letters",
-                                "Outbox rows that exhausted their deliveries (an operator's)",
+                                "Outbox rows whose redelivery schedule ran out, not replayed "
+                                "yet (an operator's)",
                                 value=dead_letters().count())
         needs = OutboxMessage.objects.filter(topic="SagaNeedsOperator").count()
         yield GaugeMetricFamily("boxoffice_operator_alerts_raised",

@@ -187,13 +187,26 @@ OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
 # rows: one task each; a burst: spread evenly over these).
 OUTBOX_DISPATCH_TASKS = env.int("OUTBOX_DISPATCH_TASKS", default=16)
 # A claimed row whose hand-off did not complete within the lease is claimed
-# again by any relay; a delivered row whose consumers did not finish within
-# this long is delivered again (consumers are idempotent).
+# again by any relay; also the lease of one delivery.
 OUTBOX_CLAIM_LEASE_SECONDS = env.int("OUTBOX_CLAIM_LEASE_SECONDS", default=30)
-OUTBOX_REDELIVER_AFTER_SECONDS = env.int("OUTBOX_REDELIVER_AFTER_SECONDS", default=120)
-# A row handed over this many times without completing is a dead letter: the
-# relay stops, and /metrics and the auditor name it for an operator.
-OUTBOX_MAX_DELIVERIES = env.int("OUTBOX_MAX_DELIVERIES", default=20)
+# A handed-over row whose consumers did not all finish is handed over again
+# after each of these delays in turn (one redelivery per value); after the last
+# redelivery it has the last delay once more to complete, then it is a dead
+# letter (one alert, listed in the admin, `manage.py outbox_replay`). Growing
+# and capped at a day, it spans 4.2 days of redeliveries: a consumer down over
+# a long weekend still converges by itself, in 13 hand-overs in all.
+OUTBOX_REDELIVER_SECONDS = [
+    int(s)
+    for s in env.list(
+        "OUTBOX_REDELIVER_SECONDS",
+        default=["120", "300", "900", "1800", "3600", "7200", "14400", "28800", "43200",
+                 "86400", "86400", "86400"],
+    )
+]
+if not OUTBOX_REDELIVER_SECONDS or min(OUTBOX_REDELIVER_SECONDS) <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("OUTBOX_REDELIVER_SECONDS needs at least one positive delay")
 
 # --- Celery -------------------------------------------------------------------
 if "CELERY_BROKER_URL" in env:

@@ -17,7 +17,11 @@ Two kinds of consumer:
 
 A delivery is two commits whatever the consumers: one statement that takes
 the lease and reads the message with what already ran, and the closing
-transaction.
+transaction. A delivery that fails says why on the row (``last_error``), in
+the commit that gives the row back; the relay hands it over again on the
+``OUTBOX_REDELIVER_SECONDS`` schedule. A dead letter is not delivered (an
+operator replays it first), and a row reopened for a backfill runs only the
+consumers it names (``only_consumers``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .models import InboxEntry, OutboxMessage
+from .models import LAST_ERROR_MAX_CHARS, InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +52,12 @@ def _is_transactional(handle) -> bool:
     return getattr(handle, "runs_in_delivery_transaction", False)
 
 
-def consumers_for(topic: str) -> list[tuple[str, object]]:
-    return [(path, import_string(path)) for path in settings.OUTBOX_CONSUMERS.get(topic, [])]
+def consumers_owed(topic: str, *, already_ran, only=None) -> list[str]:
+    """The consumers a delivery runs: the topic's, in routing order, but those
+    that already ran, and only those in ``only`` (a row reopened for a
+    backfill names them in ``only_consumers``)."""
+    names = settings.OUTBOX_CONSUMERS.get(topic, [])
+    return [n for n in names if n not in already_ran and (only is None or n in only)]
 
 
 def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None = None) -> bool:
@@ -66,7 +74,7 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
 
 _LEASE_SQL = """
 UPDATE {outbox} SET processing_until = %s
- WHERE id = %s AND completed_at IS NULL AND cancelled_at IS NULL
+ WHERE id = %s AND completed_at IS NULL AND cancelled_at IS NULL AND dead_at IS NULL
    AND (processing_until IS NULL OR processing_until < %s)
 RETURNING *, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id) AS already_ran
 """
@@ -82,7 +90,8 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
         # SQLite (the embedded default) has no arrays; commits are local there.
         owned = (
             OutboxMessage.objects.filter(
-                pk=message_id, completed_at__isnull=True, cancelled_at__isnull=True
+                pk=message_id, completed_at__isnull=True, cancelled_at__isnull=True,
+                dead_at__isnull=True,
             )
             .filter(_free_of_processing(now))
             .update(processing_until=lease)
@@ -114,30 +123,50 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
     message = _lease(message_id=message_id, now=now)
     if message is None:
         return "skipped"
-    pending = [(name, handle) for name, handle in consumers_for(message.topic)
-               if name not in message.already_ran]
-    outside = [(name, handle) for name, handle in pending if not _is_transactional(handle)]
-    inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
     ran: list[str] = []
+    running = ""  # who failed, for last_error
     try:
+        pending = []
+        for running in consumers_owed(message.topic, already_ran=message.already_ran,
+                                      only=message.only_consumers):
+            pending.append((running, import_string(running)))  # a routing typo fails here
+        outside = [(name, handle) for name, handle in pending if not _is_transactional(handle)]
+        inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
         for name, handle in outside:
+            running = name
             handle(message)
             ran.append(name)
         with transaction.atomic(durable=True):
-            for _, handle in inside:
+            for name, handle in inside:
+                running = name
                 handle(message)
+            running = "(closing the delivery)"
             _record(message, ran + [name for name, _ in inside])
             OutboxMessage.objects.filter(pk=message.pk).update(
-                completed_at=timezone.now(), processing_until=None
+                completed_at=timezone.now(), due_at=None, processing_until=None
             )
-    except Exception:
+    except Exception as exc:
         # What ran did happen: record it, so a redelivery does not run it
-        # again, and give the message back at once instead of at lease end.
+        # again, say why the rest failed, and give the message back at once
+        # instead of at lease end.
+        error = _error_text(running, exc)
         with transaction.atomic(durable=True):
             _record(message, ran)
-            OutboxMessage.objects.filter(pk=message.pk).update(processing_until=None)
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                processing_until=None, last_error=error, last_error_at=timezone.now()
+            )
+        logger.warning("outbox delivery failed: %s", error, extra={
+            "message_id": message.pk, "topic": message.topic, "consumer": running,
+            "saga_id": str(message.saga_id) if message.saga_id else None})
         raise
     return "delivered"
+
+
+def _error_text(consumer: str, exc: BaseException) -> str:
+    text = f"{consumer}: {type(exc).__name__}: {exc}"
+    if len(text) > LAST_ERROR_MAX_CHARS:
+        text = text[:LAST_ERROR_MAX_CHARS - 1] + "…"
+    return text
 
 
 def _free_of_processing(now: datetime) -> Q:

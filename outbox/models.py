@@ -5,10 +5,17 @@ row due later (``available_at`` in the future) with a unique ``key`` so that
 it can be cancelled. Rows are never deleted by the relay: ``fired_at`` and
 ``cancelled_at`` stay, so a cancel can answer ``already_fired`` (and when)
 instead of an ambiguous "not pending".
+
+A row handed over whose consumers do not all finish is handed over again on
+the ``OUTBOX_REDELIVER_SECONDS`` schedule; when the schedule is spent it is a
+*dead letter* (``dead_at``): one alert, no more hand-overs, an operator's to
+replay (``outbox.services.outbox_replay``).
 """
 
 from django.db import models
 from django.db.models import Q
+
+LAST_ERROR_MAX_CHARS = 1000
 
 
 class OutboxMessage(models.Model):
@@ -30,25 +37,71 @@ class OutboxMessage(models.Model):
     handed_over_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     # Set when every consumer of the topic has processed the row; a fired row
-    # without it is handed over again after OUTBOX_REDELIVER_AFTER_SECONDS.
+    # without it is handed over again at ``due_at``.
     completed_at = models.DateTimeField(null=True, blank=True)
     # A delivery in progress: a worker processing the row owns it until then.
     processing_until = models.DateTimeField(null=True, blank=True)
+    # When the relay must look at the row next: ``available_at`` until the
+    # first hand-over; then, written by each hand-over, when it is handed over
+    # again if it has not completed by then (or, once the schedule is spent,
+    # when it is a dead letter). NULL once the row is settled (completed,
+    # cancelled, dead), so the column's statistics describe the pending rows
+    # only and the claim's estimate is right (see ``outbox_claim_idx``).
+    due_at = models.DateTimeField(null=True, blank=True)
+    # Hand-overs in all, and since the redelivery schedule (re)started (a
+    # replay restarts it). (The db default keeps raw INSERTs valid.)
     deliveries = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    # Why the last delivery failed: "<consumer>: <Type>: <message>", truncated.
+    last_error = models.TextField(blank=True, default="", db_default="")
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    # The schedule ran out without completing: no more hand-overs, one alert.
+    dead_at = models.DateTimeField(null=True, blank=True)
+    # The last replay by an operator, and, for a backfill, the only consumers
+    # the replay runs (null: every consumer of the topic that has not run).
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    only_consumers = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [
-            # The relay's claim query only ever looks at rows not yet done.
+            # Rows not yet done, by due time: the backlog metric, the relay's
+            # look-ahead for the next timer.
             models.Index(
                 fields=["available_at"],
                 name="outbox_due_idx",
                 condition=Q(completed_at__isnull=True, cancelled_at__isnull=True),
             ),
+            # The relay's claim: rows owed a hand-over (or a dead-letter
+            # verdict), in the order they are due. A row waiting for its
+            # redelivery sits at its redelivery time, not at the head of the
+            # range; a settled row leaves the index.
+            models.Index(
+                fields=["due_at", "id"],
+                name="outbox_claim_idx",
+                condition=Q(due_at__isnull=False),
+            ),
+            # Dead letters (the gauge, the admin's filter, the replay), by age.
+            models.Index(
+                fields=["created_at", "id"],
+                name="outbox_dead_idx",
+                condition=Q(dead_at__isnull=False, completed_at__isnull=True,
+                            cancelled_at__isnull=True),
+            ),
+        ]
+        permissions = [
+            ("replay_outboxmessage", "Can replay dead letters and backfill a consumer"),
         ]
 
     def __str__(self) -> str:
         return f"{self.topic}#{self.pk}"
 
+    def save(self, *args, **kwargs):
+        # A row written without its due time (outbox_publish sets it) is due
+        # at available_at, like any new row, unless it is already settled.
+        if (self._state.adding and self.due_at is None
+                and not (self.completed_at or self.cancelled_at or self.dead_at)):
+            self.due_at = self.available_at
+        super().save(*args, **kwargs)
 
 
 class InboxEntry(models.Model):

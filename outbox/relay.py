@@ -13,6 +13,14 @@ A relay that dies between claim and mark leaves a lease that expires; the row
 is claimed again and delivered again, which the consumers' inbox makes
 harmless.
 
+Marking a row fired also writes when it is due again (``due_at``, from
+``OUTBOX_REDELIVER_SECONDS``) should its consumers not all finish. A row due
+again once the schedule is spent is a dead letter: the pass that finds it
+marks it (``dead_at``) and raises the alert in the claim's own transaction,
+so a relay that dies before that commit leaves the row for the next pass
+(the alert is never lost), and two relays cannot both mark it (the claim's
+``SKIP LOCKED``, and ``dead_at IS NULL`` in the update).
+
 On PostgreSQL the loop wakes on ``LISTEN/NOTIFY`` and also polls, so a lost
 notification costs at most one poll interval.
 """
@@ -27,7 +35,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Min, Q
+from django.db.models import Case, DateTimeField, F, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -80,24 +88,33 @@ def _celery_hand_over(ids: list[int]) -> tuple[list[int], list[int]]:
     return handed, failed
 
 
-def due_filter(now: datetime) -> Q:
-    redeliver_before = now - timedelta(seconds=settings.OUTBOX_REDELIVER_AFTER_SECONDS)
+def redeliver_schedule() -> list[int]:
+    """Seconds before each redelivery; the last one is also how long the last
+    hand-over has to complete before the row is a dead letter."""
+    return list(settings.OUTBOX_REDELIVER_SECONDS)
+
+
+def due_rows(now: datetime):
+    """Rows owed a hand-over (or a dead-letter verdict) at ``now``, in the
+    order they are due: one range of ``outbox_claim_idx``.
+
+    Nothing but ``due_at`` decides, on purpose: a settled row has none, and a
+    condition on ``completed_at`` would let the planner prefer a scan of every
+    pending row through ``outbox_due_idx``. (``_claim`` still looks at the
+    settled columns of what it locked.)
+    """
     return (
-        Q(completed_at__isnull=True, cancelled_at__isnull=True, available_at__lte=now)
-        & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-        & (
-            Q(fired_at__isnull=True)
-            | Q(handed_over_at__lt=redeliver_before,
-                deliveries__lt=settings.OUTBOX_MAX_DELIVERIES)
-        )
+        OutboxMessage.objects.filter(due_at__lte=now)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .order_by("due_at", "id")
     )
 
 
 def dead_letters():
-    """Rows handed over the maximum number of times without completing."""
+    """Rows whose redelivery schedule ran out without completing (until an
+    operator replays them)."""
     return OutboxMessage.objects.filter(
-        completed_at__isnull=True, cancelled_at__isnull=True,
-        deliveries__gte=settings.OUTBOX_MAX_DELIVERIES,
+        dead_at__isnull=False, completed_at__isnull=True, cancelled_at__isnull=True,
     )
 
 
@@ -109,22 +126,67 @@ class _Claimed:
 
 
 def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
-    """Claim due rows and, in the same transaction (one commit for the whole
-    pass's bookkeeping), read when the next unclaimed row is due."""
+    """Claim due rows, mark the dead letters among them, and, in the same
+    transaction (one commit for the whole pass's bookkeeping), read when the
+    next unclaimed row is due."""
     lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    spent = len(redeliver_schedule())
     with transaction.atomic(durable=True):
         rows = list(
-            OutboxMessage.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(due_filter(now))
-            .order_by("available_at", "id")
-            .values_list("id", "available_at", "fired_at")[:limit]
+            due_rows(now)
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("id", "available_at", "fired_at", "attempts", "processing_until",
+                         "completed_at", "cancelled_at", "dead_at")[:limit]
         )
-        ids = [row[0] for row in rows]
+        ids, dead, settled = [], [], []
+        for message_id, _, _, attempts, processing, *ends in rows:
+            if any(ends):  # settled by a write that left due_at: nothing owed
+                settled.append(message_id)
+            elif attempts <= spent:
+                ids.append(message_id)
+            elif processing is None or processing < now:
+                dead.append(message_id)
+            # else: the last delivery is still running; look again next pass
         if ids:
             OutboxMessage.objects.filter(id__in=ids).update(claimed_until=lease)
+        if settled:
+            OutboxMessage.objects.filter(id__in=settled).update(due_at=None)
         due = _next_due_in(now=now, exclude=ids) if look_ahead else None
-    return _Claimed(ids=ids, first_due={i: at for i, at, fired in rows if fired is None},
+        if dead:
+            _mark_dead(ids=dead, now=now)
+    # (Dead letters were all fired: first_due holds claimed rows only.)
+    return _Claimed(ids=ids, first_due={row[0]: row[1] for row in rows
+                                        if row[2] is None and not any(row[5:])},
                     next_due_in=due)
+
+
+def _mark_dead(*, ids: list[int], now: datetime) -> None:
+    """Inside the claim's transaction, which holds these rows' locks: mark
+    them dead and raise one alert each.
+
+    The alert is the last thing before the commit: a relay that dies earlier
+    has marked nothing, and the next pass marks and alerts (never lost); only
+    a commit that fails after the line was written repeats it, with the same
+    ``message_id``.
+    """
+    from config.metrics import ALERTS
+
+    marked = list(
+        OutboxMessage.objects.filter(id__in=ids, dead_at__isnull=True)
+        .order_by("id")
+        .values("id", "topic", "saga_id", "deliveries", "last_error")
+    )
+    OutboxMessage.objects.filter(id__in=[m["id"] for m in marked]).update(
+        dead_at=now, due_at=None, claimed_until=None)
+    for m in marked:
+        logger.error(
+            "outbox dead letter: %s #%s not completed after %s deliveries",
+            m["topic"], m["id"], m["deliveries"],
+            extra={"alert": "outbox_dead_letter", "message_id": m["id"], "topic": m["topic"],
+                   "saga_id": str(m["saga_id"]) if m["saga_id"] else None,
+                   "deliveries": m["deliveries"], "last_error": m["last_error"]},
+        )
+        ALERTS.labels(kind="outbox_dead_letter").inc()
 
 
 def relay_claim(*, now: datetime, limit: int) -> list[int]:
@@ -142,6 +204,20 @@ def relay_mark_fired(
         return 0
     from config.metrics import TIMER_FIRE_LAG
 
+    schedule = redeliver_schedule()
+    # After hand-over n (``attempts`` was n - 1) the next step is due after
+    # schedule[n - 1]; the hand-over after the last redelivery gets the last
+    # delay again, at the end of which the row is a dead letter. One UPDATE
+    # for the batch: the CASE picks each row's delay from its own attempts.
+    # A worker may have completed the row already (it can beat this commit):
+    # it is still marked fired, and stays settled (no due_at).
+    due_at = Case(
+        When(completed_at__isnull=False, then=Value(None)),
+        *(When(attempts=step, then=Value(now + timedelta(seconds=delay)))
+          for step, delay in enumerate(schedule)),
+        default=Value(now + timedelta(seconds=schedule[-1])),
+        output_field=DateTimeField(),
+    )
     with transaction.atomic(durable=True):
         # A timer cancelled while we were handing it over stays cancelled and
         # is not marked fired; the delivery task skips it.
@@ -150,6 +226,8 @@ def relay_mark_fired(
             handed_over_at=now,
             claimed_until=None,
             deliveries=F("deliveries") + 1,
+            attempts=F("attempts") + 1,
+            due_at=due_at,
         )
     for message_id in ids:
         if first_due and message_id in first_due:

@@ -1,24 +1,33 @@
-"""Writing to the outbox, arming and cancelling durable timers.
+"""Writing to the outbox, arming and cancelling durable timers; replaying
+dead letters and backfilling consumers.
 
-These functions never open a transaction of their own: an outbox row only
-means something when it commits together with the change it announces, so
-they must be called inside the caller's ``atomic`` block (and say so loudly
-when they are not).
+``outbox_publish``, ``timer_schedule`` and ``timer_cancel`` never open a
+transaction of their own: an outbox row only means something when it commits
+together with the change it announces, so they must be called inside the
+caller's ``atomic`` block (and say so loudly when they are not).
+``outbox_replay`` is an operator's action (``manage.py outbox_replay``, the
+admin's "Replay"): it owns its transactions.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from config.transactions import in_transaction
 
-from .models import OutboxMessage
+from .delivery import consumers_owed
+from .models import InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,7 @@ def outbox_publish(
         saga_id=saga_id,
         created_at=now,
         available_at=available_at or now,
+        due_at=available_at or now,
     )
     if message.available_at <= now:
         _notify()
@@ -129,7 +139,7 @@ def timer_cancel(*, key: str, now: datetime | None = None) -> TimerCancelResult:
     now = now or timezone.now()
     updated = OutboxMessage.objects.filter(
         key=key, fired_at__isnull=True, cancelled_at__isnull=True
-    ).update(cancelled_at=now)
+    ).update(cancelled_at=now, due_at=None)
     if updated:
         return TimerCancelResult(TimerCancelStatus.CANCELLED, now)
     row = OutboxMessage.objects.filter(key=key).values("fired_at", "cancelled_at").first()
@@ -138,3 +148,210 @@ def timer_cancel(*, key: str, now: datetime | None = None) -> TimerCancelResult:
     if row["cancelled_at"] is not None:
         return TimerCancelResult(TimerCancelStatus.CANCELLED, row["cancelled_at"])
     return TimerCancelResult(TimerCancelStatus.ALREADY_FIRED, row["fired_at"])
+
+
+# --- replaying dead letters, backfilling consumers --------------------------------
+
+REPLAY_BATCH = 500  # rows per transaction (and per look-up of the inbox)
+
+
+class ReplayRefused(ValueError):
+    """The selection asked for cannot be honoured (nothing was changed)."""
+
+
+@dataclass(frozen=True)
+class ReplayLine:
+    message_id: int
+    topic: str
+    created_at: datetime | None
+    saga_id: uuid.UUID | None = None
+    key: str | None = None
+    kind: str = ""  # "dead letter" | "backfill" (a completed message reopened)
+    runs: tuple[str, ...] = ()  # the consumers the replay will run, in order
+    skips: tuple[str, ...] = ()  # those that already ran (the inbox says so)
+    refused: str = ""  # why a message named by id is not replayed
+
+
+@dataclass
+class ReplayResult:
+    dry_run: bool
+    lines: list[ReplayLine] = field(default_factory=list)
+
+    @property
+    def replayed(self) -> list[ReplayLine]:
+        return [line for line in self.lines if not line.refused]
+
+    @property
+    def refused(self) -> list[ReplayLine]:
+        return [line for line in self.lines if line.refused]
+
+
+def routed_topics(consumer: str) -> list[str]:
+    return [topic for topic, names in settings.OUTBOX_CONSUMERS.items() if consumer in names]
+
+
+def outbox_replay(
+    *,
+    ids: Iterable[int] | None = None,
+    topic: str | None = None,
+    consumer: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    dry_run: bool = False,
+    operator: str = "",
+    reason: str = "",
+    now: datetime | None = None,
+) -> ReplayResult:
+    """Replay dead letters through the inbox; backfill a consumer.
+
+    Selects the dead letters matching the filters (``ids``; ``topic``;
+    ``created_at`` in ``[since, until)``). With ``consumer``, the dead letters
+    of the topics it is routed to that it has not processed, and the
+    *completed* messages of those topics that it has not processed: a
+    consumer routed later catches up with history. A replayed row is made due
+    now with its redelivery schedule restarted (``dead_at`` cleared,
+    ``attempts`` 0; ``fired_at`` and ``deliveries`` stay), so the relay hands
+    it over and the delivery runs what the inbox says has not run: a dead
+    letter every consumer it still owes, a backfilled message only
+    ``consumer``. A cancelled row is never replayed. With ``dry_run`` nothing
+    is written; the lines say what would run.
+    """
+    ids = sorted(set(ids)) if ids is not None else None
+    if consumer is not None and not routed_topics(consumer):
+        raise ReplayRefused(
+            f"{consumer} is not routed to any topic in OUTBOX_CONSUMERS; routed consumers: "
+            + ", ".join(sorted({n for names in settings.OUTBOX_CONSUMERS.values()
+                                for n in names})))
+    if since and until and since >= until:
+        raise ReplayRefused(f"since ({since.isoformat()}) is not before until "
+                            f"({until.isoformat()})")
+    now = now or timezone.now()
+    selection = _replay_selection(ids=ids, topic=topic, consumer=consumer, since=since,
+                                  until=until)
+    result = ReplayResult(dry_run=dry_run)
+    after = 0
+    while True:
+        batch = selection.filter(pk__gt=after).order_by("pk")
+        if dry_run:
+            rows = list(batch[:REPLAY_BATCH])
+            result.lines += _replay_lines(rows, consumer=consumer)
+        else:
+            with transaction.atomic(durable=True):
+                # Locked and read again under the lock: a line says what the
+                # replay did, not what was true a moment before.
+                rows = list(batch.select_for_update(of=("self",))[:REPLAY_BATCH])
+                lines = _replay_lines(rows, consumer=consumer)
+                _replay_rows(lines, consumer=consumer, now=now)
+            result.lines += lines
+            _log_replay(lines, consumer=consumer, operator=operator, reason=reason)
+        if len(rows) < REPLAY_BATCH:
+            break
+        after = rows[-1].pk
+    if ids:
+        result.lines += _refused_lines(ids, selected={line.message_id for line in result.lines},
+                                       consumer=consumer, topic=topic, since=since, until=until)
+        result.lines.sort(key=lambda line: line.message_id)
+    return result
+
+
+def _log_replay(lines: list[ReplayLine], *, consumer, operator: str, reason: str) -> None:
+    # A line per dead letter (they are few, and each had its alert); a
+    # backfill of history is one line per batch.
+    for line in lines:
+        if line.kind == "dead letter":
+            logger.info("outbox dead letter replayed: %s #%s runs %s", line.topic,
+                        line.message_id, ", ".join(line.runs) or "nothing", extra={
+                            "message_id": line.message_id, "topic": line.topic,
+                            "saga_id": str(line.saga_id) if line.saga_id else None,
+                            "operator": operator, "reason": reason})
+    backfill = [line.message_id for line in lines if line.kind == "backfill"]
+    if backfill:
+        logger.info("outbox backfill of %s: %s message(s), #%s..#%s", consumer, len(backfill),
+                    backfill[0], backfill[-1], extra={
+                        "consumer": consumer, "count": len(backfill), "operator": operator,
+                        "reason": reason})
+
+
+def _replay_selection(*, ids, topic, consumer, since, until) -> QuerySet[OutboxMessage]:
+    rows = OutboxMessage.objects.filter(cancelled_at__isnull=True)
+    if ids is not None:
+        rows = rows.filter(pk__in=ids)
+    if topic:
+        rows = rows.filter(topic=topic)
+    if since:
+        rows = rows.filter(created_at__gte=since)
+    if until:
+        rows = rows.filter(created_at__lt=until)
+    dead = Q(dead_at__isnull=False, completed_at__isnull=True)
+    if consumer is None:
+        return rows.filter(dead)
+    ran = InboxEntry.objects.filter(consumer=consumer, message=OuterRef("pk"))
+    return (rows.filter(topic__in=routed_topics(consumer))
+            .filter(dead | Q(completed_at__isnull=False))
+            .exclude(Exists(ran)))
+
+
+def _replay_lines(rows: list[OutboxMessage], *, consumer: str | None) -> list[ReplayLine]:
+    ran: dict[int, set[str]] = defaultdict(set)
+    for message_id, name in InboxEntry.objects.filter(
+            message_id__in=[m.pk for m in rows]).values_list("message_id", "consumer"):
+        ran[message_id].add(name)
+    lines = []
+    for m in rows:
+        backfill = m.completed_at is not None
+        only = [consumer] if backfill else m.only_consumers
+        routing = settings.OUTBOX_CONSUMERS.get(m.topic, [])
+        lines.append(ReplayLine(
+            message_id=m.pk, topic=m.topic, created_at=m.created_at, saga_id=m.saga_id,
+            key=m.key, kind="backfill" if backfill else "dead letter",
+            runs=tuple(consumers_owed(m.topic, already_ran=ran[m.pk], only=only)),
+            skips=tuple(n for n in routing if n in ran[m.pk]),
+        ))
+    return lines
+
+
+def _replay_rows(lines: list[ReplayLine], *, consumer: str | None, now: datetime) -> None:
+    """Inside the transaction that locked the rows: make them due now, with
+    the schedule restarted. ``fired_at`` (the first hand-off) stays."""
+    restart = {"attempts": 0, "due_at": now, "claimed_until": None, "replayed_at": now}
+    dead = [line.message_id for line in lines if line.kind == "dead letter"]
+    backfill = [line.message_id for line in lines if line.kind == "backfill"]
+    if dead:
+        OutboxMessage.objects.filter(pk__in=dead, dead_at__isnull=False).update(
+            dead_at=None, **restart)
+    if backfill:
+        OutboxMessage.objects.filter(pk__in=backfill, completed_at__isnull=False).update(
+            completed_at=None, only_consumers=[consumer], **restart)
+    if dead or backfill:
+        _notify()  # the relays hear it on commit
+
+
+def _refused_lines(ids, *, selected, consumer, topic, since, until) -> list[ReplayLine]:
+    """Why each message named by id is not in the selection."""
+    found = {m.pk: m for m in OutboxMessage.objects.filter(pk__in=ids).exclude(pk__in=selected)}
+    lines = []
+    for message_id in ids:
+        if message_id in selected:
+            continue
+        m = found.get(message_id)
+        if m is None:
+            lines.append(ReplayLine(message_id, "", None, refused="no such message"))
+            continue
+        if m.cancelled_at:
+            why = "cancelled"
+        elif ((topic and m.topic != topic) or (since and m.created_at < since)
+              or (until and m.created_at >= until)):
+            why = "outside the filters"
+        elif consumer and m.topic not in routed_topics(consumer):
+            why = f"{consumer} is not routed for {m.topic}"
+        elif consumer and InboxEntry.objects.filter(message=m, consumer=consumer).exists():
+            why = f"{consumer} already ran"
+        elif m.completed_at:
+            why = "completed (not a dead letter)"
+        elif m.fired_at:
+            why = "not a dead letter: its redeliveries go on"
+        else:
+            why = "not a dead letter: not handed over yet"
+        lines.append(ReplayLine(m.pk, m.topic, m.created_at, saga_id=m.saga_id, key=m.key,
+                                refused=why))
+    return lines

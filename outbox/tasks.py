@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 )
 def deliver(self, message_id: int) -> str:
     # If every retry fails the row stays incomplete and the relay hands it
-    # over again after OUTBOX_REDELIVER_AFTER_SECONDS: the row is the
-    # obligation, the retry only a shortcut.
+    # over again on the OUTBOX_REDELIVER_SECONDS schedule (then it is a dead
+    # letter): the row is the obligation, the retry only a shortcut.
     return message_deliver(message_id=message_id)
 
 

@@ -92,6 +92,8 @@ def _outbox_status(message: OutboxMessage, now) -> str:
         return "cancelled"
     if message.completed_at:
         return "completed"
+    if message.dead_at:
+        return f"dead letter: {message.last_error}" if message.last_error else "dead letter"
     if message.fired_at:
         return "fired, not completed yet"
     if message.available_at > now:

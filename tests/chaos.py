@@ -57,7 +57,8 @@ SETTINGS = {
     "RESUME_AFTER_SECONDS": 5,
     "PAYMENT_GATEWAY_TIMEOUT_SECONDS": 0.5,
     "FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS": 0.8,
-    "OUTBOX_REDELIVER_AFTER_SECONDS": 5,
+    # Redeliveries 5 s apart, 20 hand-overs in all (then a dead letter).
+    "OUTBOX_REDELIVER_SECONDS": ",".join(["5"] * 19),
     # A delivery killed with its worker is retried once its lease runs out.
     "OUTBOX_CLAIM_LEASE_SECONDS": 10,
     "COMPENSATION_DEADLINE_SECONDS": 30,

@@ -50,7 +50,7 @@ BACKOFF = [int(s) for s in SETTINGS["RECONCILE_BACKOFF_SECONDS"].split(",")]
 # pass, the whole probe schedule, a lost delivery's lease and redelivery.
 SETTLE_BOUND = (SETTINGS["PURCHASE_HOLD_SECONDS"] + SETTINGS["RESUME_AFTER_SECONDS"]
                 + sum(BACKOFF) + SETTINGS["OUTBOX_CLAIM_LEASE_SECONDS"]
-                + SETTINGS["OUTBOX_REDELIVER_AFTER_SECONDS"] + 15)
+                + int(SETTINGS["OUTBOX_REDELIVER_SECONDS"].split(",")[0]) + 15)
 
 unavailable = chaos.servers_available()
 pytestmark = pytest.mark.skipif(unavailable is not None, reason=f"chaos stack: {unavailable}")

@@ -93,6 +93,7 @@ def test_visa_charges(client, intent_id):
         "status": "succeeded",
         "amount": 2500,
         "currency": "EUR",
+        "latest_charge": body["charge_id"],  # a look-up finds the reference too
     }
     charge_row = FakeCharge.objects.get()
     assert (charge_row.id, charge_row.intent_id, charge_row.amount) == (
@@ -272,6 +273,7 @@ def test_cancel_then_charge_is_refused_and_charges_nothing(client, intent_id):
         "status": "canceled",
         "amount": None,
         "currency": None,
+        "latest_charge": None,
     }
 
 
@@ -284,9 +286,11 @@ def test_cancel_is_idempotent_and_covers_declined_intents(client, intent_id):
 
 
 def test_cancel_after_charge_is_refused(client, intent_id):
-    charge(client, intent_id)
+    charged = charge(client, intent_id).json()
 
-    assert_error(cancel(client, intent_id), 409, "already_charged")
+    refused = cancel(client, intent_id)
+    assert_error(refused, 409, "already_charged")
+    assert refused.json()["latest_charge"] == charged["charge_id"]
     assert retrieve(client, intent_id).json()["status"] == "succeeded"
 
 

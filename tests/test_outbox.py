@@ -125,7 +125,7 @@ def test_a_failed_hand_off_is_retried_on_the_next_tick():
 
 @pytest.mark.django_db
 def test_a_fired_message_not_completed_is_handed_over_again(settings):
-    settings.OUTBOX_REDELIVER_AFTER_SECONDS = 120
+    settings.OUTBOX_REDELIVER_SECONDS = [120]
     with freeze_time(T0) as clock:
         with transaction.atomic():
             message = outbox_publish(topic="test.event", payload={})
@@ -308,8 +308,7 @@ def test_two_relays_ticking_concurrently_dispatch_each_row_once():
 def test_a_message_that_never_completes_becomes_a_dead_letter(settings):
     from outbox.relay import dead_letters
 
-    settings.OUTBOX_REDELIVER_AFTER_SECONDS = 10
-    settings.OUTBOX_MAX_DELIVERIES = 3
+    settings.OUTBOX_REDELIVER_SECONDS = [10, 10]  # 3 hand-overs, then dead
     with freeze_time(T0) as clock:
         with transaction.atomic():
             message = outbox_publish(topic="test.event", payload={})

@@ -209,7 +209,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             RECONCILE_BACKOFF_SECONDS=list(backoff),
             RESUME_AFTER_SECONDS=60,
             COMPENSATION_DEADLINE_SECONDS=3600,
-            OUTBOX_REDELIVER_AFTER_SECONDS=120,
+            OUTBOX_REDELIVER_SECONDS=[120] * 19,  # 20 hand-overs, 120 s apart
             OUTBOX_CLAIM_LEASE_SECONDS=30,
         )
         self._settings.enable()

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 from freezegun import freeze_time
 
@@ -341,7 +341,8 @@ def test_property_4_a_confirmed_purchase_whose_cancel_was_skipped_refuses_its_ex
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
         # The cancel is deliberately skipped: the timer is still armed.
-        OutboxMessage.objects.filter(key=f"hold:{saga.pk}").update(cancelled_at=None)
+        OutboxMessage.objects.filter(key=f"hold:{saga.pk}").update(
+            cancelled_at=None, due_at=F("available_at"))
         clock.tick(60)
         delivered = drain_outbox()
 
