@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+from django import forms
+
+REASON_MAX_LENGTH = 300
+
+
+class ReasonForm(forms.Form):
+    """The reason an operator gives for an audited action (a runbook action,
+    a replay); rendered by ``admin/includes/reason_fieldset.html``."""
+
+    reason = forms.CharField(
+        max_length=REASON_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Required. Lands in the saga's history and in the admin log.",
+    )
+
 
 class ReadOnlyAdminMixin:
     """Nobody adds, changes or deletes these rows by hand, superusers

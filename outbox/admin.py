@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from purchases.admin import RunbookReasonForm
+from config.admin import ReasonForm
 
 from .models import InboxEntry, OutboxMessage
 from .services import outbox_replay
@@ -88,7 +88,7 @@ class TopicFilter(admin.SimpleListFilter):
         return queryset.filter(topic=self.value()) if self.value() else queryset
 
 
-class ReplayReasonForm(RunbookReasonForm):
+class ReplayReasonForm(ReasonForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["reason"].help_text = "Required. Lands in the admin log and the log line."

@@ -25,7 +25,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from config.admin import ReadOnlyAdminMixin
+from config.admin import ReadOnlyAdminMixin, ReasonForm
 from ledger.models import LedgerEntry
 from ledger.money import format_money
 from outbox.models import OutboxMessage
@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 # A dry run costs a few queries per saga; a bulk action over more than this is
 # almost certainly a "select all" by mistake.
 RUNBOOK_MAX_SAGAS = 200
-REASON_MAX_LENGTH = 300
 
 # What the operator is expected to do with a saga that waits for one.
 _GUIDANCE = {
@@ -198,12 +197,7 @@ class AgeFilter(admin.SimpleListFilter):
 # --- runbook forms ------------------------------------------------------------------
 
 
-class RunbookReasonForm(forms.Form):
-    reason = forms.CharField(
-        max_length=REASON_MAX_LENGTH,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Required. Lands in the saga's history and in the admin log.",
-    )
+class RunbookReasonForm(ReasonForm):
     override = forms.BooleanField(
         required=False,
         label="Override",
