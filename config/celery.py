@@ -4,6 +4,8 @@ import os
 import time
 
 from celery import Celery, signals
+from django.conf import settings
+from django.db import close_old_connections, connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -16,8 +18,6 @@ app.autodiscover_tasks()
 def _db_reuse(sender, **kwargs):
     # Celery's Django fix-up closes the connection around every task unless
     # this key is set (it reads the old upper-case name).
-    from django.conf import settings
-
     sender.conf["CELERY_DB_REUSE_MAX"] = settings.CELERY_DB_REUSE_MAX
 
 
@@ -32,8 +32,6 @@ _last_task_ended = time.monotonic()
 
 @signals.task_prerun.connect
 def _check_connections_after_idle(**kwargs):
-    from django.db import close_old_connections
-
     if time.monotonic() - _last_task_ended > IDLE_CHECK_AFTER_SECONDS:
         # Django's own check around each request: a connection that errored
         # or outlived CONN_MAX_AGE is closed, and with CONN_HEALTH_CHECKS the
@@ -49,8 +47,6 @@ def _drop_dead_connections(**kwargs):
     # a database error occurred is checked and closed if it is dead; the next
     # task reconnects.
     global _last_task_ended
-    from django.db import connections
-
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and conn.errors_occurred:
             conn.close_if_unusable_or_obsolete()

@@ -8,25 +8,18 @@ Two kinds:
   prometheus-client keeps them in files that ``/metrics`` adds up.
 * **State** read from PostgreSQL at scrape time (sagas by state, outbox
   backlog and the age of its oldest due row, sweep heartbeats, the auditor's
-  last result): the table is the truth, whichever process is alive.
+  last result): the table is the truth, whichever process is alive. That
+  collector and the ``/metrics`` view are the operators'
+  (``purchases/ops/metrics.py``); this module imports nothing of ours, so
+  every layer can count.
 """
 
 from __future__ import annotations
 
-import os
-import time
-
-from django.http import HttpResponse
-from django.utils import timezone
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
     Counter,
     Histogram,
-    generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.multiprocess import MultiProcessCollector
 
 TRANSITIONS = Counter(
     "boxoffice_saga_transitions_total", "Committed saga transitions", ["from_state", "to_state"]
@@ -48,90 +41,3 @@ TIMER_FIRE_LAG = Histogram(
 )
 ALERTS = Counter("boxoffice_alerts_total", "Alerts raised for operators", ["kind"])
 SWEEP_RUNS = Counter("boxoffice_sweep_runs_total", "Sweep runs by result", ["sweep", "result"])
-
-
-class DatabaseCollector:
-    """State metrics, read from the database at scrape time."""
-
-    def collect(self):
-        from django.db.models import Count, Min
-
-        from outbox.models import OutboxMessage
-        from purchases.models import AuditRun, PurchaseSaga, SweepHeartbeat
-        from purchases.states import SagaState
-
-        now = timezone.now()
-        sagas = GaugeMetricFamily("boxoffice_sagas", "Sagas by state", labels=["state"])
-        counts = dict(PurchaseSaga.objects.values_list("state").annotate(n=Count("pk")))
-        for state in SagaState:
-            sagas.add_metric([state.value], counts.get(state.value, 0))
-        yield sagas
-
-        due = OutboxMessage.objects.filter(
-            completed_at__isnull=True, cancelled_at__isnull=True, available_at__lte=now
-        )
-        agg = due.aggregate(n=Count("pk"), oldest=Min("available_at"))
-        yield GaugeMetricFamily("boxoffice_outbox_backlog", "Due outbox rows not yet completed",
-                                value=agg["n"])
-        oldest = (now - agg["oldest"]).total_seconds() if agg["oldest"] else 0.0
-        yield GaugeMetricFamily("boxoffice_outbox_oldest_due_age_seconds",
-                                "Age of the oldest due, unfinished outbox row", value=oldest)
-
-        age = GaugeMetricFamily("boxoffice_sweep_last_success_age_seconds",
-                                "Seconds since the sweep last succeeded", labels=["sweep"])
-        stalled = GaugeMetricFamily("boxoffice_sweep_stalled",
-                                    "1 when a sweep has not succeeded within twice its interval",
-                                    labels=["sweep"])
-        for beat in SweepHeartbeat.objects.all():
-            since = (now - beat.last_succeeded_at).total_seconds() if beat.last_succeeded_at \
-                else float("inf")
-            age.add_metric([beat.name], since)
-            stalled.add_metric([beat.name], 1.0 if since > 2 * beat.interval_seconds else 0.0)
-        yield age
-        yield stalled
-
-        last = AuditRun.objects.filter(finished_at__isnull=False).first()
-        if last is not None:
-            # Before the first audit there is no verdict: no series at all
-            # (alert on its absence), never a reassuring 0.
-            yield GaugeMetricFamily("boxoffice_audit_violations",
-                                    "Violations found by the last invariant audit",
-                                    value=last.violations)
-            yield GaugeMetricFamily("boxoffice_audit_unverified_intents",
-                                    "Intents the last audit could not verify (gateway gave no "
-                                    "answer): the run was incomplete",
-                                    value=last.unverified)
-            yield GaugeMetricFamily("boxoffice_audit_last_run_timestamp_seconds",
-                                    "When the last invariant audit finished",
-                                    value=last.finished_at.timestamp())
-        from outbox.relay import dead_letters
-
-        yield GaugeMetricFamily("boxoffice_outbox_dead_letters",
-                                "Outbox rows whose redelivery schedule ran out, not replayed "
-                                "yet (an operator's)",
-                                value=dead_letters().count())
-        needs = OutboxMessage.objects.filter(topic="SagaNeedsOperator").count()
-        yield GaugeMetricFamily("boxoffice_operator_alerts_raised",
-                                "SagaNeedsOperator alerts ever raised (from the outbox)",
-                                value=needs)
-
-
-def metrics_view(request):
-    started = time.perf_counter()
-    registry = CollectorRegistry()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        MultiProcessCollector(registry)
-    else:
-        from prometheus_client import REGISTRY
-
-        registry = REGISTRY
-    output = generate_latest(registry)
-    db = CollectorRegistry()
-    db.register(DatabaseCollector())
-    output += generate_latest(db)
-    output += (
-        b"# HELP boxoffice_metrics_scrape_seconds Time spent producing this page\n"
-        b"# TYPE boxoffice_metrics_scrape_seconds gauge\n"
-        + f"boxoffice_metrics_scrape_seconds {time.perf_counter() - started:.6f}\n".encode()
-    )
-    return HttpResponse(output, content_type=CONTENT_TYPE_LATEST)

@@ -1,6 +1,6 @@
 """Settings, read from the environment (12-factor).
 
-Every variable an operator may change is documented in the README. With no
+Every variable an operator may change is documented in docs/operations.md. With no
 ``DATABASE_URL`` / ``CELERY_BROKER_URL`` the service runs on an *embedded*
 default that needs no server: SQLite (WAL, immediate transactions) and kombu's
 filesystem transport, both under ``var/``.
@@ -9,6 +9,8 @@ filesystem transport, both under ``var/``.
 from pathlib import Path
 
 import environ
+
+from purchases.saga.topics import ROUTING
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("BOXOFFICE_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -278,22 +280,9 @@ if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- outbox routing: topic -> consumers (each idempotent) ---------------------
-OUTBOX_CONSUMERS = {
-    "purchase.hold_expired": ["purchases.consumers.hold_expired"],
-    "purchase.hold_recheck": ["purchases.consumers.hold_expired"],
-    "purchase.reconcile": ["purchases.consumers.reconcile_due"],
-    "purchase.refund_retry": ["purchases.consumers.refund_retry_due"],
-    # Analytics after the email: a failing analytics consumer cannot hold it up.
-    "PurchaseConfirmed": [
-        "purchases.consumers.confirmation_email",
-        "purchases.analytics.analytics_on_confirmed",
-    ],
-    "ReservationCancelled": [
-        "purchases.consumers.cancellation_email",
-        "purchases.analytics.analytics_on_cancelled",
-    ],
-    "SagaNeedsOperator": ["purchases.consumers.operator_alert"],
-}
+# The table lives with the saga (purchases/saga/topics.py, which imports
+# nothing of ours); the purchases app checks it at start-up.
+OUTBOX_CONSUMERS = {str(topic): list(consumers) for topic, consumers in ROUTING.items()}
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------
 # How often beat runs each sweep (seconds). A sweep that has not succeeded

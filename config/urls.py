@@ -5,8 +5,8 @@ from django.urls import include, path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config.metrics import metrics_view
 from purchases.apis import TokenApi
+from purchases.ops.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

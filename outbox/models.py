@@ -24,7 +24,7 @@ class OutboxMessage(models.Model):
     # Unique when set: a timer's name ("hold:<saga>"), or a once-only event.
     key = models.CharField(max_length=200, null=True, blank=True, unique=True)
     # The event id this row belongs to, so that the row lives on the same
-    # shard as the purchase that wrote it (see DESIGN.md, Running).
+    # shard as the purchase that wrote it (docs/design.md, "Running").
     event_id = models.BigIntegerField(null=True, blank=True)
     saga_id = models.UUIDField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField()

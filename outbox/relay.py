@@ -33,14 +33,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from config.celery import app
+from config.metrics import ALERTS, TIMER_FIRE_LAG
+
 from .models import OutboxMessage
 from .services import NOTIFY_CHANNEL
+from .tasks import deliver, deliver_many
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +66,6 @@ def _chunks(ids: list[int], tasks: int) -> list[list[int]]:
 
 def _celery_hand_over(ids: list[int]) -> tuple[list[int], list[int]]:
     """Publish the rows; returns (handed, failed)."""
-    from config.celery import app
-
-    from .tasks import deliver, deliver_many
-
     handed: list[int] = []
     failed: list[int] = []
     chunks = _chunks(ids, settings.OUTBOX_DISPATCH_TASKS)
@@ -169,8 +170,6 @@ def _mark_dead(*, ids: list[int], now: datetime) -> None:
     a commit that fails after the line was written repeats it, with the same
     ``message_id``.
     """
-    from config.metrics import ALERTS
-
     marked = list(
         OutboxMessage.objects.filter(id__in=ids, dead_at__isnull=True)
         .order_by("id")
@@ -202,8 +201,6 @@ def relay_mark_fired(
     ids = list(ids)
     if not ids:
         return 0
-    from config.metrics import TIMER_FIRE_LAG
-
     schedule = redeliver_schedule()
     # After hand-over n (``attempts`` was n - 1) the next step is due after
     # schedule[n - 1]; the hand-over after the last redelivery gets the last
@@ -305,8 +302,6 @@ class _Listener:
     def __init__(self) -> None:
         self.conn = None
         if connection.vendor == "postgresql":
-            import psycopg
-
             params = connection.get_connection_params()
             params.pop("cursor_factory", None)
             params.pop("context", None)

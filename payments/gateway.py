@@ -1,29 +1,20 @@
-"""The HTTP adapter for the payment gateway port, and the process-wide gateway.
+"""The HTTP adapter of the payment gateway port (docs/api.md, "Fake gateway").
 
-:class:`HttpPaymentGateway` speaks the processor's HTTP API (``shared/API.md``,
-served by ``payments.fake_gateway`` outside production) and turns every answer
-into the port's dataclasses. Its one rule: a charge is reported SUCCEEDED or
-DECLINED only on a definitive answer; anything that leaves the charge in doubt
-(timeout, lost connection, 5xx, an unreadable body, a conflicting key) is
-UNKNOWN, and the caller reconciles with :meth:`~HttpPaymentGateway.retrieve`.
-No method raises for a network failure except :meth:`list_charges`, which
-auditors use and which raises :class:`GatewayUnavailable`.
-
-The ``interpret_*`` functions read one (status code, body) answer; the
-in-process fake uses them too, so both adapters agree by construction.
-
-:func:`get_gateway` is how the rest of the code base obtains a gateway; tests
-swap it with :func:`override_gateway` (or :func:`set_gateway`).
+:class:`HttpPaymentGateway` speaks the processor's HTTP API (served by
+``payments.fake_gateway`` outside production) and reads every answer with
+``payments.codec``. A timeout or a lost connection is UNKNOWN, like any answer
+that leaves the charge in doubt, and the caller reconciles with
+:meth:`~HttpPaymentGateway.retrieve`. No method raises for a network failure
+except :meth:`list_charges`, which auditors use and which raises
+:class:`~payments.interface.GatewayUnavailable`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +22,13 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
+from .codec import (
+    interpret_cancel,
+    interpret_charge,
+    interpret_charges,
+    interpret_refund,
+    interpret_retrieve,
+)
 from .guards import assert_no_transaction
 from .interface import (
     CancelOutcome,
@@ -39,120 +37,14 @@ from .interface import (
     ChargeRequest,
     ChargeResult,
     GatewayCharge,
+    GatewayUnavailable,
     IntentLookup,
     IntentStatus,
-    PaymentGateway,
     RefundOutcome,
     RefundResult,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class GatewayUnavailable(RuntimeError):
-    """The gateway gave no usable answer (timeout, lost connection, 5xx, bad
-    body). Raised only by :meth:`HttpPaymentGateway.list_charges`."""
-
-
-# --- reading answers ------------------------------------------------------------
-
-
-def _code(body: Any) -> str:
-    return body.get("code", "") if isinstance(body, dict) else ""
-
-
-def _charge_id(body: dict) -> str | None:
-    charge_id = body.get("latest_charge")
-    return charge_id if isinstance(charge_id, str) and charge_id else None
-
-
-def _doubt(status_code: int, body: Any) -> str:
-    """The detail of an answer that settles nothing."""
-    if status_code >= 500:
-        return f"http_{status_code}"
-    if status_code == 200 or body is None:
-        # A success we cannot read, or an error page that is not ours.
-        return "bad_response"
-    return _code(body) or f"http_{status_code}"
-
-
-def interpret_charge(status_code: int, body: Any, *, latency_ms: float = 0.0) -> ChargeResult:
-    """``body`` is the parsed JSON, or None if it could not be parsed."""
-    if status_code == 200 and isinstance(body, dict):
-        status, charge_id = body.get("status"), body.get("charge_id")
-        if status == "succeeded" and isinstance(charge_id, str) and charge_id:
-            return ChargeResult(ChargeOutcome.SUCCEEDED, charge_id=charge_id, latency_ms=latency_ms)
-        if status == "declined":
-            return ChargeResult(ChargeOutcome.DECLINED, detail="declined", latency_ms=latency_ms)
-    if status_code == 409 and _code(body) == "intent_canceled":
-        # Cancelled intents can never be charged: as final as a decline.
-        return ChargeResult(ChargeOutcome.DECLINED, detail="intent_canceled", latency_ms=latency_ms)
-    if status_code == 400 and _code(body):
-        # The processor refused the request before charging anything.
-        return ChargeResult(ChargeOutcome.DECLINED, detail=_code(body), latency_ms=latency_ms)
-    # Includes 409 already_charged: the intent holds a charge made under
-    # another key; only a look-up can say what to make of it.
-    return ChargeResult(
-        ChargeOutcome.UNKNOWN, detail=_doubt(status_code, body), latency_ms=latency_ms
-    )
-
-
-_KNOWN_STATUSES = frozenset(IntentStatus) - {IntentStatus.NOT_FOUND, IntentStatus.UNKNOWN}
-
-
-def interpret_retrieve(status_code: int, body: Any, *, latency_ms: float = 0.0) -> IntentLookup:
-    if status_code == 200 and isinstance(body, dict) and body.get("status") in _KNOWN_STATUSES:
-        return IntentLookup(IntentStatus(body["status"]), latency_ms=latency_ms, raw=body,
-                            charge_id=_charge_id(body))
-    if status_code == 404 and _code(body) == "not_found":
-        return IntentLookup(
-            IntentStatus.NOT_FOUND, detail="not_found", latency_ms=latency_ms, raw=body
-        )
-    return IntentLookup(
-        IntentStatus.UNKNOWN,
-        detail=_doubt(status_code, body),
-        latency_ms=latency_ms,
-        raw=body if isinstance(body, dict) else {},
-    )
-
-
-def interpret_cancel(status_code: int, body: Any, *, latency_ms: float = 0.0) -> CancelResult:
-    if status_code == 200 and isinstance(body, dict) and body.get("status") == "canceled":
-        return CancelResult(CancelOutcome.CANCELED, latency_ms=latency_ms)
-    if status_code == 409 and _code(body) == "already_charged":
-        return CancelResult(
-            CancelOutcome.ALREADY_CHARGED, detail="already_charged", latency_ms=latency_ms,
-            charge_id=_charge_id(body),
-        )
-    return CancelResult(
-        CancelOutcome.UNKNOWN, detail=_doubt(status_code, body), latency_ms=latency_ms
-    )
-
-
-def interpret_refund(status_code: int, body: Any, *, latency_ms: float = 0.0) -> RefundResult:
-    if status_code == 200 and isinstance(body, dict) and body.get("status") == "refunded":
-        return RefundResult(RefundOutcome.REFUNDED, latency_ms=latency_ms)
-    if status_code == 409 and _code(body) == "not_charged":
-        return RefundResult(RefundOutcome.NOT_CHARGED, detail="not_charged", latency_ms=latency_ms)
-    return RefundResult(
-        RefundOutcome.UNKNOWN, detail=_doubt(status_code, body), latency_ms=latency_ms
-    )
-
-
-def interpret_charges(status_code: int, body: Any) -> list[GatewayCharge]:
-    """Raises :class:`GatewayUnavailable` unless the answer is a readable list."""
-    if status_code != 200 or not isinstance(body, list):
-        raise GatewayUnavailable(f"list charges: {_doubt(status_code, body)}")
-    try:
-        return [
-            GatewayCharge(id=c["id"], amount=c["amount"], status=c["status"], created=c["created"])
-            for c in body
-        ]
-    except (KeyError, TypeError) as exc:
-        raise GatewayUnavailable("list charges: bad_response") from exc
-
-
-# --- HTTP -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -338,39 +230,3 @@ class HttpPaymentGateway:
 
 def _segment(value: str) -> str:
     return quote(value, safe="")
-
-
-# --- the process-wide gateway ---------------------------------------------------
-
-_default_gateway: HttpPaymentGateway | None = None
-_override: PaymentGateway | None = None
-_default_lock = threading.Lock()
-
-
-def get_gateway() -> PaymentGateway:
-    """The gateway the code base should use: an override if a test set one,
-    else one :class:`HttpPaymentGateway` per process, built from settings."""
-    global _default_gateway
-    if _override is not None:
-        return _override
-    if _default_gateway is None:
-        with _default_lock:
-            if _default_gateway is None:
-                _default_gateway = HttpPaymentGateway()
-    return _default_gateway
-
-
-def set_gateway(gateway: PaymentGateway | None) -> None:
-    """Make :func:`get_gateway` return ``gateway``; None restores the default."""
-    global _override
-    _override = gateway
-
-
-@contextlib.contextmanager
-def override_gateway(gateway: PaymentGateway) -> Iterator[PaymentGateway]:
-    previous = _override
-    set_gateway(gateway)
-    try:
-        yield gateway
-    finally:
-        set_gateway(previous)

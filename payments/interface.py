@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+class GatewayUnavailable(RuntimeError):
+    """The gateway gave no usable answer (timeout, lost connection, 5xx, bad
+    body) where the caller needs one: raised by ``list_charges`` only (the
+    other calls answer UNKNOWN instead)."""
+
+
 class ChargeOutcome(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     DECLINED = "DECLINED"
@@ -52,6 +58,10 @@ class ChargeRequest:
     payment_method: str
 
 
+# Every answer has a ``label``: what it said, normalised and lower-case
+# ("succeeded", "not_found", "unknown", ...), as the evidence stores it.
+
+
 @dataclass(frozen=True)
 class ChargeResult:
     outcome: ChargeOutcome
@@ -59,6 +69,10 @@ class ChargeResult:
     # A short machine-readable reason ("timeout", "http_503", "declined", ...)
     detail: str = ""
     latency_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.outcome.lower()
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,10 @@ class IntentLookup:
     # The processor's reference of the charge it holds, when it names one.
     charge_id: str | None = None
 
+    @property
+    def label(self) -> str:
+        return self.status.value
+
 
 @dataclass(frozen=True)
 class CancelResult:
@@ -79,12 +97,20 @@ class CancelResult:
     # With ALREADY_CHARGED: the charge that made the cancel impossible.
     charge_id: str | None = None
 
+    @property
+    def label(self) -> str:
+        return self.outcome.value
+
 
 @dataclass(frozen=True)
 class RefundResult:
     outcome: RefundOutcome
     detail: str = ""
     latency_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.outcome.value
 
 
 @dataclass(frozen=True)

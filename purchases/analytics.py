@@ -1,6 +1,6 @@
 """Daily sales, materialized from the purchase events (choreography).
 
-Two outbox consumers count ``PurchaseConfirmed`` and ``ReservationCancelled``
+Two outbox consumers count ``purchase.confirmed`` and ``purchase.cancelled``
 into :class:`~purchases.models.DailySales`, one row per (event, UTC day of the
 message, currency). A counter is not idempotent by nature, so each consumer
 claims its inbox entry *inside the transaction that counts* (they are
@@ -25,14 +25,16 @@ from outbox.delivery import inbox_claim, transactional
 from outbox.models import OutboxMessage
 
 from .models import DailySales
+from .saga.topics import ANALYTICS_ON_CANCELLED, ANALYTICS_ON_CONFIRMED
 
-ON_CONFIRMED = "purchases.analytics.analytics_on_confirmed"
-ON_CANCELLED = "purchases.analytics.analytics_on_cancelled"
+# Their names in the inbox (and the routing table).
+ON_CONFIRMED = ANALYTICS_ON_CONFIRMED
+ON_CANCELLED = ANALYTICS_ON_CANCELLED
 
 
 @transactional
 def analytics_on_confirmed(message: OutboxMessage) -> None:
-    """``PurchaseConfirmed`` -> one more confirmed sale. Exactly once per message."""
+    """``purchase.confirmed`` -> one more confirmed sale. Exactly once per message."""
     with transaction.atomic():
         if not inbox_claim(consumer=ON_CONFIRMED, message=message):
             return  # already counted
@@ -42,7 +44,7 @@ def analytics_on_confirmed(message: OutboxMessage) -> None:
 
 @transactional
 def analytics_on_cancelled(message: OutboxMessage) -> None:
-    """``ReservationCancelled`` -> one more cancellation (and a refund if money
+    """``purchase.cancelled`` -> one more cancellation (and a refund if money
     went back). Exactly once per message."""
     with transaction.atomic():
         if not inbox_claim(consumer=ON_CANCELLED, message=message):

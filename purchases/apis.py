@@ -1,4 +1,4 @@
-"""The public REST API (shared/API.md). Thin: validate, call a service or a
+"""The public REST API (docs/api.md). Thin: validate, call a service or a
 selector, shape the answer. Errors share one shape: {"code", "detail", ...}."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class _TokenSerializer(serializers.Serializer):
 
 
 class TokenApi(ObtainAuthToken):
-    """``POST /api/auth/token/``: DRF's token view, JSON in (shared/API.md),
+    """``POST /api/auth/token/``: DRF's token view, JSON in (docs/api.md),
     with its answers documented."""
 
     parser_classes = [JSONParser]
@@ -205,8 +205,10 @@ class PurchaseListCreateApi(APIView):
         except UnknownSeats as exc:
             return error(400, "invalid", str(exc), field="seats",
                          errors={"seats": [str(exc)]}, seats=exc.seats)
-        response = Response(started.body, status=started.status_code)
-        response["Location"] = started.body["links"]["self"]
+        link = f"/api/purchases/{started.saga_id}/"
+        # The same answer for the first request and every replay of its key.
+        response = Response({**started.purchase, "links": {"self": link}}, status=202)
+        response["Location"] = link
         return response
 
     @extend_schema(

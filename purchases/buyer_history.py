@@ -1,4 +1,4 @@
-"""What a buyer reads in a purchase's history (docs/API.md, "Purchases").
+"""What a buyer reads in a purchase's history (docs/api.md, "Purchases").
 
 Each move of the saga is told by one sentence written for the buyer, chosen
 by the move itself (from, to) and, at the end of a compensation, by the
@@ -19,7 +19,7 @@ from django.db.models import F
 from ledger.models import EntryKind, LedgerEntry
 
 from .models import PurchaseSaga
-from .states import SagaState
+from .saga.states import SagaState
 
 S = SagaState
 

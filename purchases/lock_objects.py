@@ -29,7 +29,7 @@ RETURNING {seat}.id
 """
 
 
-def seats_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
+def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
     """Lock the seats in id order and hold those still available, in one
     statement; returns the ids held. Fewer ids than asked: some were taken,
     and the caller rolls back (the locks go with it).

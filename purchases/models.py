@@ -1,7 +1,7 @@
 """Events, seats, reservations and the purchase saga with its history.
 
 Every row of a purchase carries its event id, so that one purchase's
-transaction stays inside one event's rows (the sharding plan in DESIGN.md).
+transaction stays inside one event's rows (the sharding plan in docs/design.md, "Running").
 """
 
 import uuid
@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .states import NON_TERMINAL, SagaState
+from .saga.states import NON_TERMINAL, SagaState
 
 
 class Event(models.Model):
@@ -176,10 +176,13 @@ class SagaHistory(models.Model):
         return f"{self.from_state} -> {self.to_state}: {self.reason}"
 
 
-class ReconciliationProbe(models.Model):
-    """Evidence: one question put to the gateway about a saga's intent."""
+class GatewayAnswer(models.Model):
+    """Evidence: one question put to the gateway about a saga's intent (a
+    charge, a look-up, a cancel, a refund) and what came back, kept beside the
+    saga whatever the saga made of it."""
 
-    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="probes")
+    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT,
+                             related_name="gateway_answers")
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     at = models.DateTimeField()
     # What was asked: "retrieve", "charge", "cancel", "refund".
@@ -196,12 +199,12 @@ class ReconciliationProbe(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The first answer to a (user, Idempotency-Key); replays return it."""
+    """The first answer to a (user, Idempotency-Key): the purchase as it was
+    first answered; replays return it."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
-    response_status = models.PositiveSmallIntegerField()
     response_body = models.JSONField()
     saga = models.OneToOneField(PurchaseSaga, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField()
@@ -232,7 +235,7 @@ class SweepHeartbeat(models.Model):
 
 
 class DailySales(models.Model):
-    """Analytics, materialized from PurchaseConfirmed / ReservationCancelled
+    """Analytics, materialized from purchase.confirmed / purchase.cancelled
     through the inbox (each message counted exactly once)."""
 
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")

@@ -7,7 +7,7 @@ from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet
 from ledger.models import EntryKind, LedgerEntry
 
 from .models import Event, PurchaseSaga, ReservationSeat, SagaHistory, Seat, SeatStatus
-from .states import SagaState
+from .saga.states import SagaState
 
 
 def event_list() -> QuerySet[Event]:

@@ -1,4 +1,4 @@
-"""Input validation and output shapes of the public API (shared/API.md)."""
+"""Input validation and output shapes of the public API (docs/api.md)."""
 
 from django.conf import settings
 from rest_framework import serializers
@@ -56,7 +56,7 @@ class PurchaseRequestSerializer(serializers.Serializer):
 
 class HistoryEntrySerializer(serializers.Serializer):
     """One move as the buyer reads it (``buyer_history.BuyerMove``). The
-    actor, operators' notes and diagnostics stay in the admin (docs/API.md)."""
+    actor, operators' notes and diagnostics stay in the admin (docs/api.md)."""
 
     def get_fields(self):
         # "from" is a Python keyword, so the fields are declared here.

@@ -1,4 +1,5 @@
-"""Celery entry points for the saga: an id in, one service call out.
+"""Celery entry points for the saga and the sweeps: an id in, one service
+call out.
 
 Each service re-reads the saga under its lock and returns early if the state
 has moved on, so a duplicate or late delivery is harmless.
@@ -7,6 +8,10 @@ has moved on, so a duplicate or late delivery is harmless.
 from celery import shared_task
 
 from . import services
+from .ops.audit import audit_run
+from .ops.heartbeats import sweeps_stalled
+from .ops.sweeps import sweep_chase, sweep_resume
+from .saga.topics import CHARGE_TASK
 
 _RETRY = {
     "bind": True,
@@ -19,7 +24,7 @@ _RETRY = {
 }
 
 
-@shared_task(name="purchases.charge", **_RETRY)
+@shared_task(name=CHARGE_TASK, **_RETRY)
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
     return services.saga_charge(saga_id=saga_id).state
@@ -31,15 +36,11 @@ def saga_charge_task(self, saga_id: str) -> str:
 
 @shared_task(name="purchases.resume_sagas", acks_late=True)
 def resume_sagas_task() -> int:
-    from .sweeps import sweep_resume
-
     return len(sweep_resume().lines)
 
 
 @shared_task(name="purchases.chase_compensations", acks_late=True)
 def chase_compensations_task() -> int:
-    from .sweeps import sweep_chase, sweeps_stalled
-
     lines = sweep_chase()
     sweeps_stalled()
     return len(lines)
@@ -47,11 +48,5 @@ def chase_compensations_task() -> int:
 
 @shared_task(name="purchases.audit_sagas", acks_late=True)
 def audit_sagas_task() -> int:
-    from .audit import audit_run
-    from .sweeps import heartbeat
-
-    with heartbeat("audit_sagas") as pulse:
-        report = audit_run()
-        pulse.seen = report.sagas_checked
-        pulse.acted = len(report.violations)
-    return len(report.violations)
+    # audit_run leaves its own heartbeat ("audit_sagas").
+    return len(audit_run().violations)

@@ -14,7 +14,7 @@ from outbox.delivery import message_deliver
 from outbox.models import OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway.inprocess import InProcessFakeGateway
-from payments.gateway import override_gateway
+from payments.registry import override_gateway
 
 from .factories import EventFactory, UserFactory
 

@@ -1,4 +1,5 @@
-"""The saga's invariants (DESIGN.md, "Invariants"), checked from the tables.
+"""The saga's invariants (docs/design.md, "Invariants and where they are
+enforced"), checked from the tables.
 
 Used by the stateful test after every step and once more after its final
 drain. Each check reads the whole (small) world of one example in a few
@@ -18,15 +19,15 @@ from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeCharge
 from purchases.models import (
+    GatewayAnswer,
     PurchaseSaga,
-    ReconciliationProbe,
     ReservationSeat,
     ReservationStatus,
     SagaHistory,
     Seat,
     SeatStatus,
 )
-from purchases.states import SagaState
+from purchases.saga.states import SagaState
 
 S = SagaState
 
@@ -176,7 +177,7 @@ def check_compensation_evidence(*, saga_ids) -> None:
     for saga_id, at, history_id in moves:
         evidence = [
             (asked, answer)
-            for asked, answer in ReconciliationProbe.objects.filter(
+            for asked, answer in GatewayAnswer.objects.filter(
                 saga_id=saga_id, at__lte=at
             ).values_list("asked", "answer")
             if (asked, answer) in NO_CHARGE_EVIDENCE
@@ -251,7 +252,7 @@ def check_settled(*, event_id: int, saga_ids) -> None:
             assert got == want, f"COMPENSATED saga {sid}: emails {got}, expected {want}"
         elif state == S.UNKNOWN_EXPIRED:
             assert OutboxMessage.objects.filter(
-                saga_id=sid, topic="SagaNeedsOperator"
+                saga_id=sid, topic="purchase.needs_operator"
             ).exists(), f"UNKNOWN_EXPIRED saga {sid} without an operator alert"
             assert got == (0, 0, 0), f"UNKNOWN_EXPIRED saga {sid}: emails {got}"
         else:

@@ -12,8 +12,8 @@ from freezegun import freeze_time
 
 from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
-from purchases.models import PurchaseSaga, ReconciliationProbe, SagaHistory, Seat
-from purchases.services import purchase_refund, saga_charge, saga_transition
+from purchases.models import GatewayAnswer, PurchaseSaga, SagaHistory, Seat
+from purchases.services import By, purchase_refund, saga_charge, saga_transition
 
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory, UserFactory
@@ -98,7 +98,7 @@ def unknown_expired(user, event, seat, payment_method="pm_card_timeout_charged")
 def compensation_pending(user, event, seat, gateway):
     saga = confirmed(user, event, seat)
     gateway.down("refund", times=1)
-    saga = purchase_refund(saga_id=saga.pk, reason="customer asked", actor_name="erin")
+    saga = purchase_refund(saga_id=saga.pk, reason="customer asked", by=By.operator("erin"))
     assert saga.state == "COMPENSATION_PENDING"
     return saga
 
@@ -114,7 +114,7 @@ def _counts() -> dict:
         "history": SagaHistory.objects.count(),
         "ledger": LedgerEntry.objects.count(),
         "outbox": OutboxMessage.objects.count(),
-        "probes": ReconciliationProbe.objects.count(),
+        "probes": GatewayAnswer.objects.count(),
         "log": LogEntry.objects.count(),
         "states": dict(PurchaseSaga.objects.values_list("pk", "state")),
     }
@@ -256,7 +256,7 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
     assert history == [(None, "PENDING"), ("PENDING", "CHARGING"), ("CHARGING", "UNKNOWN"),
                        ("UNKNOWN", "CONFIRMED")]
     assert "reconciled: charged at the gateway" in html
-    assert [(p.asked, p.answer, p.attempt) for p in response.context["probes"]] == [
+    assert [(p.asked, p.answer, p.attempt) for p in response.context["gateway_answers"]] == [
         ("charge", "unknown", 0), ("retrieve", "succeeded", 1)]
     hold = next(r for r in response.context["outbox"] if r.message.key == f"hold:{saga.pk}")
     assert (hold.kind, hold.status) == ("timer", "cancelled")
@@ -289,7 +289,7 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
 @pytest.mark.django_db
 def test_saga_page_renders_when_the_gateway_does_not_answer(op_client, alice, event,
                                                             faulty_gateway, monkeypatch):
-    from payments.gateway import GatewayUnavailable
+    from payments.interface import GatewayUnavailable
 
     saga = unknown(alice, event, "A1")
     faulty_gateway.down("retrieve")
@@ -307,7 +307,7 @@ def test_saga_page_renders_when_the_gateway_does_not_answer(op_client, alice, ev
     assert view["charges_error"] == "list charges: timeout"
     assert "Charges: list charges: timeout" in response.content.decode()
     # a look-up from the admin is not evidence: nothing written
-    assert ReconciliationProbe.objects.filter(saga=saga, asked="retrieve").count() == 0
+    assert GatewayAnswer.objects.filter(saga=saga, asked="retrieve").count() == 0
 
 
 @pytest.mark.django_db
@@ -566,7 +566,7 @@ def test_one_rows_failure_does_not_stop_the_others(op_client, alice, big_event, 
 @pytest.mark.django_db
 def test_a_bulk_action_over_too_many_sagas_runs_nothing(op_client, alice, big_event,
                                                         faulty_gateway, monkeypatch):
-    monkeypatch.setattr("purchases.admin.RUNBOOK_MAX_SAGAS", 1)
+    monkeypatch.setattr("purchases.ops.admin.RUNBOOK_MAX_SAGAS", 1)
     sagas = [confirmed(alice, big_event, "A1"), confirmed(alice, big_event, "A2")]
     before = _counts()
 
@@ -736,7 +736,7 @@ def test_the_confirm_dry_run_shows_the_gateways_answer_and_refuses_a_contradicti
 @pytest.mark.django_db
 def test_the_override_is_offered_when_the_gateway_cannot_be_reached_and_marks_the_money(
         op_client, alice, event, gateway, monkeypatch):
-    from payments.gateway import GatewayUnavailable
+    from payments.interface import GatewayUnavailable
 
     saga = unknown_expired(alice, event, "A1")  # charged; the answer was lost
 

@@ -1,4 +1,4 @@
-"""Daily sales from PurchaseConfirmed / ReservationCancelled: a consumer that
+"""Daily sales from purchase.confirmed / purchase.cancelled: a consumer that
 fails for a while counts the backlog exactly once when the relay's
 redeliveries reach it again, redelivery counts nothing, and concurrent
 deliveries neither lose nor double an increment."""
@@ -23,12 +23,14 @@ from purchases.analytics import (
     daily_sales,
 )
 from purchases.models import DailySales
-from purchases.services import TOPIC_CANCELLED, TOPIC_CONFIRMED, purchase_refund, saga_charge
+from purchases.saga.topics import Topic
+from purchases.services import By, purchase_refund, saga_charge
 
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory
 
 T0 = "2026-12-02 12:00:00"
+TOPIC_CONFIRMED, TOPIC_CANCELLED = Topic.CONFIRMED, Topic.CANCELLED
 ANALYTICS = {TOPIC_CONFIRMED: ON_CONFIRMED, TOPIC_CANCELLED: ON_CANCELLED}
 EMAILS = {TOPIC_CONFIRMED: "purchases.consumers.confirmation_email",
           TOPIC_CANCELLED: "purchases.consumers.cancellation_email"}
@@ -84,7 +86,7 @@ def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once
         declined = saga_charge(saga_id=start_purchase(
             bob, event, seats=["A5"], payment_method="pm_card_chargeDeclined").pk)
         refunded = saga_charge(saga_id=start_purchase(alice, event, seats=["A6"]).pk)
-        purchase_refund(saga_id=refunded.pk, reason="customer asked", actor_name="carol")
+        purchase_refund(saga_id=refunded.pk, reason="customer asked", by=By.operator("carol"))
         for _ in range(3):  # the relay keeps handing the rows over; every delivery fails
             drain_outbox(now=timezone.now())
             clock.tick(dt.timedelta(hours=1))

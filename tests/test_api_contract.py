@@ -1,4 +1,4 @@
-"""The public contract (shared/API.md), status code by status code: shapes,
+"""The public contract (docs/api.md), status code by status code: shapes,
 codes and the facts behind them, through the HTTP API with real PostgreSQL."""
 
 from __future__ import annotations

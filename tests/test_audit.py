@@ -19,23 +19,26 @@ from ledger.models import LedgerEntry
 from outbox.models import InboxEntry, OutboxMessage
 from payments.fake_gateway.inprocess import InProcessFakeGateway
 from payments.fake_gateway.models import FakeCharge
-from payments.gateway import GatewayUnavailable, override_gateway
-from purchases.audit import (
+from payments.interface import GatewayUnavailable
+from payments.registry import override_gateway
+from purchases.models import (
+    AuditRun,
+    GatewayAnswer,
+    PurchaseSaga,
+    Reservation,
+    Seat,
+    SweepHeartbeat,
+)
+from purchases.ops.audit import (
     CANCELLATION_EMAIL,
     CONFIRMATION_EMAIL,
     INVARIANTS,
     audit_run,
 )
-from purchases.models import (
-    AuditRun,
-    PurchaseSaga,
-    ReconciliationProbe,
-    Reservation,
-    Seat,
-    SweepHeartbeat,
-)
-from purchases.runbook import Action, action_run
+from purchases.ops.runbook import Action, action_run
 from purchases.services import (
+    SYSTEM,
+    By,
     purchase_refund,
     saga_charge,
     saga_compensate,
@@ -80,7 +83,7 @@ def story(alice, bob, gateway, settings):
                                     payment_method="pm_card_timeout_charged")
         assert saga_charge(saga_id=reconciled.pk).state == "UNKNOWN"
         refunded = saga_charge(saga_id=start_purchase(bob, event, seats=["A4", "A5"]).pk)
-        purchase_refund(saga_id=refunded.pk, reason="customer asked", actor_name="carol")
+        purchase_refund(saga_id=refunded.pk, reason="customer asked", by=By.operator("carol"))
         # The gateway never answers: reconciled until the hold runs out, then
         # cancelled at the gateway (a definitive answer) and compensated.
         expired_unknown = start_purchase(bob, event, seats=["A6"],
@@ -298,9 +301,9 @@ def test_an_email_never_sent_is_a_violation_once_it_is_overdue(story, which):
 
 @pytest.mark.django_db
 def test_two_confirmation_messages_for_one_saga(story):
-    first = OutboxMessage.objects.get(topic="PurchaseConfirmed", saga_id=story.visa.pk)
+    first = OutboxMessage.objects.get(topic="purchase.confirmed", saga_id=story.visa.pk)
     second = OutboxMessage.objects.create(
-        topic="PurchaseConfirmed", payload=first.payload, saga_id=story.visa.pk,
+        topic="purchase.confirmed", payload=first.payload, saga_id=story.visa.pk,
         event_id=story.event.pk, created_at=timezone.now(), available_at=timezone.now(),
         completed_at=timezone.now())
     InboxEntry.objects.create(consumer=CONFIRMATION_EMAIL, message=second,
@@ -309,7 +312,7 @@ def test_two_confirmation_messages_for_one_saga(story):
     report = audit_run()
 
     _only(report, "emails_exactly_once", story.visa)
-    assert report.violations[0].detail == "2 PurchaseConfirmed messages"
+    assert report.violations[0].detail == "2 purchase.confirmed messages"
     _command_fails("emails_exactly_once", story.visa)
 
 
@@ -361,7 +364,7 @@ def test_an_escalated_saga_is_not_silent_while_an_alert_names_it(story, alice, s
 
     assert audit_run(stuck_after_seconds=600).violations == []
 
-    alert = OutboxMessage.objects.get(topic="SagaNeedsOperator", saga_id=saga.pk)
+    alert = OutboxMessage.objects.get(topic="purchase.needs_operator", saga_id=saga.pk)
     InboxEntry.objects.filter(message=alert).delete()
     alert.delete()
     report = audit_run(stuck_after_seconds=600)
@@ -378,10 +381,9 @@ def test_an_unknown_saga_compensated_without_a_definitive_answer(story, alice, a
     saga = start_purchase(alice, story.event, seats=["A7"], payment_method="pm_card_unreachable")
     assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
     # Released on an assumption: no look-up, no cancel at the gateway.
-    saga_transition(saga_id=saga.pk, to="EXPIRED", reason="assumed", actor=actor,
-                    actor_name="carol" if actor == "operator" else "")
-    saga_compensate(saga_id=saga.pk, actor=actor,
-                    actor_name="carol" if actor == "operator" else "")
+    by = By.operator("carol") if actor == "operator" else By(actor)
+    saga_transition(saga_id=saga.pk, to="EXPIRED", reason="assumed", by=by)
+    saga_compensate(saga_id=saga.pk, by=by)
     drain_outbox()
     assert _fresh(saga).state == "COMPENSATED"
 
@@ -406,7 +408,7 @@ def test_a_refund_after_an_operator_settled_the_unknown_is_not_blind(story, alic
     faulty = FaultyGateway()
     faulty.down("refund", times=1)
     with override_gateway(faulty):
-        purchase_refund(saga_id=saga.pk, reason="customer asked", actor="system")
+        purchase_refund(saga_id=saga.pk, reason="customer asked", by=SYSTEM)
         story.clock.tick(60)  # the refund retry: its answer comes after the move
         drain_outbox()
     assert _fresh(saga).state == "COMPENSATED"
@@ -417,7 +419,7 @@ def test_a_refund_after_an_operator_settled_the_unknown_is_not_blind(story, alic
 @pytest.mark.django_db
 def test_the_hold_expiry_cancel_is_the_definitive_answer_that_allows_compensation(story):
     # Without the stored evidence of the cancel, the compensation looks blind.
-    probes = ReconciliationProbe.objects.filter(saga=story.expired_unknown)
+    probes = GatewayAnswer.objects.filter(saga=story.expired_unknown)
     assert probes.filter(asked="cancel", answer="canceled").exists()
     probes.exclude(asked="charge").delete()
 
@@ -461,7 +463,7 @@ def test_an_intent_the_gateway_cannot_answer_about_is_reported_not_fatal(story):
 
 @pytest.mark.django_db
 def test_a_gateway_that_stays_down_is_not_asked_about_every_intent(story, monkeypatch):
-    monkeypatch.setattr("purchases.audit.GATEWAY_FAILURES_BEFORE_GIVING_UP", 2)
+    monkeypatch.setattr("purchases.ops.audit.context.GATEWAY_FAILURES_BEFORE_GIVING_UP", 2)
     gateway = _GatewayDownFor()
 
     report = audit_run(gateway=gateway)

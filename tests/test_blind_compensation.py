@@ -4,7 +4,7 @@ The card was charged (``pm_card_timeout_charged``: the charge lands at the
 gateway, its answer times out, the saga is UNKNOWN). A naive saga takes the
 timeout for a failure and undoes the purchase without asking the gateway: the
 customer's money stays at the processor with no ledger entry to refund it
-from, and the seat they paid for is sold to somebody else. DESIGN.md forbids
+from, and the seat they paid for is sold to somebody else. docs/design.md forbids
 exactly this ("UNKNOWN is reconciled, never compensated blind").
 
 The same setup through the real path (a look-up at the gateway, directly or
@@ -24,15 +24,15 @@ from freezegun import freeze_time
 from ledger.services import ledger_net
 from payments.fake_gateway.models import FakeCharge
 from purchases.models import PurchaseSaga, ReservationSeat, Seat
+from purchases.saga.states import TERMINAL, SagaState
 from purchases.services import saga_charge, saga_compensate, saga_reconcile, saga_transition
-from purchases.states import TERMINAL, SagaState
 
 from .conftest import drain_outbox, new_key, purchase_body, start_purchase
 from .factories import EventFactory
 
 
 def blind_compensate(*, saga_id) -> PurchaseSaga:
-    """THE BUG DESIGN.md FORBIDS, kept here to show what it costs.
+    """THE BUG docs/design.md FORBIDS, kept here to show what it costs.
 
     A naive saga reads a charge that timed out as a charge that failed: it
     moves UNKNOWN -> PAYMENT_FAILED -> COMPENSATING -> COMPENSATED and frees
@@ -135,4 +135,4 @@ def test_the_real_path_reconciles_the_same_charge_and_keeps_money_and_seat(
     # because the gateway was asked, and said charged
     assert saga.state == "CONFIRMED"
     assert ("retrieve", saga.intent_id) in gateway.calls
-    assert saga.probes.filter(asked="retrieve", answer="succeeded").exists()
+    assert saga.gateway_answers.filter(asked="retrieve", answer="succeeded").exists()

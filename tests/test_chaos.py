@@ -1,6 +1,6 @@
 """Chaos: purchases keep flowing while workers are killed, Redis forgets
 everything, PostgreSQL restarts and the gateway loses answers; afterwards
-every invariant of DESIGN.md holds (``manage.py audit_sagas`` reports nothing)
+every invariant of docs/design.md holds (``manage.py audit_sagas`` reports nothing)
 and every finished purchase sent exactly one email.
 
 The whole stack runs as real processes on a disposable PostgreSQL and Redis

@@ -356,7 +356,7 @@ def test_a_dead_letter_replayed_by_the_command_runs_each_consumer_once(
             for _ in range(22):
                 _drain()
                 clock.tick(201)
-        confirmed = OutboxMessage.objects.get(topic="PurchaseConfirmed")
+        confirmed = OutboxMessage.objects.get(topic="purchase.confirmed")
         assert list(dead_letters()) == [confirmed] and len(mail.outbox) == 1
         assert not DailySales.objects.exists()
         assert _gauge(client, "boxoffice_outbox_dead_letters") == 1
@@ -369,7 +369,7 @@ def test_a_dead_letter_replayed_by_the_command_runs_each_consumer_once(
         _drain()
 
     # then: analytics counted once, the email was not sent again
-    assert f"#{confirmed.pk} PurchaseConfirmed" in out
+    assert f"#{confirmed.pk} purchase.confirmed" in out
     assert "runs purchases.analytics.analytics_on_confirmed" in out
     assert "skips purchases.consumers.confirmation_email" in out
     assert out.strip().endswith("1 message(s) replayed")

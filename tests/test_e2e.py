@@ -9,7 +9,7 @@ from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeCharge
 from purchases.models import PurchaseSaga, Seat
-from purchases.states import TERMINAL
+from purchases.saga.states import TERMINAL
 
 from .factories import EventFactory, UserFactory
 from .stack import Stack
@@ -79,7 +79,7 @@ def test_a_visa_purchase_is_confirmed_with_one_charge_and_one_email(stack, http)
     hold = OutboxMessage.objects.get(key=f"hold:{saga.pk}")
     assert hold.cancelled_at is not None and hold.fired_at is None
     stack.wait_for(
-        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="PurchaseConfirmed",
+        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.confirmed",
                                              completed_at__isnull=False).exists(),
         "the confirmation to be recorded as delivered",
     )
@@ -106,7 +106,7 @@ def test_a_declined_purchase_is_compensated_and_the_seat_is_free(stack, http):
     seats = http.get(f"/api/events/{event.pk}/seats/").json()
     assert seats[0]["ref"] == "A1" and seats[0]["status"] == "available"
     stack.wait_for(
-        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="ReservationCancelled",
+        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.cancelled",
                                              completed_at__isnull=False).exists(),
         "the cancellation to be recorded as delivered",
     )
@@ -128,7 +128,7 @@ def test_a_charge_that_timed_out_but_landed_is_reconciled_to_one_charge(stack, h
         "PENDING", "CHARGING", "UNKNOWN", "CONFIRMED"]
     saga = PurchaseSaga.objects.get(pk=accepted["id"])
     assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1  # ONE, not two
-    assert saga.probes.filter(asked="retrieve", answer="succeeded").count() == 1
+    assert saga.gateway_answers.filter(asked="retrieve", answer="succeeded").count() == 1
     assert Seat.objects.get(event=event, ref="A1").status == "sold"
     stack.wait_for(lambda: len(stack.emails()) >= 1, "the confirmation email")
     assert len(stack.emails()) == 1

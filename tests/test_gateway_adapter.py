@@ -11,23 +11,20 @@ import pytest
 from django.db import transaction
 
 from payments import gateway as gateway_module
+from payments.codec import interpret_charge
 from payments.fake_gateway.inprocess import InProcessFakeGateway
 from payments.fake_gateway.models import FakeCharge, FakeIdempotentAnswer, FakeIntent
-from payments.gateway import (
-    GatewayUnavailable,
-    HttpPaymentGateway,
-    get_gateway,
-    interpret_charge,
-    override_gateway,
-)
+from payments.gateway import HttpPaymentGateway
 from payments.guards import NetworkCallInTransaction
 from payments.interface import (
     CancelOutcome,
     ChargeOutcome,
     ChargeRequest,
+    GatewayUnavailable,
     IntentStatus,
     RefundOutcome,
 )
+from payments.registry import get_gateway, override_gateway
 
 FAKE_DELAY = 0.8
 SHORT_TIMEOUT = 0.3

@@ -1,4 +1,4 @@
-"""Idempotency-Key on POST /api/purchases/ (shared/API.md): a replay answers
+"""Idempotency-Key on POST /api/purchases/ (docs/api.md): a replay answers
 the first answer and creates nothing; a key is per user; a failed attempt
 stores nothing. The races run on real concurrent PostgreSQL connections."""
 

@@ -9,8 +9,8 @@ from freezegun import freeze_time
 
 from outbox.services import outbox_publish
 from purchases.models import AuditRun
+from purchases.ops.sweeps import sweep_resume
 from purchases.services import saga_charge
-from purchases.sweeps import sweep_resume
 
 from .conftest import drain_outbox, start_purchase
 
@@ -97,4 +97,4 @@ def test_transitions_and_fire_lag_are_counted_on_commit(gateway, client):
     drain_outbox()
 
     assert transitions() == before + 1
-    assert lag_count() >= lag_before + 1  # the PurchaseConfirmed row was handed over
+    assert lag_count() >= lag_before + 1  # the purchase.confirmed row was handed over

@@ -1,6 +1,6 @@
 """Money as people read it: integer minor units and an ISO 4217 code, shown
 with the currency's own number of decimals, the same in the emails and in the
-admin (``ledger.money``)."""
+admin (``common.money``)."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -9,7 +9,7 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from ledger.money import UnknownCurrency, format_money, minor_units_exponent, to_decimal
+from common.money import UnknownCurrency, format_money, minor_units_exponent, to_decimal
 from payments.fake_gateway.models import FakeIntent
 from purchases.models import PurchaseSaga
 from purchases.services import event_create_with_seats, purchase_refund, saga_charge

@@ -1,4 +1,4 @@
-"""What a buyer reads in ``GET /api/purchases/{id}/`` history (docs/API.md,
+"""What a buyer reads in ``GET /api/purchases/{id}/`` history (docs/api.md,
 "Purchases"): one sentence written for the buyer per move, derived from the
 move itself; operators' notes, their names and internal diagnostics stay in
 the admin, which keeps the full history."""
@@ -15,10 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 
 from purchases.models import PurchaseSaga
-from purchases.runbook import Action, ActionRefused, action_run
-from purchases.services import saga_charge, saga_expire_hold, saga_transition
-from purchases.states import TRANSITIONS, SagaState
-from purchases.sweeps import saga_resume
+from purchases.ops.runbook import Action, ActionRefused, action_run
+from purchases.saga.states import TRANSITIONS, SagaState
+from purchases.services import saga_charge, saga_drive, saga_expire_hold, saga_transition
 
 from .conftest import drain_outbox, start_purchase
 from .factories import UserFactory
@@ -135,7 +134,7 @@ def test_no_operator_note_or_name_reaches_the_buyer_after_a_runbook_action(
 def test_a_move_by_the_resumer_does_not_say_who_made_it(alice, alice_api, event, gateway):
     saga = start_purchase(alice, event)
 
-    assert saga_resume(saga_id=saga.pk).state == "CONFIRMED"
+    assert saga_drive(saga_id=saga.pk).state == "CONFIRMED"
 
     body = json.dumps(detail(alice_api, saga)).lower()
     assert [word for word in FORBIDDEN if word in body] == []

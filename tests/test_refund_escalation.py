@@ -11,10 +11,10 @@ from freezegun import freeze_time
 
 from outbox.models import OutboxMessage
 from payments.interface import RefundOutcome, RefundResult
-from purchases.audit import NO_SILENT_STUCK, audit_run
-from purchases.models import PurchaseSaga, ReconciliationProbe
+from purchases.models import GatewayAnswer, PurchaseSaga
+from purchases.ops.audit import NO_SILENT_STUCK, audit_run
+from purchases.ops.sweeps import sweep_chase, sweep_resume
 from purchases.services import purchase_refund, saga_charge
-from purchases.sweeps import sweep_chase, sweep_resume
 
 from .conftest import drain_outbox, start_purchase
 
@@ -32,7 +32,7 @@ def _defaults(settings):
 
 
 def _alerts(saga) -> list[OutboxMessage]:
-    return list(OutboxMessage.objects.filter(topic="SagaNeedsOperator", saga_id=saga.pk))
+    return list(OutboxMessage.objects.filter(topic="purchase.needs_operator", saga_id=saga.pk))
 
 
 def _refund_calls(gateway, saga) -> int:
@@ -126,7 +126,7 @@ def test_not_charged_is_a_contradiction_raised_once_and_the_retries_stop(
     assert "gateway" in _alerts(saga)[0].payload["why"]
     saga = PurchaseSaga.objects.get(pk=saga.pk)
     assert saga.state == "COMPENSATION_PENDING"
-    assert list(ReconciliationProbe.objects.filter(saga=saga, asked="refund")
+    assert list(GatewayAnswer.objects.filter(saga=saga, asked="refund")
                 .values_list("answer", flat=True)) == ["not_charged"]
 
 

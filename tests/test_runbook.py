@@ -6,9 +6,9 @@ import pytest
 from ledger.models import LedgerEntry
 from payments.fake_gateway.models import FakeIntent
 from purchases.models import PurchaseSaga, Seat
-from purchases.runbook import SOURCES, TARGETS, Action, ActionRefused, action_plan, action_run
+from purchases.ops.runbook import SOURCES, TARGETS, Action, ActionRefused, action_plan, action_run
+from purchases.saga.states import TRANSITIONS, SagaState
 from purchases.services import purchase_refund, saga_charge, saga_transition
-from purchases.states import TRANSITIONS, SagaState
 
 from .conftest import start_purchase
 
@@ -27,7 +27,7 @@ class _Unreachable:
         self.gateway = gateway
 
     def __call__(self, intent_id):
-        from payments.gateway import GatewayUnavailable
+        from payments.interface import GatewayUnavailable
 
         self.gateway.calls.append(("list_charges", intent_id))
         raise GatewayUnavailable("list charges: connection_error")
@@ -203,7 +203,7 @@ def test_the_dry_run_shows_the_gateways_answer(alice, bob, event, gateway):
 @pytest.mark.django_db
 def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor_follows_it(
         alice, event, gateway, monkeypatch):
-    from purchases.audit import audit_run
+    from purchases.ops.audit import audit_run
 
     saga = _charged_but_unknown_expired(alice, event)
     monkeypatch.setattr(gateway, "list_charges", _Unreachable(gateway))
@@ -236,7 +236,7 @@ def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor
 @pytest.mark.django_db
 def test_the_auditor_reports_an_override_the_gateway_contradicts(alice, event, gateway,
                                                                 monkeypatch):
-    from purchases.audit import audit_run
+    from purchases.ops.audit import audit_run
 
     saga = _unknown_expired(alice, event)  # nothing was charged
     monkeypatch.setattr(gateway, "list_charges", _Unreachable(gateway))

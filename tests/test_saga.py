@@ -40,13 +40,13 @@ def test_a_visa_purchase_confirms(alice, event, gateway):
     assert Reservation.objects.get(pk=saga.reservation_id).status == "CONFIRMED"
     timer = OutboxMessage.objects.get(key=f"hold:{saga.pk}")
     assert timer.cancelled_at is not None and timer.fired_at is None
-    assert OutboxMessage.objects.filter(topic="PurchaseConfirmed", saga_id=saga.pk).count() == 1
+    assert OutboxMessage.objects.filter(topic="purchase.confirmed", saga_id=saga.pk).count() == 1
 
 
 @pytest.mark.django_db
 def test_the_confirmation_email_is_sent_once_whatever_the_deliveries(alice, event, gateway):
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-    message = OutboxMessage.objects.get(topic="PurchaseConfirmed", saga_id=saga.pk)
+    message = OutboxMessage.objects.get(topic="purchase.confirmed", saga_id=saga.pk)
 
     drain_outbox()
     from outbox.delivery import message_deliver
@@ -72,7 +72,7 @@ def test_an_email_resent_after_a_crash_carries_the_first_ones_message_id(
     other = saga_charge(saga_id=start_purchase(
         alice, event, seats=["A2"], payment_method="pm_card_chargeDeclined").pk)
     drain_outbox()
-    message = OutboxMessage.objects.get(topic="PurchaseConfirmed", saga_id=saga.pk)
+    message = OutboxMessage.objects.get(topic="purchase.confirmed", saga_id=saga.pk)
     InboxEntry.objects.filter(message=message).delete()
     OutboxMessage.objects.filter(pk=message.pk).update(completed_at=None)
 
@@ -99,7 +99,7 @@ def test_a_declined_purchase_is_compensated(alice, event, gateway):
     assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 0
     assert _seat_status(event, "A1") == "available"
     assert Reservation.objects.get(pk=saga.reservation_id).status == "CANCELLED"
-    assert OutboxMessage.objects.filter(topic="ReservationCancelled").count() == 1
+    assert OutboxMessage.objects.filter(topic="purchase.cancelled").count() == 1
     assert OutboxMessage.objects.get(key=f"hold:{saga.pk}").cancelled_at is not None
     assert len(mail.outbox) == 1 and "did not go through" in mail.outbox[0].subject
 
@@ -114,7 +114,7 @@ def test_compensating_twice_changes_nothing_the_second_time(alice, event, gatewa
 
     assert again.state == "COMPENSATED" and again.version == saga.version
     assert list(again.history.values_list("id", flat=True)) == history
-    assert OutboxMessage.objects.filter(topic="ReservationCancelled").count() == 1
+    assert OutboxMessage.objects.filter(topic="purchase.cancelled").count() == 1
 
 
 @pytest.mark.django_db

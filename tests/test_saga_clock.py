@@ -11,9 +11,9 @@ from freezegun import freeze_time
 from ledger.models import LedgerEntry
 from payments.fake_gateway.models import FakeCharge, FakeIntent
 from purchases.models import PurchaseSaga, SagaHistory, Seat
-from purchases.runbook import Action, action_run
+from purchases.ops.runbook import Action, action_run
+from purchases.ops.sweeps import sweep_resume
 from purchases.services import saga_charge, saga_expire_hold, saga_reconcile, saga_transition
-from purchases.sweeps import sweep_resume
 
 from .conftest import drain_outbox, start_purchase
 

@@ -18,8 +18,9 @@ from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeCharge, FakeIntent
 from payments.interface import ChargeRequest
 from purchases.models import PurchaseSaga, Seat, SweepHeartbeat
+from purchases.ops.heartbeats import sweeps_stalled
+from purchases.ops.sweeps import stale_sagas, sweep_chase, sweep_resume
 from purchases.services import saga_charge, saga_transition
-from purchases.sweeps import stale_sagas, sweep_chase, sweep_resume, sweeps_stalled
 
 from .conftest import drain_outbox, start_purchase
 
@@ -194,7 +195,7 @@ def test_each_run_leaves_a_heartbeat_and_a_silent_sweep_is_an_alert(alice, event
 
 @pytest.mark.django_db
 def test_a_failing_sweep_records_its_failure(monkeypatch):
-    from purchases import sweeps
+    from purchases.ops import sweeps
 
     def broken(**kwargs):
         raise RuntimeError("database went away")
@@ -225,7 +226,8 @@ def test_chaser_escalates_each_overdue_compensation_once(alice, event, faulty_ga
 
     assert [(line.saga_id, line.alerted) for line in first] == [(str(saga.pk), True)]
     assert [(line.saga_id, line.alerted) for line in second] == [(str(saga.pk), False)]
-    assert OutboxMessage.objects.filter(topic="SagaNeedsOperator", saga_id=saga.pk).count() == 1
+    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
+                                        saga_id=saga.pk).count() == 1
 
 
 @pytest.mark.django_db
@@ -238,7 +240,8 @@ def test_chaser_does_not_repeat_the_alert_raised_at_escalation(alice, event, gat
     call_command("chase_compensations", stdout=out)
     call_command("chase_compensations", stdout=out)
 
-    assert OutboxMessage.objects.filter(topic="SagaNeedsOperator", saga_id=saga.pk).count() == 1
+    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
+                                        saga_id=saga.pk).count() == 1
     assert "1 new alert(s)" in out.getvalue() and "0 new alert(s)" in out.getvalue()
 
 

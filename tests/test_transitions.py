@@ -7,8 +7,8 @@ import pytest
 
 from purchases.errors import IllegalTransition, StaleSaga
 from purchases.models import PurchaseSaga, SagaHistory
-from purchases.services import _transition, saga_transition
-from purchases.states import TRANSITIONS, SagaState
+from purchases.saga.states import TRANSITIONS, SagaState
+from purchases.services import By, move, saga_transition
 
 from .conftest import start_purchase
 
@@ -32,8 +32,8 @@ def test_every_state_has_a_row_in_the_table():
 def test_allowed_move(source, target, alice, event):
     saga_id = _saga_in(source, alice, event)
 
-    saga = saga_transition(saga_id=saga_id, to=target, reason="test", actor="operator",
-                           actor_name="carol")
+    saga = saga_transition(saga_id=saga_id, to=target, reason="test",
+                           by=By.operator("carol"))
 
     stored = PurchaseSaga.objects.get(pk=saga_id)
     assert (stored.state, stored.version) == (target, 2)
@@ -67,7 +67,7 @@ def test_a_stale_copy_loses_and_writes_nothing(alice, event, django_db_blocker):
     saga_transition(saga_id=saga.pk, to=SagaState.CHARGING, reason="first")
 
     with pytest.raises(StaleSaga), transaction.atomic():
-        _transition(stale, SagaState.EXPIRED, reason="second", now=timezone.now())
+        move(stale, SagaState.EXPIRED, reason="second", at=timezone.now())
 
     stored = PurchaseSaga.objects.get(pk=saga.pk)
     assert stored.state == SagaState.CHARGING

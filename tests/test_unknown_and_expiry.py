@@ -17,8 +17,9 @@ from outbox.models import OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway.models import FakeCharge, FakeIntent
 from purchases.errors import IllegalTransition
-from purchases.models import PurchaseSaga, ReconciliationProbe, Seat
+from purchases.models import GatewayAnswer, PurchaseSaga, Seat
 from purchases.services import (
+    By,
     purchase_refund,
     saga_charge,
     saga_compensate,
@@ -83,7 +84,7 @@ def test_timeout_but_charged_is_reconciled_to_confirmed_with_one_charge(
     assert [c[0] for c in gateway.calls] == ["charge", "retrieve"]  # looked up, not re-sent
     assert _seat(event) == "sold"
     assert _ledger_net(saga) == _gateway_net(saga) == 2500
-    probe = ReconciliationProbe.objects.get(saga=saga, asked="retrieve")
+    probe = GatewayAnswer.objects.get(saga=saga, asked="retrieve")
     assert (probe.answer, probe.attempt) == ("succeeded", 1)
 
 
@@ -119,14 +120,15 @@ def test_backoff_probes_at_the_configured_offsets_then_escalates(
             elapsed += offset
             delivered = drain_outbox()
             assert [m.topic for m in delivered].count("purchase.reconcile") == 1
-            probe = ReconciliationProbe.objects.filter(saga=saga, asked="retrieve").latest("id")
+            probe = GatewayAnswer.objects.filter(saga=saga, asked="retrieve").latest("id")
             assert probe.attempt == n
             assert probe.at == started + timedelta(seconds=elapsed)
 
     stored = PurchaseSaga.objects.get(pk=saga.pk)
     assert stored.state == "UNKNOWN_EXPIRED"
-    assert ReconciliationProbe.objects.filter(saga=saga, asked="retrieve").count() == 6
-    assert OutboxMessage.objects.filter(topic="SagaNeedsOperator", saga_id=saga.pk).count() == 1
+    assert GatewayAnswer.objects.filter(saga=saga, asked="retrieve").count() == 6
+    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
+                                        saga_id=saga.pk).count() == 1
     alerts = [r for r in caplog.records
               if r.levelno == logging.ERROR and getattr(r, "saga_id", None) == str(saga.pk)]
     assert alerts, "an ERROR log line naming the saga"
@@ -276,11 +278,14 @@ def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(
 @pytest.mark.django_db
 def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
         alice_api, event, gateway, django_capture_on_commit_callbacks, monkeypatch):
-    from purchases import tasks
+    from config.celery import app
 
     # The broker boundary, replaced by running the task body in-process.
-    monkeypatch.setattr(tasks.saga_charge_task, "delay",
-                        lambda saga_id: saga_charge(saga_id=saga_id))
+    def send_task(name, args):
+        assert name == "purchases.charge"
+        saga_charge(saga_id=args[0])
+
+    monkeypatch.setattr(app, "send_task", send_task)
     body = {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"}
     with django_capture_on_commit_callbacks(execute=True):
         first = alice_api.post("/api/purchases/", body, format="json",
@@ -368,15 +373,15 @@ def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faul
     def at_refund(intent_id):
         seen["seat"] = _seat(event)
         seen["cancelled_events"] = OutboxMessage.objects.filter(
-            topic="ReservationCancelled").count()
+            topic="purchase.cancelled").count()
         seen["emails"] = len(mail.outbox)
 
     faulty_gateway.before["refund"] = at_refund
 
-    result = purchase_refund(saga_id=saga.pk, reason="customer asked", actor_name="carol")
+    result = purchase_refund(saga_id=saga.pk, reason="customer asked", by=By.operator("carol"))
     after_commit = {
         "seat": _seat(event),
-        "cancelled_events": OutboxMessage.objects.filter(topic="ReservationCancelled").count(),
+        "cancelled_events": OutboxMessage.objects.filter(topic="purchase.cancelled").count(),
         "emails": len(mail.outbox),
     }
     drain_outbox()

@@ -5,8 +5,8 @@ through the gateway's API."""
 
 from django.contrib import admin
 
+from common.money import format_money
 from config.admin import ReadOnlyAdminMixin
-from ledger.money import format_money
 
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
 

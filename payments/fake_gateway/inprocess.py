@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from payments.gateway import (
+from payments.codec import (
     interpret_cancel,
     interpret_charge,
     interpret_charges,

@@ -16,7 +16,7 @@ so one key never yields two charges. Row locks live here rather than in a
 ``lock_objects`` module because this app *is* the remote processor and locks a
 single row (the intent) per request.
 
-Test payment methods (``shared/API.md``):
+Test payment methods (docs/api.md):
 
 - ``pm_card_visa`` charges;
 - ``pm_card_chargeDeclined`` declines;
@@ -34,13 +34,14 @@ and the answer times out.
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+
+from common.time import iso_z
 
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
 
@@ -70,10 +71,6 @@ class Answer:
 
 def error(status_code: int, code: str, detail: str, **extra: Any) -> Answer:
     return Answer(status_code, {"code": code, "detail": detail, **extra})
-
-
-def iso_utc(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 # --- charge -------------------------------------------------------------------
@@ -277,7 +274,7 @@ def charge_list(*, intent_id: str) -> Answer:
         answer = Answer(
             200,
             [
-                {"id": c.id, "amount": c.amount, "status": c.status, "created": iso_utc(c.created)}
+                {"id": c.id, "amount": c.amount, "status": c.status, "created": iso_z(c.created)}
                 for c in charges
             ],
         )

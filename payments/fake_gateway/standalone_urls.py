@@ -3,7 +3,7 @@ nothing else (no API, no admin, no metrics).
 
 docker-compose.yml's ``gateway`` service selects it with
 ``ROOT_URLCONF=payments.fake_gateway.standalone_urls``; it stands for a card
-processor, reached by the app over ``PAYMENT_GATEWAY_URL`` (docs/API.md,
+processor, reached by the app over ``PAYMENT_GATEWAY_URL`` (docs/api.md,
 "Fake gateway"). ``FAKE_GATEWAY_ENABLED`` still decides whether the fake is
 mounted at all.
 """

@@ -2,12 +2,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from purchases.audit import INVARIANTS, audit_run
+from purchases.ops.audit import INVARIANTS, audit_run
 
 
 class Command(BaseCommand):
     help = (
-        "Check every invariant of DESIGN.md across sagas, seats, ledger, outbox and the "
+        "Check every invariant (docs/design.md) across sagas, seats, ledger, outbox and the "
         "gateway's records (read through its API), record the run (AuditRun) and print the "
         "verdict per invariant, then each violation. Exits 1 when anything is violated, "
         "2 when nothing is but the run is incomplete (the gateway could not be asked about "

@@ -1,11 +1,12 @@
 from django.core.management.base import BaseCommand
 
-from purchases.sweeps import sweep_chase, sweeps_stalled
+from purchases.ops.heartbeats import sweeps_stalled
+from purchases.ops.sweeps import sweep_chase
 
 
 class Command(BaseCommand):
     help = (
-        "Alert (ERROR log with saga_id, metric, outbox SagaNeedsOperator) for compensations "
+        "Alert (ERROR log with saga_id, metric, outbox purchase.needs_operator) for compensations "
         "pending longer than --deadline seconds (default COMPENSATION_DEADLINE_SECONDS) and "
         "for UNKNOWN_EXPIRED sagas: once per saga per escalation. Also reports stalled sweeps."
     )

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from purchases.sweeps import sweep_resume
+from purchases.ops.sweeps import sweep_resume
 
 
 class Command(BaseCommand):

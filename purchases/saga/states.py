@@ -38,6 +38,3 @@ TRANSITIONS: dict[SagaState, frozenset[SagaState]] = {
 
 TERMINAL = frozenset({S.CONFIRMED, S.COMPENSATED})
 NON_TERMINAL = [s.value for s in S if s not in TERMINAL]
-# States in which a charge may still land at the gateway; the charge and
-# reconcile steps refuse to call the gateway in any other.
-CHARGEABLE = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN})

@@ -1,0 +1,37 @@
+"""Catalog writes: an event and its seats, created together."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from .models import Event, Seat
+
+
+def event_create_with_seats(
+    *,
+    name: str,
+    starts_at: datetime,
+    rows: str = "ABCDE",
+    seats_per_row: int = 10,
+    price_amount: int = 5000,
+    currency: str = "EUR",
+) -> Event:
+    with transaction.atomic(durable=True):
+        event = Event.objects.create(name=name, starts_at=starts_at)
+        Seat.objects.bulk_create(
+            [
+                Seat(
+                    event=event,
+                    ref=f"{row}{n}",
+                    row=row,
+                    number=n,
+                    price_amount=price_amount,
+                    currency=currency,
+                )
+                for row in rows
+                for n in range(1, seats_per_row + 1)
+            ]
+        )
+    return event

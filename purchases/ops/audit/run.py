@@ -1,0 +1,167 @@
+"""The invariant auditor: checks every invariant (docs/design.md,
+"Invariants and where they are enforced") across sagas, seats, ledger,
+outbox and the gateway's own records, and leaves an
+:class:`~purchases.models.AuditRun` behind.
+
+It only reads, except for that one row (and the sweep heartbeat). The gateway
+is read through its port only (``list_charges``, one call per intent that may
+hold money), never through the fake's tables, and never inside a transaction.
+
+Reads are not one snapshot: a saga may move while the auditor looks at it.
+Every saga is read with its version, and re-read after its chunk's gateway
+calls; a saga whose version changed meanwhile is skipped for this run (counted
+in ``sagas_skipped``) rather than reported on a mix of before and after. The
+seat checks are single statements, each consistent on its own, because every
+transaction that touches seats also settles the reservation in the same commit.
+
+Time-based verdicts use one threshold, ``stuck_after_seconds`` (default
+``RESUME_AFTER_SECONDS + PURCHASE_HOLD_SECONDS``): a saga still moving or an
+email still on its way is not a violation while it is younger than that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from payments.interface import GatewayCharge, PaymentGateway
+from payments.registry import get_gateway
+
+from ...models import AuditRun, PurchaseSaga
+from ...saga.states import TERMINAL, SagaState
+from ..heartbeats import heartbeat
+from .context import AuditContext
+from .emails import check_emails, email_messages
+from .liveness import COMPENSATION_STATES, check_stuck, compensated_blind, live_signals
+from .money import Ledger, check_entries, check_ledger_without_saga, check_money, ledger_for
+from .report import UNKNOWN_NEVER_COMPENSATED_BLIND, AuditReport
+from .seats import check_seats
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+DEFAULT_CHUNK_SIZE = 500
+
+
+def audit_run(
+    *,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+    stuck_after_seconds: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> AuditReport:
+    """Check every invariant; record the run as an :class:`AuditRun`.
+
+    Never raises for a violation (they are the report) nor for a gateway that
+    cannot answer about an intent: that intent is *unverified* and the run
+    incomplete, which is not a violation (nothing is known to be wrong).
+    """
+    gateway = gateway if gateway is not None else get_gateway()
+    started = time.perf_counter()
+    now = now or timezone.now()
+    if stuck_after_seconds is None:
+        stuck_after_seconds = settings.RESUME_AFTER_SECONDS + settings.PURCHASE_HOLD_SECONDS
+    audit = AuditContext(gateway=gateway, now=now,
+                         cutoff=now - timedelta(seconds=stuck_after_seconds))
+
+    with heartbeat("audit_sagas", now=now) as pulse:
+        check_seats(audit)
+        check_sagas(audit, chunk_size=chunk_size)
+        check_ledger_without_saga(audit)
+        report = audit.report
+        report.finished_at = now + timedelta(seconds=time.perf_counter() - started)
+        pulse.seen = report.sagas_checked
+        pulse.acted = len(report.violations)
+        # A short transaction at the end: no gateway call is made inside it.
+        with transaction.atomic(durable=True):
+            run = AuditRun.objects.create(
+                started_at=report.started_at,
+                finished_at=report.finished_at,
+                sagas_checked=report.sagas_checked,
+                violations=len(report.violations),
+                report=[v.as_dict() for v in report.violations],
+                unverified=len(report.unverified),
+                unverified_report=[u.as_dict() for u in report.unverified],
+                gateway_url=report.gateway_url,
+            )
+        report.run_id = run.pk
+
+    for v in report.violations:
+        logger.error(
+            "audit violation %s: %s", v.invariant, v.detail,
+            extra={"alert": "audit_violation", "invariant": v.invariant,
+                   "saga_id": v.saga_id, "intent_id": v.intent_id},
+        )
+    if report.unverified:
+        logger.warning(
+            "audit incomplete: the gateway at %s gave no answer about %d intent(s)",
+            report.gateway_url, len(report.unverified),
+            extra={"audit_run": run.pk, "unverified": len(report.unverified)},
+        )
+    logger.info(
+        "audit finished",
+        extra={"audit_run": run.pk, "sagas_checked": report.sagas_checked,
+               "sagas_skipped": report.sagas_skipped, "violations": len(report.violations),
+               "unverified": len(report.unverified)},
+    )
+    return report
+
+
+def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
+    sagas = (
+        PurchaseSaga.objects.order_by("pk")
+        .only("id", "intent_id", "state", "version", "updated_at", "compensation_started_at")
+        .iterator(chunk_size=chunk_size)
+    )
+    for chunk in _batched(sagas, chunk_size):
+        check_chunk(ctx, chunk)
+
+
+
+def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga]) -> None:
+    ids = [s.pk for s in chunk]
+    ledger = ledger_for([s.intent_id for s in chunk])
+    messages = email_messages(ids)
+    live = [s.pk for s in chunk if s.state not in TERMINAL]
+    alerts, driven = live_signals(ctx, live)
+    blind = compensated_blind([s.pk for s in chunk if s.state in COMPENSATION_STATES])
+
+    # The gateway, outside any transaction, after the database reads.
+    charges: dict[str, list[GatewayCharge] | None] = {}
+    for saga in chunk:
+        if saga.state != S.PENDING or saga.intent_id in ledger:
+            charges[saga.intent_id] = ctx.list_charges(saga.intent_id)
+
+    current = dict(PurchaseSaga.objects.filter(pk__in=ids).values_list("pk", "version"))
+    for saga in chunk:
+        if current.get(saga.pk) != saga.version:
+            ctx.report.sagas_skipped += 1
+            continue
+        ctx.report.sagas_checked += 1
+        entries = ledger.get(saga.intent_id, Ledger())
+        if saga.intent_id in charges:
+            check_money(ctx, saga, entries, charges[saga.intent_id])
+        check_entries(ctx, saga, entries)
+        check_emails(ctx, saga, messages.get(saga.pk, {}))
+        if saga.state not in TERMINAL:
+            check_stuck(ctx, saga, alerts.get(saga.pk, []), saga.pk in driven)
+        if saga.pk in blind:
+            ctx.flag(UNKNOWN_NEVER_COMPENSATED_BLIND, saga.pk, saga.intent_id, blind[saga.pk])
+
+
+def _batched(items: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,12 @@
+"""The purchase saga, one module per step (docs/design.md, "The saga").
+
+Read it top to bottom: ``states`` (the transition table), ``topics`` (what
+the saga writes to the outbox, and who consumes it), ``transition`` (the one
+conditional move), ``step`` (the gateway step every step is made of), then
+``start``, ``charge``, ``reconcile``, ``expiry``, ``confirm``,
+``compensate``, ``alerts`` and ``driver`` (what drives a saga that stopped
+moving). ``purchases.services`` is its public face.
+
+This package's ``__init__`` imports nothing: the settings read
+``topics.ROUTING`` before the apps are loaded.
+"""

@@ -1,0 +1,225 @@
+"""Compensation: undo a purchase in reverse order, idempotent by state
+(docs/design.md, "The saga").
+
+Refund (only if the ledger holds a charge; a remote call with its own
+idempotency key, ``refund:<intent_id>``) -> free the seats -> announce
+``purchase.cancelled`` -> the email is its consumer's, after the commit.
+Nothing is released before the money is back: a refund the gateway does not
+confirm leaves the saga COMPENSATION_PENDING with a retry timer, and one the
+gateway says has nothing to refund waits for an operator.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from ledger.models import EntryKind, LedgerEntry
+from ledger.services import ledger_has_charge, ledger_record
+from outbox.services import outbox_publish, timer_cancel, timer_schedule
+from payments.interface import PaymentGateway, RefundOutcome
+
+from .. import lock_objects
+from ..errors import IllegalTransition
+from ..models import (
+    Actor,
+    GatewayAnswer,
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    ReservationStatus,
+    Seat,
+    SeatStatus,
+)
+from .alerts import raise_operator_alert
+from .confirm import purchase_facts
+from .states import SagaState
+from .step import Ask, Next, gateway_or_default, gateway_step
+from .topics import Topic
+from .transition import AN_OPERATOR, SYSTEM, Backoff, By, clock, log_extra, move
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+# Where a compensation starts by itself. CONFIRMED (a refund asked for) and
+# UNKNOWN_EXPIRED (an operator who cancelled the intent) are passed by the
+# callers who vouch for them (``may_start_from``).
+COMPENSABLE = frozenset({S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATION_PENDING})
+
+
+def saga_compensate(
+    *,
+    saga_id,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+    by: By = SYSTEM,
+    reason: str = "compensating",
+    may_start_from: frozenset[SagaState] = frozenset(),
+) -> PurchaseSaga:
+    """Undo a purchase: refund (if charged) -> free seats -> event -> email.
+
+    Idempotent by state: COMPENSATED is a no-op, COMPENSATING resumes where it
+    stopped. ``may_start_from`` adds source states the caller vouches for
+    (CONFIRMED for a refund, UNKNOWN_EXPIRED for an operator's verdict).
+    """
+    gateway = gateway_or_default(gateway)
+
+    def decide(saga: PurchaseSaga, at: datetime) -> Ask | Next:
+        if saga.awaiting_operator_since is not None and by.actor != Actor.OPERATOR:
+            # The gateway contradicted the ledger: only an operator's verdict
+            # moves this saga (a late retry timer or the resumer must not).
+            logger.info("compensation skipped: waiting for an operator", **log_extra(saga))
+            return None
+        state = SagaState(saga.state)
+        if state in COMPENSABLE or state in may_start_from:
+            move(saga, S.COMPENSATING, reason=reason, at=at, by=by)
+        elif state != S.COMPENSATING:
+            logger.info("compensation skipped in %s", state, **log_extra(saga))
+            return None
+        if ledger_has_charge(intent_id=saga.intent_id) and not refunded(saga):
+            return Ask("refund", saga.version)
+        return lambda: _finish(saga_id=saga_id, refund_reference="", now=now, by=by)
+
+    def record(saga: PurchaseSaga, ask: Ask, result, at: datetime) -> Next:
+        if saga.version != ask.version or saga.state != S.COMPENSATING:
+            return None
+        if result.outcome == RefundOutcome.NOT_CHARGED:
+            _wait_for_an_operator(saga, at=at, by=by)
+            return None
+        if result.outcome != RefundOutcome.REFUNDED:
+            move(saga, S.COMPENSATION_PENDING, at=at, by=by,
+                 reason=f"refund not confirmed ({result.outcome.value}); will retry")
+            _arm_refund_retry(saga, at=at)
+            return None
+        reference = f"refund:{saga.intent_id}"
+        return lambda: _finish(saga_id=saga_id, refund_reference=reference, now=now, by=by)
+
+    return gateway_step(
+        saga_id=saga_id,
+        decide=decide,
+        call=lambda saga, ask: gateway.refund(
+            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"),
+        record=record,
+        now=now,
+    )
+
+
+def _wait_for_an_operator(saga: PurchaseSaga, *, at: datetime, by: By) -> None:
+    """A refund answered "not charged": definitive, and a contradiction (our
+    ledger says charged, the gateway says not). Asking again cannot change
+    that: the saga waits, and one alert names it, for an operator to compare
+    the two (docs/operations.md, "Runbook")."""
+    move(saga, S.COMPENSATION_PENDING, at=at, by=by,
+         reason="refund refused: the gateway has no charge; waiting for an operator")
+    PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=at)
+    saga.awaiting_operator_since = at
+    raise_operator_alert(saga, why="the gateway has no charge for a refund the ledger owes",
+                         now=at)
+
+
+def _finish(*, saga_id, refund_reference: str, now: datetime | None, by: By) -> PurchaseSaga:
+    at = clock(now)
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga_id)
+        if saga.state != S.COMPENSATING:
+            return saga
+        if refund_reference:
+            ledger_record(
+                intent_id=saga.intent_id,
+                kind=EntryKind.REFUND,
+                amount=-saga.amount,
+                currency=saga.currency,
+                saga_id=saga.pk,
+                event_id=saga.event_id,
+                now=at,
+                gateway_reference=refund_reference,
+            )
+        finish_compensation(saga, at=at, by=by,
+                            refunded=bool(refund_reference) or refunded(saga))
+    return saga
+
+
+def finish_compensation(
+    saga: PurchaseSaga,
+    *,
+    at: datetime,
+    by: By,
+    refunded: bool,
+    reason: str = "compensated",
+) -> None:
+    """The last commit of a compensation (the caller's): seats, reservation,
+    hold timer, ``purchase.cancelled``, state. The email is the consumer's,
+    after this commits."""
+    was_confirmed = Reservation.objects.filter(
+        pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
+    ).exists()
+    _release_seats(saga, at=at)
+    Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CANCELLED)
+    timer_cancel(key=saga.hold_timer_key, now=at)
+    outbox_publish(
+        topic=Topic.CANCELLED,
+        payload={**purchase_facts(saga), "was_confirmed": was_confirmed, "refunded": refunded},
+        key=f"cancelled:{saga.pk}",
+        event_id=saga.event_id,
+        saga_id=saga.pk,
+        now=at,
+    )
+    move(saga, S.COMPENSATED, reason=reason, at=at, by=by)
+
+
+def refunded(saga: PurchaseSaga) -> bool:
+    return LedgerEntry.objects.filter(intent_id=saga.intent_id, kind=EntryKind.REFUND).exists()
+
+
+def _arm_refund_retry(saga: PurchaseSaga, *, at: datetime) -> None:
+    # The n-th refund answer arms the n-th retry.
+    n = GatewayAnswer.objects.filter(saga=saga, asked="refund").count()
+    timer_schedule(
+        key=f"refund:{saga.pk}:{n}",
+        topic=Topic.REFUND_RETRY,
+        payload={"saga_id": str(saga.pk)},
+        due_at=at + timedelta(seconds=Backoff().delay(n)),
+        event_id=saga.event_id,
+        saga_id=saga.pk,
+        now=at,
+    )
+
+
+def _release_seats(saga: PurchaseSaga, *, at: datetime) -> None:
+    links = ReservationSeat.objects.filter(
+        reservation_id=saga.reservation_id, released_at__isnull=True
+    )
+    seat_ids = list(links.values_list("seat_id", flat=True))
+    # Lock order: saga (held by the caller) -> seats.
+    lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)
+    Seat.objects.filter(id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
+    links.update(released_at=at)
+
+
+def purchase_refund(
+    *,
+    saga_id,
+    reason: str,
+    by: By = AN_OPERATOR,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """Refund a CONFIRMED purchase (customer service): the full compensation,
+    refund included. The buyer already has a confirmation email; the
+    compensation's event carries ``was_confirmed``, so the email consumer
+    sends a correction."""
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga_id)
+        if saga.state != S.CONFIRMED:
+            raise IllegalTransition(saga.state, S.COMPENSATING)
+    return saga_compensate(
+        saga_id=saga_id,
+        gateway=gateway,
+        now=now,
+        by=by,
+        reason=f"refund requested: {reason}",
+        may_start_from=frozenset({S.CONFIRMED}),
+    )

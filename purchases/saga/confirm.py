@@ -1,0 +1,107 @@
+"""Confirming a purchase: the one commit that takes the money into the ledger
+and sells the seats, whichever step learnt that the charge landed (the charge
+answer, a look-up, the hold expiry's refused cancel, an operator)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+
+from ledger.models import EntryKind
+from ledger.services import ledger_record
+from outbox.services import outbox_publish, timer_cancel
+
+from ..errors import IllegalTransition
+from ..models import (
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    ReservationStatus,
+    Seat,
+    SeatStatus,
+)
+from .states import SagaState
+from .topics import Topic
+from .transition import SYSTEM, By, log_extra, move
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+
+def confirm(
+    saga: PurchaseSaga,
+    *,
+    charge_id: str,
+    reason: str,
+    at: datetime,
+    by: By = SYSTEM,
+    note: str = "",
+    override: bool = False,
+) -> None:
+    """CONFIRMED in one commit (the caller's): ledger, seats sold,
+    reservation, hold timer cancelled, ``purchase.confirmed``."""
+    if saga.state == S.PENDING:
+        # The gateway says charged while we had not yet recorded the attempt
+        # (a crash between the two commits): record the attempt first.
+        move(saga, S.CHARGING, reason="charge found at the gateway", at=at, by=by,
+             count_attempt=True)
+    move(saga, S.CONFIRMED, reason=reason, at=at, by=by)
+    ledger_record(
+        intent_id=saga.intent_id,
+        kind=EntryKind.CHARGE,
+        amount=saga.amount,
+        currency=saga.currency,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        now=at,
+        gateway_reference=charge_id,
+        note=note,
+        override=override,
+    )
+    seat_ids = list(
+        ReservationSeat.objects.filter(
+            reservation_id=saga.reservation_id, released_at__isnull=True
+        ).values_list("seat_id", flat=True)
+    )
+    sold = Seat.objects.filter(id__in=seat_ids, status=SeatStatus.HELD).update(
+        status=SeatStatus.SOLD
+    )
+    if sold != len(seat_ids):
+        # The seats were released under us: an invariant is broken. Refuse the
+        # whole commit; the charge stays recorded at the gateway and the
+        # reconcile/operator path settles it.
+        raise IllegalTransition(saga.state, "CONFIRMED with seats not held")
+    Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CONFIRMED)
+    cancel = timer_cancel(key=saga.hold_timer_key, now=at)
+    logger.info("hold timer %s", cancel.status, **log_extra(saga))
+    outbox_publish(
+        topic=Topic.CONFIRMED,
+        payload=purchase_facts(saga),
+        key=f"confirmed:{saga.pk}",
+        event_id=saga.event_id,
+        saga_id=saga.pk,
+        now=at,
+    )
+
+
+def purchase_facts(saga: PurchaseSaga) -> dict:
+    """What ``purchase.confirmed`` / ``purchase.cancelled`` carry: the facts
+    a consumer needs (the emails need no read of their own)."""
+    return {
+        "saga_id": str(saga.pk),
+        "reservation": saga.reservation.ref,
+        "event_id": saga.event_id,
+        "buyer_id": saga.buyer_id,
+        "buyer": get_user_model().objects.values("username", "email").get(pk=saga.buyer_id),
+        "seats": sorted(
+            ReservationSeat.objects.filter(reservation_id=saga.reservation_id).values_list(
+                "seat__ref", flat=True
+            )
+        ),
+        "amount": saga.amount,
+        "currency": saga.currency,
+        "intent_id": saga.intent_id,
+    }

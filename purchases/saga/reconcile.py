@@ -1,0 +1,110 @@
+"""Reconciliation of an UNKNOWN charge: look the intent up, never compensate
+blind (docs/design.md, "The saga").
+
+A processor replays the first answer for a key, errors included, so sending
+the charge again proves nothing: only a look-up does. ``succeeded`` confirms;
+``declined`` compensates; ``not_found`` / ``requires_payment`` (no charge
+landed) charges again with the same key, unless the hold ran out meanwhile;
+no answer arms the next probe, or escalates when the schedule is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from payments.interface import IntentStatus, PaymentGateway
+
+from ..models import PurchaseSaga
+from .alerts import raise_operator_alert
+from .charge import charge_again, hold_ran_out, next_probe_or_escalate
+from .compensate import saga_compensate
+from .confirm import confirm
+from .expiry import saga_expire_hold
+from .states import SagaState
+from .step import Ask, Next, gateway_or_default, gateway_step
+from .transition import SYSTEM, By, log_extra, move, note_decision
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+NO_CHARGE_LANDED = frozenset({IntentStatus.NOT_FOUND, IntentStatus.REQUIRES_PAYMENT})
+# Only we cancel or refund an intent: seeing either on an unsettled saga means
+# a step of ours committed at the gateway and died before recording it.
+SETTLED_BEHIND_OUR_BACK = frozenset({IntentStatus.CANCELED, IntentStatus.REFUNDED})
+
+
+def saga_reconcile(
+    *,
+    saga_id,
+    attempt: int = 1,
+    expected_version: int | None = None,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+    by: By = SYSTEM,
+) -> PurchaseSaga:
+    """Probe the gateway about an UNKNOWN (or CHARGING: its answer was lost)
+    saga and act on a definitive answer. ``attempt`` is the probe's 1-based
+    place in the backoff schedule; ``expected_version`` the version its timer
+    was armed at (a probe of an older episode does nothing)."""
+    gateway = gateway_or_default(gateway)
+
+    def decide(saga: PurchaseSaga, at: datetime) -> Ask | Next:
+        if saga.state not in (S.UNKNOWN, S.CHARGING) or (
+            expected_version is not None and saga.version != expected_version
+        ):
+            logger.info("reconcile skipped: saga has moved on", **log_extra(saga))
+            return None
+        return Ask("retrieve", saga.version, attempt=attempt)
+
+    def record(saga: PurchaseSaga, ask: Ask, lookup, at: datetime) -> Next:
+        if saga.version != ask.version:
+            return None
+        if saga.state == S.CHARGING:
+            # A charge whose answer was lost (worker died): treat as unknown.
+            move(saga, S.UNKNOWN, reason="charge answer lost; reconciling", at=at, by=by)
+        status = lookup.status
+        if status == IntentStatus.SUCCEEDED:
+            confirm(saga, charge_id=lookup.charge_id or "",
+                    reason="reconciled: charged at the gateway", at=at, by=by)
+            return None
+        if status == IntentStatus.DECLINED:
+            move(saga, S.PAYMENT_FAILED, reason="reconciled: declined at the gateway", at=at,
+                 by=by)
+            return lambda: saga_compensate(saga_id=saga.pk, gateway=gateway, now=now, by=by)
+        if status in NO_CHARGE_LANDED:
+            return _charge_again_unless_the_hold_ran_out(
+                saga, status=status, attempt=attempt, at=at, gateway=gateway, now=now, by=by)
+        if status in SETTLED_BEHIND_OUR_BACK:
+            move(saga, S.UNKNOWN_EXPIRED, at=at, by=by,
+                 reason=f"gateway reports {status.value} for an unsettled saga")
+            raise_operator_alert(saga, why=f"gateway reports {status.value}", now=at)
+            return None
+        note_decision(saga, at=at, by=by,
+                      reason=f"reconcile probe {attempt}: no answer ({lookup.detail})")
+        next_probe_or_escalate(saga, probe=attempt + 1, at=at, by=by)
+        return None
+
+    return gateway_step(
+        saga_id=saga_id,
+        decide=decide,
+        call=lambda saga, ask: gateway.retrieve(saga.intent_id),
+        record=record,
+        now=now,
+    )
+
+
+def _charge_again_unless_the_hold_ran_out(
+    saga: PurchaseSaga, *, status: IntentStatus, attempt: int, at: datetime,
+    gateway: PaymentGateway, now: datetime | None, by: By,
+) -> Next:
+    if hold_ran_out(saga, at):
+        # No charge landed, and the hold is over: a retry now would be a first
+        # charge for seats no longer held for it.
+        note_decision(saga, at=at, by=by,
+                      reason=f"reconciled: {status.value}; the hold ran out, not charging again")
+        return lambda: saga_expire_hold(saga_id=saga.pk, gateway=gateway, now=now)
+    move(saga, S.CHARGING, reason=f"reconciled: {status.value}; charging again", at=at,
+         by=by, count_attempt=True)
+    return lambda: charge_again(saga, probes=attempt, gateway=gateway, now=now, by=by)

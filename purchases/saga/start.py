@@ -1,0 +1,275 @@
+"""Start: one transaction under the request (docs/design.md, "The saga").
+
+The idempotency record, the seats locked (by pk) and held, the reservation,
+the saga PENDING with its intent id, the history row and the hold-expiry
+timer commit together; the charge is enqueued on commit. A taken seat rolls
+back everything. The same key and body replay the first answer; the same
+key with another body is refused.
+
+The statements are few on purpose: this is the request path
+(docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from common.time import iso_z
+from config.celery import app as celery_app
+from outbox.services import timer_schedule
+
+from .. import lock_objects
+from ..errors import (
+    DomainError,
+    IdempotencyKeyReused,
+    SeatUnavailable,
+    UnknownEvent,
+    UnknownSeats,
+)
+from ..models import (
+    Actor,
+    Event,
+    IdempotencyRecord,
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    ReservationStatus,
+    SagaHistory,
+    Seat,
+)
+from .states import SagaState
+from .topics import CHARGE_TASK, Topic
+from .transition import clock, log_extra
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+
+@dataclass(frozen=True)
+class PurchaseStarted:
+    saga_id: str
+    # The purchase as first answered: id, status, event, seats, total,
+    # hold_expires_at (the API shapes the HTTP answer around it).
+    purchase: dict
+    created: bool  # False when this is a replay of the first answer
+
+
+def request_fingerprint(*, event_id: int, seat_refs: list[str], payment_method: str) -> str:
+    canonical = json.dumps(
+        {"event": event_id, "seats": list(seat_refs), "payment_method": payment_method},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def intent_id_for(reservation_ref: str) -> str:
+    return f"pi_{reservation_ref}"
+
+
+def purchase_start(
+    *,
+    user,
+    idempotency_key: str,
+    event_id: int,
+    seat_refs: list[str],
+    payment_method: str,
+    now: datetime | None = None,
+) -> PurchaseStarted:
+    """Hold the seats and start the saga, or replay the first answer for the key."""
+    now = clock(now)
+    fingerprint = request_fingerprint(
+        event_id=event_id, seat_refs=seat_refs, payment_method=payment_method
+    )
+    saga = PurchaseSaga(event_id=event_id, buyer=user, payment_method=payment_method,
+                        state=S.PENDING, version=1, created_at=now, updated_at=now)
+    # One transaction and one commit; a replay (the key is taken) and every
+    # refusal roll it back.
+    try:
+        with transaction.atomic(durable=True):
+            seats = _priced_seats(event_id=event_id, seat_refs=seat_refs, saga=saga)
+            hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
+            purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
+            # First write: a concurrent duplicate waits here on the unique
+            # index until we commit or roll back, then replays our answer.
+            if not _claim_key(user=user, key=idempotency_key, fingerprint=fingerprint,
+                              purchase=purchase, saga_id=saga.id, now=now):
+                raise _KeyTaken
+            _hold_and_record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
+            saga_id = str(saga.id)
+            transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
+    except (_KeyTaken, _Refused) as exc:
+        # The key's first answer wins over any refusal of this body: the same
+        # body replays it, another body is refused as a reused key (422).
+        replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay
+        if isinstance(exc, _Refused):
+            raise exc.error from None
+        raise  # pragma: no cover - the unique index said the key exists
+
+    logger.info("purchase started", **log_extra(saga, seats=",".join(seat_refs)))
+    return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
+
+
+class _KeyTaken(Exception):
+    """Another request with the same key committed first (or is committing)."""
+
+
+class _Refused(Exception):
+    """This body is refused, unless its key already has an answer."""
+
+    def __init__(self, error: DomainError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _priced_seats(*, event_id: int, seat_refs: list[str], saga: PurchaseSaga) -> list[Seat]:
+    """The seats asked for, with their prices (set on the saga), in id order.
+
+    Prices and refs of a seat never change: they are read without a lock;
+    availability is decided under the lock (``_hold_and_record``).
+    """
+    seats = list(
+        Seat.objects.filter(event_id=event_id, ref__in=seat_refs)
+        .only("id", "ref", "price_amount", "currency")
+        .order_by("id")
+    )
+    missing = sorted(set(seat_refs) - {s.ref for s in seats})
+    if missing:
+        if not seats and not Event.objects.filter(pk=event_id).exists():
+            raise _Refused(UnknownEvent(event_id))
+        raise _Refused(UnknownSeats(missing))
+    currencies = {s.currency for s in seats}
+    if len(currencies) != 1:
+        raise _Refused(UnknownSeats(sorted(seat_refs)))  # one purchase, one currency
+    saga.currency = currencies.pop()
+    saga.amount = sum(s.price_amount for s in seats)
+    return seats
+
+
+def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime) -> dict:
+    return {
+        "id": str(saga.id),
+        "status": S.PENDING.value,
+        "event": saga.event_id,
+        # In seat order, as the purchase's detail lists them.
+        "seats": [s.ref for s in seats],
+        "total": {"amount": saga.amount, "currency": saga.currency},
+        "hold_expires_at": iso_z(hold_expires_at),
+    }
+
+
+def _hold_and_record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
+                     now: datetime) -> None:
+    """Lock and hold the seats, then write the reservation, the saga, its
+    first history row and the hold-expiry timer (the caller's transaction)."""
+    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id,
+                                            seat_ids=[s.id for s in seats])
+    if len(held) != len(seats):
+        raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
+    reservation = Reservation.objects.create(
+        ref="R" + secrets.token_hex(6).upper(),
+        event_id=saga.event_id,
+        buyer=saga.buyer,
+        status=ReservationStatus.HELD,
+        hold_expires_at=hold_expires_at,
+        total_amount=saga.amount,
+        currency=saga.currency,
+        created_at=now,
+    )
+    ReservationSeat.objects.bulk_create(
+        [ReservationSeat(reservation=reservation, seat_id=s.id, event_id=saga.event_id)
+         for s in seats]
+    )
+    saga.reservation = reservation
+    saga.intent_id = intent_id_for(reservation.ref)
+    saga.save(force_insert=True)
+    SagaHistory.objects.create(saga=saga, from_state=None, to_state=S.PENDING, at=now,
+                               reason="purchase started", actor=Actor.SYSTEM,
+                               version=saga.version)
+    timer_schedule(
+        key=saga.hold_timer_key,
+        topic=Topic.HOLD_EXPIRED,
+        payload={"saga_id": str(saga.id)},
+        due_at=hold_expires_at,
+        event_id=saga.event_id,
+        saga_id=saga.id,
+        now=now,
+    )
+
+
+_CLAIM_KEY_SQL = """
+INSERT INTO {table} (user_id, key, request_hash, response_body, saga_id, created_at)
+VALUES (%s, %s, %s, %s, %s, %s)
+ON CONFLICT (user_id, key) DO NOTHING
+RETURNING id
+"""
+
+
+def _claim_key(*, user, key: str, fingerprint: str, purchase: dict, saga_id, now) -> bool:
+    """Insert the idempotency record unless the key is taken; True if inserted.
+
+    ``ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same key
+    and answers nothing if that one commits: no savepoint, no error to catch.
+    The saga it points to is inserted later in the same transaction (the
+    foreign key is checked at commit).
+    """
+    meta = IdempotencyRecord._meta
+    params = [
+        user.pk, key, fingerprint,
+        meta.get_field("response_body").get_db_prep_value(purchase, connection),
+        meta.get_field("saga").get_db_prep_value(saga_id, connection),
+        meta.get_field("created_at").get_db_prep_value(now, connection),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_KEY_SQL.format(table=meta.db_table), params)
+        return cursor.fetchone() is not None
+
+
+def _replay(*, user, idempotency_key: str, fingerprint: str) -> PurchaseStarted | None:
+    record = (
+        IdempotencyRecord.objects.filter(user=user, key=idempotency_key)
+        .only("request_hash", "response_body", "saga_id")
+        .first()
+    )
+    if record is None:
+        return None
+    if record.request_hash != fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was already used with a different request body"
+        )
+    return PurchaseStarted(saga_id=str(record.saga_id),
+                           purchase=in_answer_order(record.response_body), created=False)
+
+
+_ANSWER_KEYS = ("id", "status", "event", "seats", "total", "hold_expires_at", "links")
+
+
+def in_answer_order(body: dict) -> dict:
+    """``body`` with its keys in the answer's order. jsonb does not keep key
+    order, and a replay must be byte-identical to the first answer."""
+    ordered = {k: body[k] for k in _ANSWER_KEYS if k in body}
+    ordered.update({k: v for k, v in body.items() if k not in ordered})
+    if isinstance(ordered.get("total"), dict):
+        ordered["total"] = {
+            "amount": ordered["total"]["amount"],
+            "currency": ordered["total"]["currency"],
+        }
+    return ordered
+
+
+def _enqueue_charge(saga_id: str) -> None:
+    # By name: the saga does not import the task module. If this fails
+    # (broker down), the saga stays PENDING and the resumer drives it;
+    # robust=True keeps the committed purchase's 202.
+    celery_app.send_task(CHARGE_TASK, args=[saga_id])

@@ -1,0 +1,122 @@
+"""The gateway step, written once (docs/design.md, "The saga").
+
+Every step that talks to the gateway has the same shape, because no row lock
+may be held across network I/O:
+
+1. lock the saga, decide (and possibly move it, e.g. PENDING -> CHARGING),
+   commit;
+2. call the gateway outside any transaction (the adapters assert it);
+3. lock the saga again, keep the answer as evidence (a ``GatewayAnswer``
+   row, whatever the saga makes of it), record what it means, commit.
+
+A step may lead to another one (a decline to the compensation, "no charge
+found" to a second charge): that is a *next* callable, run after the second
+commit, so each commit stays short and takes its own instant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from config import metrics
+from payments.interface import PaymentGateway
+from payments.registry import get_gateway
+
+from .. import lock_objects
+from ..models import GatewayAnswer, PurchaseSaga
+from .transition import clock, log_extra
+
+logger = logging.getLogger(__name__)
+
+# What to do after the second commit (None: the step is done).
+Next = Callable[[], PurchaseSaga] | None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a step asks the gateway, decided under the saga's lock."""
+
+    asked: str  # "charge" | "retrieve" | "cancel" | "refund"
+    version: int  # the saga's version when it was decided
+    attempt: int = 0  # 1-based position in a backoff schedule (0: none)
+
+
+def gateway_or_default(gateway: PaymentGateway | None) -> PaymentGateway:
+    return gateway if gateway is not None else get_gateway()
+
+
+def gateway_step(
+    *,
+    saga_id,
+    decide: Callable[[PurchaseSaga, datetime], Ask | Next],
+    call: Callable[[PurchaseSaga, Ask], Any],
+    record: Callable[[PurchaseSaga, Ask, Any, datetime], Next],
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """Run one gateway step on a saga (see the module docstring).
+
+    ``decide(saga, at)`` runs under the lock and returns an :class:`Ask`, or
+    instead of asking, what to do next (or None: nothing to do).
+    ``call(saga, ask)`` talks to the gateway. ``record(saga, ask, answer,
+    at)`` runs under the lock after the evidence is stored, and returns what
+    to do next.
+    """
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga_id)
+        decided = decide(saga, clock(now))
+    if not isinstance(decided, Ask):
+        return decided() if decided is not None else saga
+    return ask_and_record(saga=saga, ask=decided, call=call, record=record, now=now)
+
+
+def ask_and_record(
+    *,
+    saga: PurchaseSaga,
+    ask: Ask,
+    call: Callable[[PurchaseSaga, Ask], Any],
+    record: Callable[[PurchaseSaga, Ask, Any, datetime], Next],
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """Stages 2 and 3 of a gateway step whose decision another step already
+    committed (a charge retried by the reconciliation's own commit)."""
+    answer = call(saga, ask)
+    at = clock(now)
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga.pk)
+        record_answer(saga, asked=ask.asked, answer=answer, at=at, attempt=ask.attempt)
+        then = record(saga, ask, answer, at)
+    return then() if then is not None else saga
+
+
+def record_answer(
+    saga: PurchaseSaga, *, asked: str, answer, at: datetime, attempt: int = 0
+) -> None:
+    """Keep the gateway's answer as evidence beside the saga (and count it),
+    inside the caller's transaction."""
+    logger.info(
+        "gateway %s answered %s",
+        asked,
+        answer.label,
+        **log_extra(saga, intent_id=saga.intent_id, latency_ms=round(answer.latency_ms, 1),
+                    detail=answer.detail),
+    )
+    metrics.GATEWAY_REQUESTS.labels(method=asked, outcome=answer.label).inc()
+    metrics.GATEWAY_LATENCY.labels(method=asked).observe(answer.latency_ms / 1000)
+    if asked == "retrieve":
+        metrics.RECONCILE_PROBES.labels(answer=answer.label).inc()
+    GatewayAnswer.objects.create(
+        saga=saga,
+        event_id=saga.event_id,
+        at=at,
+        asked=asked,
+        answer=answer.label,
+        detail=answer.detail[:200],
+        latency_ms=answer.latency_ms,
+        attempt=attempt,
+    )

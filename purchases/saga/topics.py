@@ -1,0 +1,54 @@
+"""Every outbox topic the saga writes, and who consumes each (docs/design.md,
+"Messaging").
+
+This is the routing table of the outbox: ``config/settings.py`` reads
+``ROUTING`` as ``OUTBOX_CONSUMERS``, and the purchases app checks at start-up
+that every topic is routed and every consumer imports. So this module
+imports nothing of ours.
+
+A consumer is named by its dotted path, and that name is what the inbox
+stores for "this consumer processed that message": moving a consumer to
+another module re-runs it for every message still in flight. Keep the paths.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Topic(enum.StrEnum):
+    # Timers: due later, each re-reads the saga under its lock and decides.
+    HOLD_EXPIRED = "purchase.hold_expired"
+    # A hold that expired while the gateway could not be reached: ask again.
+    HOLD_RECHECK = "purchase.hold_recheck"
+    RECONCILE = "purchase.reconcile"
+    REFUND_RETRY = "purchase.refund_retry"
+    # Events: due at once, for the choreography (emails, analytics, alerts).
+    CONFIRMED = "purchase.confirmed"
+    CANCELLED = "purchase.cancelled"
+    NEEDS_OPERATOR = "purchase.needs_operator"
+
+
+# Timers whose delivery drives a live saga forward: a saga waiting on one is
+# on schedule, not stuck (the resumer and the auditor both ask).
+DRIVING = frozenset({Topic.RECONCILE, Topic.REFUND_RETRY, Topic.HOLD_RECHECK})
+
+CONFIRMATION_EMAIL = "purchases.consumers.confirmation_email"
+CANCELLATION_EMAIL = "purchases.consumers.cancellation_email"
+ANALYTICS_ON_CONFIRMED = "purchases.analytics.analytics_on_confirmed"
+ANALYTICS_ON_CANCELLED = "purchases.analytics.analytics_on_cancelled"
+
+ROUTING: dict[str, list[str]] = {
+    Topic.HOLD_EXPIRED: ["purchases.consumers.hold_expired"],
+    Topic.HOLD_RECHECK: ["purchases.consumers.hold_expired"],
+    Topic.RECONCILE: ["purchases.consumers.reconcile_due"],
+    Topic.REFUND_RETRY: ["purchases.consumers.refund_retry_due"],
+    # Analytics after the email: a failing analytics consumer cannot hold it up.
+    Topic.CONFIRMED: [CONFIRMATION_EMAIL, ANALYTICS_ON_CONFIRMED],
+    Topic.CANCELLED: [CANCELLATION_EMAIL, ANALYTICS_ON_CANCELLED],
+    Topic.NEEDS_OPERATOR: ["purchases.consumers.operator_alert"],
+}
+
+# The Celery task that charges a new purchase (enqueued on the start's commit
+# by name, so that the saga does not import the task module).
+CHARGE_TASK = "purchases.charge"

@@ -1,0 +1,164 @@
+"""The one way a saga moves, and what every step shares: who moves it, the
+clock, the backoff schedule (docs/design.md, "The saga").
+
+A transition is one commit: the table decides first (an illegal move raises
+before anything is written), then a conditional update on (state, version)
+makes the move, so a saga changed behind our back is a :class:`StaleSaga`
+verdict, not a retry; the history row and whatever the move implies (outbox,
+timer, ledger rows) are written by the caller in the same transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from config import metrics
+from config.transactions import in_transaction
+
+from .. import lock_objects
+from ..errors import IllegalTransition, StaleSaga
+from ..models import Actor, PurchaseSaga, SagaHistory
+from .states import TRANSITIONS, SagaState
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+
+@dataclass(frozen=True)
+class By:
+    """Who moves the saga: the system, the resumer, or a named operator. It
+    goes into every history row the move writes."""
+
+    actor: str = Actor.SYSTEM
+    name: str = ""
+
+    @classmethod
+    def operator(cls, name: str) -> By:
+        return cls(Actor.OPERATOR, name)
+
+
+SYSTEM = By()
+RESUMER = By(Actor.RESUMER)
+AN_OPERATOR = By(Actor.OPERATOR)  # not named (customer service's default)
+
+
+def clock(now: datetime | None) -> datetime:
+    """The instant of one commit's decision: the injected clock, else now.
+
+    Each commit asks for its own instant (a step that makes a network call
+    between two commits passes its caller's ``now`` on unresolved), so every
+    history row carries the moment of its own decision.
+    """
+    return now or timezone.now()
+
+
+def log_extra(saga: PurchaseSaga | None = None, **extra) -> dict:
+    """``extra=`` for a log line about a saga: its id and state on every line."""
+    if saga is not None:
+        extra.setdefault("saga_id", str(saga.pk))
+        extra.setdefault("state", saga.state)
+    return {"extra": extra}
+
+
+class Backoff:
+    """A retry schedule read one way: ``delay(n)`` before the n-th retry
+    (1-based; past the end the last delay repeats), and ``is_spent(n)`` when
+    the schedule has no n-th delay of its own."""
+
+    def __init__(self, delays: list[int] | None = None) -> None:
+        self.delays = list(settings.RECONCILE_BACKOFF_SECONDS if delays is None else delays)
+
+    def delay(self, n: int) -> int:
+        return self.delays[min(max(n, 1), len(self.delays)) - 1]
+
+    def is_spent(self, n: int) -> bool:
+        return n > len(self.delays)
+
+
+def move(
+    saga: PurchaseSaga,
+    to: SagaState,
+    *,
+    reason: str,
+    at: datetime,
+    by: By = SYSTEM,
+    count_attempt: bool = False,
+) -> PurchaseSaga:
+    """Move ``saga`` to ``to`` inside the caller's transaction."""
+    if not in_transaction():
+        raise RuntimeError("a transition belongs inside its commit")
+    source = SagaState(saga.state)
+    if to not in TRANSITIONS[source]:
+        raise IllegalTransition(source, to)
+    changes = {
+        "state": to,
+        "version": F("version") + 1,
+        "updated_at": at,
+        "attempts": F("attempts") + (1 if count_attempt else 0),
+        # Any move ends a wait for an operator (the move is the verdict).
+        "awaiting_operator_since": None,
+    }
+    if to == S.COMPENSATING and saga.compensation_started_at is None:
+        changes["compensation_started_at"] = at
+    updated = PurchaseSaga.objects.filter(pk=saga.pk, state=source, version=saga.version).update(
+        **changes
+    )
+    if updated != 1:
+        raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
+    saga.state = to
+    saga.version += 1
+    saga.updated_at = at
+    saga.awaiting_operator_since = None
+    saga.compensation_started_at = changes.get("compensation_started_at",
+                                               saga.compensation_started_at)
+    if count_attempt:
+        saga.attempts += 1
+    _history(saga, source, to, reason=reason, at=at, by=by)
+    logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
+    transaction.on_commit(
+        lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc()
+    )
+    return saga
+
+
+def note_decision(saga: PurchaseSaga, *, reason: str, at: datetime, by: By = SYSTEM) -> None:
+    """A history row for a decision that makes no move: a refusal, an
+    operator's reason before an action, an answer that settles nothing."""
+    _history(saga, saga.state, saga.state, reason=reason, at=at, by=by)
+    logger.info("saga note: %s", reason, **log_extra(saga, actor=by.actor))
+
+
+def _history(saga, source, to, *, reason: str, at: datetime, by: By) -> None:
+    SagaHistory.objects.create(
+        saga=saga,
+        from_state=source,
+        to_state=to,
+        at=at,
+        reason=reason[:500],
+        actor=by.actor,
+        actor_name=by.name,
+        version=saga.version,
+    )
+
+
+def saga_transition(
+    *,
+    saga_id,
+    to: SagaState,
+    reason: str,
+    by: By = SYSTEM,
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """A bare, guarded move in its own commit (operators' tooling, tests of
+    the table)."""
+    with transaction.atomic(durable=True):
+        saga = lock_objects.saga_for_update(saga_id=saga_id)
+        return move(saga, to, reason=reason, at=clock(now), by=by)

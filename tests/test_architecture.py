@@ -1,0 +1,122 @@
+"""The shape of the code base, checked: the layers and import rules
+(``lint-imports``, contracts in pyproject.toml), no import cycle between
+modules, no import hidden in a function without a reason, and an outbox
+routing table that covers every topic."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+from purchases.apps import check_outbox_routing
+from purchases.saga.topics import Topic
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("config", "common", "ledger", "outbox", "payments", "purchases")
+
+
+def test_the_import_contracts_are_kept():
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(module):
+        index[module] = low[module] = counter[0]
+        counter[0] += 1
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(grimp.build_graph(*PACKAGES)) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = grimp.ImportGraph()
+    for module in ("a", "b", "c"):
+        graph.add_module(module)
+    graph.add_import(importer="a", imported="b")
+    graph.add_import(importer="b", imported="c")
+    graph.add_import(importer="c", imported="a")
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def _hidden_in(source: str) -> list[int]:
+    """Lines of imports inside a function that do not say why (a comment on
+    their line or the line above)."""
+    lines = source.splitlines()
+    hidden = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    line = lines[inner.lineno - 1]
+                    above = lines[inner.lineno - 2].strip() if inner.lineno > 1 else ""
+                    if "#" not in line and not above.startswith("#"):
+                        hidden.append(inner.lineno)
+    return sorted(set(hidden))
+
+
+def test_no_import_hides_in_a_function_without_a_reason():
+    hidden = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts
+        for line in _hidden_in(path.read_text())
+    ]
+    assert hidden == []
+
+
+def test_the_scan_finds_a_hidden_import_and_accepts_a_reason():
+    source = (
+        "def a():\n    import os\n"
+        "def b():\n    # psycopg is optional here\n    import psycopg\n"
+        "def c():\n    from x import y  # a cycle otherwise\n"
+    )
+    assert _hidden_in(source) == [2]
+
+
+@pytest.mark.django_db
+def test_every_topic_is_routed_and_every_consumer_imports(settings):
+    assert check_outbox_routing() == []
+
+    settings.OUTBOX_CONSUMERS = {
+        **{t: c for t, c in settings.OUTBOX_CONSUMERS.items() if t != Topic.CONFIRMED},
+        Topic.CANCELLED: ["purchases.consumers.no_such_consumer"],
+    }
+    assert sorted(e.id for e in check_outbox_routing()) == ["purchases.E001", "purchases.E002"]
