@@ -1,1 +1,2 @@
-"""`make bench`: the benchmark harness (bench/run.py) and its Celery tasks."""
+"""`make bench`: the runner (bench/run.py), one module per figure (bench/figures/) and
+the Celery tasks of figure 7 (bench/tasks.py)."""

@@ -2,8 +2,8 @@
 --
 -- Statement for statement what one successful request sends on its
 -- connection (captured with CaptureQueriesContext around a real request,
--- see bench/run.py: capture_reserve_sql; the run compares the shapes and warns
--- when the product's transaction changes):
+-- see bench/figures/reserve.py: check_script; the run compares the shapes
+-- and warns when the product's transaction changes):
 --
 --   1    SELECT 1                      Django's CONN_HEALTH_CHECKS probe on a
 --                                      reused connection (not in connection.queries)
@@ -23,7 +23,7 @@
 -- on the client and sends every statement with the simple query protocol
 -- (psycopg ClientCursor -> PQsendQuery): run it with -M simple.
 --
--- Variables (bench/run.py passes them with -D):
+-- Variables (bench/figures/reserve.py passes them with -D):
 --   ev        the event whose seats this run takes
 --   idoff     seat id = idoff + n (the event's seats were inserted in one go,
 --             'S1'..'S<N>', so their ids are contiguous)
@@ -53,7 +53,7 @@ BEGIN;
 
 SELECT "purchases_seat"."id", "purchases_seat"."ref", "purchases_seat"."price_amount", "purchases_seat"."currency" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S:n')) ORDER BY "purchases_seat"."id" ASC;
 
-INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_status, response_body, saga_id, created_at) VALUES (:uid, 'pgb-:run-:i', md5('pgb-:run-:client_id-:i') || md5('h-:run-:client_id-:i'), 202, '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z", "links": {"self": "/api/purchases/4b7cd96b-711a-4c98-8454-46dc1b1867a5/"}}'::jsonb, md5('pgb-:run-:client_id-:i')::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
+INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-:run-:i', md5('pgb-:run-:client_id-:i') || md5('h-:run-:client_id-:i'), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-:run-:client_id-:i')::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
 
 UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) ORDER BY id FOR UPDATE) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.status = 'available' RETURNING purchases_seat.id;
 
@@ -61,10 +61,10 @@ INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "h
 
 INSERT INTO "purchases_reservationseat" ("reservation_id", "seat_id", "event_id", "released_at") VALUES (:res_id, :seat, :ev, NULL) RETURNING "purchases_reservationseat"."id";
 
-INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now());
+INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at", "compensation_started_at", "awaiting_operator_since") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now(), NULL, NULL);
 
 INSERT INTO "purchases_sagahistory" ("saga_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-:run-:client_id-:i')::uuid, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
 
-INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, now() + interval ':hold seconds', 0, 0, '', NULL, NULL, NULL, NULL) RETURNING "outbox_outboxmessage"."id";
+INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, now() + interval ':hold seconds', 0, 0, '', NULL, NULL, NULL, NULL) RETURNING "outbox_outboxmessage"."id", "outbox_outboxmessage"."attempts", "outbox_outboxmessage"."last_error";
 
 COMMIT;

@@ -6,7 +6,7 @@ transport and the worker pool on their own: a task that does nothing, and a
 task that does one small transaction (lock a row, update it, insert a row),
 which is the smallest unit of work a saga step is made of.
 
-Their tables (``bench_counter``, ``bench_log``) are created by bench/run.py in
+Their tables (``bench_counter``, ``bench_log``) are created by bench/db.py in
 the bench's own database, not by a migration.
 """
 

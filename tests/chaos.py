@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
 import json
 import os
@@ -27,7 +26,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,8 +36,21 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PR_SET_PDEATHSIG = 1
+from devtools.processes import (
+    ROOT,
+    ProcessGroup,
+    celery_worker_argv,
+    children,
+    die_with_parent,
+    free_port,
+    gunicorn_argv,
+    listening,
+    manage_argv,
+    pg_bin,
+    relay_argv,
+    spawn,
+    wait_until,
+)
 
 PAYMENT_METHODS = {
     # method: share of the purchases
@@ -70,44 +81,14 @@ TERMINAL = ("CONFIRMED", "COMPENSATED")
 ESCALATED = ("UNKNOWN_EXPIRED", "COMPENSATION_PENDING")
 
 
-def die_with_parent() -> None:
-    # A test run that is killed must not leave a stack behind (see tests/stack.py).
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_until(predicate, what: str, timeout: float, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 # --- disposable servers ----------------------------------------------------------
 
 
 def _pg_bin(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
-                        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
-    if not candidates:
+    found = pg_bin(name)
+    if not found:
         raise RuntimeError(f"no {name}: install PostgreSQL (apt-get install postgresql)")
-    return str(candidates[-1])
+    return found
 
 
 def servers_available() -> str | None:
@@ -189,12 +170,10 @@ class Redis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent,
+            log=self.dir / "redis.log",
         )
         wait_until(lambda: listening(self.port), "Redis to listen", 10)
 
@@ -261,22 +240,7 @@ def _watchdog_main(args) -> None:
 # --- the stack --------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc, no psutil)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = text.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return sorted(out)
-
-
-class ChaosStack:
+class ChaosStack(ProcessGroup):
     """web (gunicorn), workers, relay and beat on the disposable servers."""
 
     def __init__(self, *, workdir: Path, pg: Postgres, redis: Redis, settings: dict) -> None:
@@ -307,74 +271,50 @@ class ChaosStack:
             "LOG_LEVEL": "INFO",
             **{k: str(v) for k, v in settings.items()},
         })
-        self.env = env
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.argv: dict[str, list[str]] = {}
+        super().__init__(workdir, env)
         self.kills: list[tuple[float, str, int]] = []
         # (name, exit code, log tail) of every process that died on its own
         self.crashes: list[tuple[str, int, str]] = []
 
     # processes
 
-    def _start(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.argv[name] = argv
-        self.procs[name] = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )
-
     def manage(self, *args: str, timeout: float = 120, check: bool = True):
         return subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, timeout=timeout,
+            manage_argv(*args), cwd=ROOT, env=self.env, timeout=timeout,
             capture_output=True, text=True, check=check, preexec_fn=die_with_parent,
         )
 
     def start_web(self, *, workers: int = 2, threads: int = 16) -> None:
-        self._start("web", [
-            sys.executable, "-m", "gunicorn", "config.wsgi:application",
-            "--bind", f"127.0.0.1:{self.web_port}", "--worker-class", "gthread",
-            "--workers", str(workers), "--threads", str(threads), "--timeout", "60",
-            "--graceful-timeout", "5", "--access-logfile", "-",
-            "--access-logformat", '%(m)s %(U)s %(s)s %(L)s',
-        ])
+        self.start("web", gunicorn_argv(
+            port=self.web_port, workers=workers, threads=threads, extra=[
+                "--timeout", "60", "--graceful-timeout", "5", "--access-logfile", "-",
+                "--access-logformat", '%(m)s %(U)s %(s)s %(L)s',
+            ]))
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
-        self._start(name, [
-            sys.executable, "-m", "celery", "-A", "config", "worker", f"--queues={self.queue}",
-            f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
-            "--loglevel=INFO", f"--hostname={name}@%h",
-        ])
+        self.start(name, celery_worker_argv(queue=self.queue, concurrency=concurrency,
+                                            hostname=f"{name}@%h"))
 
     def start_relay(self) -> None:
-        self._start("relay", [sys.executable, "manage.py", "run_relay", "--poll", "0.5"])
+        self.start("relay", relay_argv(poll=0.5))
 
     def start_beat(self) -> None:
-        self._start("beat", [sys.executable, "-m", "tests.chaos", "beat"])
+        self.start("beat", [sys.executable, "-m", "tests.chaos", "beat"])
 
     def wait_ready(self, timeout: float = 60) -> None:
         import httpx
 
         def web_up() -> bool:
-            self.assert_alive()
             try:
                 return httpx.get(f"{self.base_url}/api/events/", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_until(web_up, "gunicorn to answer", timeout, every=0.3)
+        self.wait_for(web_up, "gunicorn to answer", timeout, every=0.3)
         for name in self.procs:
             if name.startswith("worker"):
-                wait_until(lambda n=name: self.assert_alive() or " ready." in self.log(n),
-                           f"{name} to be ready", timeout, every=0.3)
-
-    def dead(self) -> dict[str, int]:
-        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
-
-    def assert_alive(self) -> None:
-        dead = self.dead()
-        if dead:
-            raise AssertionError(f"stack process(es) exited: {dead}\n" + self.tails(dead))
+                self.wait_for(lambda n=name: " ready." in self.log(n), f"{name} to be ready",
+                              timeout, every=0.3)
 
     def supervise(self) -> list[str]:
         """Start again every process that exited, as a supervisor would
@@ -384,14 +324,13 @@ class ChaosStack:
         restarted = []
         for name, code in self.dead().items():
             self.crashes.append((name, code, self.log(name)[-3000:]))
-            with open(self.workdir / f"{name}.log", "ab") as log:
-                log.write(f"\n=== exited with {code}; restarted by the harness ===\n".encode())
-            self._start(name, self.argv[name])
+            self.start(name, self.argv[name],
+                       header=f"\n=== exited with {code}; restarted by the harness ===\n")
             restarted.append(name)
         return restarted
 
     def worker_children(self, name: str) -> list[int]:
-        return _children(self.procs[name].pid)
+        return children(self.procs[name].pid)
 
     def kill_worker_child(self, rng: random.Random) -> tuple[str, int] | None:
         """SIGKILL one pool process of a random worker (never the master)."""
@@ -407,34 +346,11 @@ class ChaosStack:
                     return name, pid
         return None
 
-    def stop(self) -> None:
-        for name in ("beat", "relay", *sorted(n for n in self.procs if n.startswith("worker")),
-                     "web"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        # Pool processes left behind by a master that died first.
-        for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    def stop(self, name: str | None = None) -> None:
+        super().stop(name, first=("beat", "relay",
+                            *sorted(n for n in self.procs if n.startswith("worker")), "web"))
 
     # logs and mail
-
-    def log(self, name: str) -> str:
-        path = self.workdir / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def tails(self, names=None, chars: int = 4000) -> str:
-        names = names or list(self.procs)
-        return "\n".join(f"--- {n}.log (tail) ---\n{self.log(n)[-chars:]}" for n in names)
 
     def grep(self, needle: str, limit: int = 60) -> str:
         lines = []

@@ -1,0 +1,130 @@
+"""PostgreSQL for `make bench`: the server (from DATABASE_URL), its
+databases, and the bench database as the figures read and write it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from urllib.parse import unquote, urlparse
+
+import psycopg
+
+from bench.common import BENCH_DB, PhaseFailed
+
+USERS = 256
+
+
+class PG:
+    """Where PostgreSQL is (from DATABASE_URL), and connections to our databases."""
+
+    def __init__(self, url: str):
+        u = urlparse(url)
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or 5432
+        self.user = unquote(u.username) if u.username else os.environ.get("USER", "postgres")
+        self.password = unquote(u.password) if u.password else None
+
+    def url(self, db: str) -> str:
+        auth = self.user + (f":{self.password}" if self.password else "")
+        return f"postgres://{auth}@{self.host}:{self.port}/{db}"
+
+    def connect(self, db: str, autocommit: bool = True) -> psycopg.Connection:
+        return psycopg.connect(
+            host=self.host, port=self.port, user=self.user, password=self.password,
+            dbname=db, autocommit=autocommit, application_name="boxoffice-bench",
+        )
+
+    def recreate(self, db: str, template: str | None = None) -> None:
+        with self.connect("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            template_clause = f' TEMPLATE "{template}"' if template else ""
+            conn.execute(f'CREATE DATABASE "{db}"{template_clause}')
+
+    def drop(self, db: str) -> None:
+        with self.connect("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+    def pg_env(self) -> dict:
+        env = dict(os.environ)
+        if self.password:
+            env["PGPASSWORD"] = self.password
+        return env
+
+    def pg_args(self) -> list[str]:
+        return ["-h", self.host, "-p", str(self.port), "-U", self.user]
+
+
+def token(user_id: int) -> str:
+    """The API token ``seed`` gives the user."""
+    return hashlib.md5(f"bench-token-{user_id}".encode()).hexdigest()
+
+
+class BenchDB:
+    """One autocommit connection to the bench database."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def q(self, sql: str, params=None) -> list[tuple]:
+        cur = self.conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+    def q1(self, sql: str, params=None) -> tuple:
+        rows = self.q(sql, params)
+        return rows[0] if rows else None
+
+    def seed(self) -> list[int]:
+        """The tables of bench/tasks.py, and the users with their tokens; returns their ids."""
+        self.q("CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL)")
+        self.q("INSERT INTO bench_counter SELECT g, 0 FROM generate_series(1, 1000) g")
+        self.q("CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, "
+               "task_no int, at timestamptz NOT NULL DEFAULT now())")
+        with self.conn.transaction():
+            rows = self.q(
+                "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name,"
+                " email, is_staff, is_active, date_joined)"
+                " SELECT '!', false, 'bench-' || lpad(g::text, 4, '0'), '', '', '', false, true,"
+                " now() FROM generate_series(1, %s) g ORDER BY g RETURNING id", [USERS])
+            users = sorted(r[0] for r in rows)
+            self.q(
+                "INSERT INTO authtoken_token (key, created, user_id)"
+                " SELECT md5('bench-token-' || id), now(), id FROM auth_user"
+                " WHERE username LIKE 'bench-%%'"
+            )
+        if users != list(range(users[0], users[0] + USERS)):
+            raise PhaseFailed("user ids are not contiguous")
+        return users
+
+    def make_event(self, name: str, nseats: int, prefix: str = "S") -> tuple[int, int]:
+        """An event with seats prefix1..prefixN, inserted in one statement so
+        that their ids are contiguous; returns (event id, id offset)."""
+        with self.conn.transaction():
+            (event_id,) = self.q1(
+                "INSERT INTO purchases_event (name, starts_at)"
+                " VALUES (%s, now() + interval '30 days') RETURNING id", [name])
+            self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
+                   " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
+                   " FROM generate_series(1, %s) g ORDER BY g",
+                   [event_id, prefix, prefix, nseats])
+        lo, hi, n = self.q1("SELECT min(id), max(id), count(*) FROM purchases_seat"
+                            " WHERE event_id = %s", [event_id])
+        if hi - lo + 1 != n:
+            raise PhaseFailed("seat ids are not contiguous")
+        return event_id, lo - 1
+
+    def stats(self) -> dict:
+        """Commits and rolled-back transactions of the bench database, and rows
+        written per table, as PostgreSQL's statistics have them now."""
+        self.q("SELECT pg_stat_clear_snapshot()")
+        xc, xr = self.q1("SELECT xact_commit, xact_rollback FROM pg_stat_database"
+                         " WHERE datname = %s", [BENCH_DB])
+        tables = {
+            r[0]: {"ins": r[1], "upd": r[2], "hot_upd": r[3], "del": r[4]}
+            for r in self.q("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del"
+                            " FROM pg_stat_user_tables")
+        }
+        return {"t": time.monotonic(), "xact_commit": xc, "xact_rollback": xr, "tables": tables}

@@ -1,0 +1,24 @@
+"""The figures of `make bench`, one module each, numbered as in
+bench/README.md. Each module has:
+
+- ``FIGURE`` (bench.common.Figure): its name for ``--phases``, its key in
+  the JSON, its label, its timeout;
+- ``run(ctx)``: measures, writes ``ctx.results["figures"][FIGURE.key]`` and
+  appends its rows to ``ctx.rows`` (``ctx``: bench.common.Context).
+
+``WITH_STACK`` are run in this order with the stack up, then the stack is
+stopped and ``WITHOUT_STACK`` are run.
+"""
+
+from bench.figures import (
+    celery_baseline,
+    e2e,
+    gateway_latency,
+    hot_seat,
+    reserve,
+    sweeps,
+    timers,
+)
+
+WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency)
+WITHOUT_STACK = (sweeps,)

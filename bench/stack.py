@@ -1,0 +1,174 @@
+"""The stack `make bench` measures (gunicorn, the fake gateway as its own
+gunicorn, a Celery worker, the relay) and the control of its Celery queue."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import PhaseFailed, log
+from bench.db import BenchDB
+from devtools.processes import (
+    ProcessGroup,
+    celery_worker_argv,
+    gunicorn_argv,
+    poll,
+    relay_argv,
+)
+
+
+class Stack(ProcessGroup):
+    def __init__(self, *, logdir: Path, base_env: dict, port: int, queue: str, hostname: str,
+                 gateway_port: int, gateway_env: dict, web_workers: int, web_threads: int):
+        # The failed phase prints the logs' tails itself (run.py: figure).
+        super().__init__(logdir, base_env, error=PhaseFailed, logs_in_errors=False)
+        self.base_env = base_env
+        self.port = port
+        self.gateway_port = gateway_port
+        self.gateway_env = gateway_env
+        self.queue = queue
+        self.hostname = hostname
+        self.latency_ms = 0
+        self.web_workers, self.web_threads = web_workers, web_threads
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self, name: str, argv: list[str], env: dict) -> None:
+        env = {**env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms)}
+        self.start(name, argv, env=env, header=(
+            f"\n===== start {dt.datetime.now(dt.UTC).isoformat()} {' '.join(argv)}"
+            f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}\n"))
+        # For py-spy and friends: the machine may run other stacks of this
+        # project, so "pgrep run_relay" is not necessarily ours.
+        with open(self.logdir / "pids.txt", "a") as fh:
+            fh.write(f"{name} {self.procs[name].pid}\n")
+
+    def start_web(self) -> None:
+        self._start("web", gunicorn_argv(port=self.port, workers=self.web_workers,
+                                         threads=self.web_threads), self.base_env)
+
+    def start_gateway(self) -> None:
+        self._start("gateway", gunicorn_argv(port=self.gateway_port, workers=1, threads=16),
+                    self.gateway_env)
+
+    def start_worker(self) -> None:
+        self._start("worker", celery_worker_argv(queue=self.queue, concurrency=4,
+                                                 hostname=self.hostname,
+                                                 extra=["--include=bench.tasks"]), self.base_env)
+
+    def start_relay(self) -> None:
+        self._start("relay", relay_argv(), self.base_env)
+
+    def start_all(self, app) -> None:
+        self.start_gateway()
+        self.start_web()
+        self.start_worker()
+        self.start_relay()
+        self.wait_web()
+        self.wait_worker(app)
+        self.wait_relay()
+
+    def ensure_running(self, app) -> None:
+        """A process that died in an earlier figure is restarted for the next."""
+        starts = {"gateway": self.start_gateway, "web": self.start_web,
+                  "worker": self.start_worker, "relay": self.start_relay}
+        for name, code in self.dead().items():
+            log(f"!! {name} had exited ({code}); restarting it")
+            self.procs.pop(name)
+            starts[name]()
+        self.wait_web()
+        self.wait_worker(app)
+
+    # readiness
+
+    def wait_web(self, timeout: float = 60) -> None:
+        def answers(url: str) -> bool:
+            try:
+                # The fake gateway answers any unknown path with JSON, without
+                # touching the database: it proves gunicorn and the mount.
+                r = httpx.get(f"{url}/fake-gateway/v1/bench-ready", timeout=2, trust_env=False)
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 404 and "unknown_endpoint" in r.text
+
+        for name, url in (("web", self.base_url),
+                          ("gateway", f"http://127.0.0.1:{self.gateway_port}")):
+            self.wait_for(lambda url=url: answers(url), f"gunicorn ({name}) to answer", timeout,
+                          every=0.3)
+
+    def wait_worker(self, app, timeout: float = 60) -> None:
+        self.wait_ping(app, destination=[self.hostname], timeout=timeout, ping_timeout=1.0)
+
+    def wait_relay(self, timeout: float = 30) -> None:
+        def started() -> bool:
+            return "outbox relay started" in self.log("relay").rsplit("===== start", 1)[-1]
+
+        self.wait_for(started, "the relay to start", timeout, every=0.2)
+
+
+class Broker:
+    """The bench's Celery queue (on its own Redis database) and the worker's
+    consumer of it."""
+
+    def __init__(self, *, app, redis, queue: str, hostname: str):
+        self.app = app
+        self.redis = redis
+        self.queue = queue
+        self.hostname = hostname
+
+    def depth(self) -> tuple[int, int]:
+        """(tasks queued, tasks taken and not acknowledged)."""
+        return self.redis.llen(self.queue), self.redis.hlen("unacked")
+
+    def purge(self) -> int:
+        n = self.redis.llen(self.queue)
+        self.redis.delete(self.queue)
+        if n:
+            log(f"   purged {n} queued tasks")
+        return n
+
+    def pause_consumer(self) -> bool:
+        reply = self.app.control.cancel_consumer(self.queue, destination=[self.hostname],
+                                                 reply=True, timeout=5)
+        return bool(reply)
+
+    def resume_consumer(self) -> bool:
+        reply = self.app.control.add_consumer(self.queue, destination=[self.hostname],
+                                              reply=True, timeout=5)
+        return bool(reply)
+
+    def send(self, name: str, count: int, args_fn) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for i in range(count):
+                self.app.send_task(name, args=args_fn(i), queue=self.queue, producer=producer)
+
+    def wait_drained(self, timeout: float | None, what: str, *, also=None,
+                     every: float = 0.05) -> bool:
+        """Until no task is queued or in flight (and ``also()`` holds, if given)."""
+        def drained() -> bool:
+            return self.depth() == (0, 0) and (also is None or also())
+
+        def progress() -> None:
+            queued, unacked = self.depth()
+            log(f"   waiting for {what}: {queued} queued, {unacked} in flight")
+
+        return poll(drained, timeout=timeout, every=every, progress=progress)
+
+    def quiesce(self, db: BenchDB, timeout: float = 120) -> bool:
+        """No task queued or running, and no outbox row due and not done."""
+        deadline = time.monotonic() + timeout
+
+        def quiet() -> bool:
+            if not self.wait_drained(max(1.0, deadline - time.monotonic()), "the queue to drain"):
+                return False
+            (due,) = db.q1(
+                "SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL"
+                " AND cancelled_at IS NULL AND dead_at IS NULL AND available_at <= now()")
+            return due == 0
+
+        return poll(quiet, timeout=timeout, every=0.5)
