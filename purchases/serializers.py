@@ -8,10 +8,6 @@ from .models import Event, PurchaseSaga, Seat
 from .selectors import saga_payment_status, saga_seat_refs
 
 
-def iso(dt) -> str:
-    return dt.isoformat().replace("+00:00", "Z")
-
-
 class MoneySerializer(serializers.Serializer):
     amount = serializers.IntegerField()
     currency = serializers.CharField()
