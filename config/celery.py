@@ -1,9 +1,12 @@
 """The Celery app. JSON only, acks late, prefetch 1; see settings."""
 
+import contextlib
 import os
 import time
+import warnings
 
 from celery import Celery, signals
+from celery.exceptions import SecurityWarning
 from django.conf import settings
 from django.db import close_old_connections, connections
 
@@ -12,6 +15,34 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("boxoffice")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# What a task prints (the console email backend's emails under make run) is
+# output, not a warning (docs/operations.md, "Logs").
+app.conf.worker_redirect_stdouts_level = "INFO"
+
+
+@signals.worker_process_init.connect
+def _pool_process_out_of_the_group(**kwargs):
+    # A supervisor that stops a process by signalling its whole process group
+    # (honcho under make run, docs/operations.md) would kill the pool processes
+    # in mid-task, and the master would log each death at ERROR. In a group of
+    # their own, only the master hears the SIGTERM and stops its pool in order
+    # (warm shutdown: running tasks finish). Each still dies with the master
+    # (Celery sets their parent-death signal to SIGKILL).
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
+@signals.celeryd_init.connect
+def _no_root_advice_in_development(**kwargs):
+    # Sent just before the worker checks its user. make run (DEBUG) as root, in
+    # a container or a VM, would print Celery's advice against root workers at
+    # every start; the image of a deployment runs as a non-root user
+    # (Dockerfile), and there the advice stays.
+    if settings.DEBUG:
+        warnings.filterwarnings(
+            "ignore", message="You're running the worker with superuser privileges",
+            category=SecurityWarning,
+        )
 
 
 @app.on_after_finalize.connect

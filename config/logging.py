@@ -18,3 +18,16 @@ class KeyValueFormatter(logging.Formatter):
         if record.exc_info:
             base += "\n" + self.formatException(record.exc_info)
         return base
+
+
+class DropMessages(logging.Filter):
+    """Drops the records whose message starts with one of ``prefixes``: a
+    library's notice that says nothing about this deployment (LOGGING in
+    config/settings.py names which, and why; docs/operations.md, "Logs")."""
+
+    def __init__(self, prefixes: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__()
+        self.prefixes = tuple(prefixes)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)

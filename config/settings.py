@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    # Swagger UI and ReDoc served from static files: the docs work offline.
+    "drf_spectacular_sidecar",
     "outbox",
     "ledger",
     "payments",
@@ -140,6 +142,23 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Numbered seats sold through orchestrated purchase sagas.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/docs/ and /api/redoc/ load their scripts from this service, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # No badge from validator.swagger.io: nothing on the page leaves the service.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    # Clients are generated from this document
+    # (docs/api.md, "Schema and docs"): separate request and response
+    # components, so that a field the server writes (the token, an id) is
+    # never asked of the client.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # One name per choice set, the same wherever it is used.
+    "ENUM_NAME_OVERRIDES": {
+        "PurchaseStatus": "purchases.serializers.PURCHASE_STATUSES",
+        "PaymentStatus": "purchases.serializers.PAYMENT_STATUSES",
+        "SeatStatus": "purchases.models.SeatStatus",
+    },
 }
 
 # --- the product ------------------------------------------------------------
@@ -260,14 +279,46 @@ LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"kv": {"()": "config.logging.KeyValueFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "formatters": {
+        "kv": {"()": "config.logging.KeyValueFormatter"},
+        # runserver's access log, in Django's format: one line per request,
+        # without the level (runserver logs each 5xx it serves at ERROR, the
+        # fake gateway's deliberate 504s too; django.request tells errors).
+        "django.server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        },
+    },
+    "filters": {
+        "broker_has_no_host": {
+            "()": "config.logging.DropMessages",
+            "prefixes": ["No hostname was supplied."],
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "kv"},
+        "django.server": {"class": "logging.StreamHandler", "formatter": "django.server"},
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
-        for name in ("purchases", "payments", "ledger", "outbox", "config")
+        **{
+            name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
+            for name in ("purchases", "payments", "ledger", "outbox", "config")
+        },
+        # Django's own loggers (django.request: 4xx at WARNING, 5xx at ERROR)
+        # write one line per record, in this format. Named here, they lose
+        # Django's default handlers, whose "console" (DEBUG only) printed each
+        # record a second time, bare, beside the root's line. Naming "django"
+        # resets its children, so the access log is named again.
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
     },
 }
+if CELERY_BROKER_URL == "filesystem://":
+    # kombu's filesystem transport has no host; kombu says so, at WARNING, each
+    # time a process connects to the broker.
+    LOGGING["loggers"]["kombu.connection"] = {"filters": ["broker_has_no_host"]}
 
 # --- production hardening (check --deploy) ------------------------------------
 if not DEBUG:

@@ -3,16 +3,32 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
 from django.views import defaults
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerView,
+)
 
 from purchases.apis import TokenApi
 from purchases.ops.metrics import metrics_view
+
+# The admin's "View site" link: the API's docs, until there are buyer pages
+# (docs/api.md, "Not built yet"); Django's default "/" is a 404 here.
+admin.site.site_url = "/api/docs/"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/auth/token/", TokenApi.as_view(), name="auth-token"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Both load their scripts from this service's static files (drf-spectacular-sidecar):
+    # they work offline (docs/api.md, "Schema and docs").
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # drf-spectacular's ReDoc page without its Google Fonts links (templates/api_docs/).
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(url_name="schema", template_name="api_docs/redoc.html"),
+        name="redoc",
+    ),
     path("api/", include("purchases.urls")),
     path("metrics", metrics_view, name="metrics"),
 ]

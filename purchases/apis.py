@@ -4,10 +4,12 @@ selector, shape the answer. Errors share one shape: {"code", "detail", ...}."""
 from __future__ import annotations
 
 import logging
+import re
 
+from django.urls.converters import IntConverter, UUIDConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, serializers
+from rest_framework import exceptions
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.pagination import PageNumberPagination
@@ -27,6 +29,7 @@ from .serializers import (
     PurchaseRequestSerializer,
     PurchaseSummarySerializer,
     SeatSerializer,
+    TokenSerializer,
 )
 from .throttling import PurchaseStartThrottle, TokenThrottle
 
@@ -78,8 +81,48 @@ def error(status_code: int, code: str, detail: str, **extra) -> Response:
     return Response({"code": code, "detail": detail, **extra}, status=status_code)
 
 
-class _TokenSerializer(serializers.Serializer):
-    token = serializers.CharField()
+# --- what the schema says about answers (docs/api.md, "Errors") ----------------------
+# Each error response lists the codes it carries; the body is ErrorSerializer.
+
+
+def _errors(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+_INVALID_CREDENTIALS = _errors(
+    "`authentication_failed`: credentials were sent and are invalid or revoked (none are "
+    "needed here, but those sent are checked)"
+)
+_NOT_AUTHENTICATED = _errors(
+    "`not_authenticated`: no credentials; `authentication_failed`: invalid or revoked "
+    "credentials. Checked before anything else about the request"
+)
+_TOO_LARGE = _errors("`payload_too_large`: a body over `MAX_REQUEST_BYTES` (16 KiB by default)")
+_NOT_JSON = _errors("`unsupported_media_type`: a body that is not `application/json`")
+_LOCATION = OpenApiParameter(
+    "Location", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True, response=[202],
+    description="The purchase's path, the same as `links.self`",
+)
+_RETRY_AFTER = OpenApiParameter(
+    "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, required=True, response=[429],
+    description="Seconds to wait before trying again",
+)
+_IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+    OpenApiParameter.HEADER,
+    required=True,
+    description=(
+        "1 to 255 printable ASCII characters, chosen by the client, one per purchase it "
+        "means to make. Keys are per user: two users may use the same key. The same key "
+        "with the same body, again or concurrently, answers what the first request "
+        "answered (the same status and body) and creates nothing; the same key with "
+        "another body answers 422 `idempotency_key_reused`; for a key that already has an "
+        "answer, that answer wins over any refusal of the new body. Missing or empty: 400 "
+        "`idempotency_key_missing`; longer or not printable ASCII: 400 "
+        "`idempotency_key_invalid`."
+    ),
+)
 
 
 class TokenApi(ObtainAuthToken):
@@ -95,28 +138,47 @@ class TokenApi(ObtainAuthToken):
 
     @extend_schema(
         request=AuthTokenSerializer,
+        auth=[],
+        parameters=[_RETRY_AFTER],
         responses={
-            200: _TokenSerializer,
-            400: ErrorSerializer,
-            429: OpenApiResponse(ErrorSerializer, description="throttled, with `Retry-After`"),
+            200: TokenSerializer,
+            400: _errors(
+                "`invalid` (with `field` and `errors`): a wrong username or password "
+                "(`field`: `non_field_errors`) or a missing field; `parse_error`: a body that "
+                "is not JSON"
+            ),
+            413: _TOO_LARGE,
+            415: _NOT_JSON,
+            429: _errors(
+                "`throttled`: more than `AUTH_TOKEN_THROTTLE_RATE` attempts from one client "
+                "address; `Retry-After` says when to try again"
+            ),
         },
         summary="Exchange a username and password for an API token",
+        description="Send the token on later requests as `Authorization: Token <token>`; the "
+        "same token every time for one user. Takes no credentials itself.",
     )
     def post(self, request, *args, **kwargs):
         return super().post(request, *args, **kwargs)
 
 
-# The catalog needs no credentials, but credentials that are sent are checked:
-# a client whose token was revoked hears so (401) instead of being served as
-# anonymous without knowing it.
-_BAD_CREDENTIALS = OpenApiResponse(ErrorSerializer, description="credentials sent and invalid")
+# The catalog needs no credentials (so the schema declares no security
+# requirement, and a generated client calls it without any), but credentials
+# that are sent are checked: a client whose token was revoked hears so (401)
+# instead of being served as anonymous without knowing it.
+
+
+def _event_id(segment: str) -> int | None:
+    """The event id of a path segment, or None: the route takes any segment so
+    that a malformed one gets the API's JSON 404, whatever DEBUG says."""
+    return int(segment) if re.fullmatch(IntConverter.regex, segment) else None
 
 
 class EventListApi(APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: EventSerializer(many=True), 401: _BAD_CREDENTIALS},
-                   summary="List events")
+    @extend_schema(responses={200: EventSerializer(many=True), 401: _INVALID_CREDENTIALS},
+                   auth=[], summary="List events")
     def get(self, request):
         return Response(EventSerializer(selectors.event_list(), many=True).data)
 
@@ -125,11 +187,19 @@ class EventSeatsApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        responses={200: SeatSerializer(many=True), 401: _BAD_CREDENTIALS, 404: ErrorSerializer},
+        parameters=[OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH,
+                                     required=True)],
+        responses={
+            200: SeatSerializer(many=True),
+            401: _INVALID_CREDENTIALS,
+            404: _errors("`not_found`: no such event"),
+        },
+        auth=[],
         summary="Seats of an event (informative; only the purchase decides)",
     )
-    def get(self, request, event_id: int):
-        seats = selectors.event_seats(event_id=event_id)
+    def get(self, request, event_id: str):
+        event_pk = _event_id(event_id)
+        seats = None if event_pk is None else selectors.event_seats(event_id=event_pk)
         if seats is None:
             return error(404, "not_found", "no such event")
         return Response(SeatSerializer(seats, many=True).data)
@@ -146,35 +216,45 @@ def _key_problem(key: str | None) -> Response | None:
     return None
 
 
-class _PurchasePageSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
-    results = PurchaseSummarySerializer(many=True)
-
-
 class PurchaseListCreateApi(APIView):
+    # JSON only: a body is one document, never JSON, form and multipart at
+    # once (a generated client sends every content type the schema lists).
+    parser_classes = [JSONParser]
+    pagination_class = PageNumberPagination
+
     def get_throttles(self):
         # Starting purchases is what a scalper hammers; reading is not throttled.
         return [PurchaseStartThrottle()] if self.request.method == "POST" else []
 
     @extend_schema(
         request=PurchaseRequestSerializer,
-        parameters=[
-            OpenApiParameter(
-                "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
-                description="1..255 printable characters; the same key and body replay the "
-                "first answer",
-            )
-        ],
+        parameters=[_IDEMPOTENCY_KEY, _LOCATION, _RETRY_AFTER],
         responses={
-            202: PurchaseAcceptedSerializer,
-            400: ErrorSerializer,
-            401: ErrorSerializer,
-            409: OpenApiResponse(ErrorSerializer, description="seat_unavailable, with `seats`"),
-            413: OpenApiResponse(ErrorSerializer, description="payload_too_large"),
-            422: OpenApiResponse(ErrorSerializer, description="idempotency_key_reused"),
-            429: OpenApiResponse(ErrorSerializer, description="throttled, with `Retry-After`"),
+            202: OpenApiResponse(
+                PurchaseAcceptedSerializer,
+                description="The purchase started (status `PENDING`), or the first answer "
+                "again for the same key and body. `Location` is the purchase",
+            ),
+            400: _errors(
+                "`idempotency_key_missing`, `idempotency_key_invalid` (the header); `invalid` "
+                "(with `field` and `errors`): an unknown event (`field`: `event`), unknown "
+                "seats (`field`: `seats`, the refs in `seats`), seats of different "
+                "currencies, an empty list, duplicates, more than `MAX_SEATS_PER_PURCHASE` "
+                "seats, a missing field; `parse_error`: a body that is not JSON"
+            ),
+            401: _NOT_AUTHENTICATED,
+            403: _errors("`permission_denied`: session authentication without a valid CSRF "
+                         "token"),
+            409: _errors("`seat_unavailable` (with `seats`, those held or sold): nothing is "
+                         "written"),
+            413: _TOO_LARGE,
+            415: _NOT_JSON,
+            422: _errors("`idempotency_key_reused`: this user sent this key before with "
+                         "another body"),
+            429: _errors(
+                "`throttled`: more than `PURCHASE_THROTTLE_RATE` starts by this user; "
+                "`Retry-After` says when to try again"
+            ),
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
     )
@@ -212,28 +292,38 @@ class PurchaseListCreateApi(APIView):
         return response
 
     @extend_schema(
-        parameters=[OpenApiParameter("page", OpenApiTypes.INT, OpenApiParameter.QUERY)],
+        # Paginated by pagination_class: the page parameter and the next and
+        # previous links in the schema come from the paginator that serves them.
         responses={
-            200: _PurchasePageSerializer,
-            401: ErrorSerializer,
-            404: OpenApiResponse(ErrorSerializer, description="no such page"),
+            200: PurchaseSummarySerializer(many=True),
+            401: _NOT_AUTHENTICATED,
+            404: _errors("`not_found`: a page past the end, or not a page number"),
         },
         summary="Your purchases, newest first, a page at a time",
         operation_id="purchases_list",
     )
     def get(self, request):
-        paginator = PageNumberPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(selectors.purchase_list(user=request.user), request)
         return paginator.get_paginated_response(PurchaseSummarySerializer(page, many=True).data)
 
 
 class PurchaseDetailApi(APIView):
     @extend_schema(
-        responses={200: PurchaseDetailSerializer, 401: ErrorSerializer, 404: ErrorSerializer},
+        parameters=[OpenApiParameter("saga_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
+                                     required=True)],
+        responses={
+            200: PurchaseDetailSerializer,
+            401: _NOT_AUTHENTICATED,
+            404: _errors("`not_found`: no such purchase, or another user's (the same answer)"),
+        },
         summary="One of your purchases, with its payment and history",
     )
-    def get(self, request, saga_id):
-        saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+    def get(self, request, saga_id: str):
+        # The route takes any segment: a malformed id is a missing purchase,
+        # answered as JSON whatever DEBUG says.
+        saga = (selectors.purchase_get(user=request.user, saga_id=saga_id)
+                if re.fullmatch(UUIDConverter.regex, saga_id) else None)
         if saga is None:
             return error(404, "not_found", "no such purchase")
         return Response(PurchaseDetailSerializer(saga).data)

@@ -1,16 +1,60 @@
-"""Input validation and output shapes of the public API (docs/api.md)."""
+"""Input validation and output shapes of the public API (docs/api.md).
+
+The OpenAPI document at ``/api/schema/`` is generated from these classes, and
+clients are generated from that document (tests/test_generated_client.py):
+each field says exactly what is sent and answered, statuses are enums, and
+output serializers are read-only so that a response field is required.
+"""
 
 from django.conf import settings
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from .buyer_history import buyer_history
 from .models import Event, PurchaseSaga, Seat
+from .saga.states import TERMINAL, SagaState
 from .selectors import saga_payment_status, saga_seat_refs
+
+S = SagaState
+
+# What each state means to the buyer (docs/api.md, "Statuses"). The labels
+# are the enum's description in the schema; the terminal ones say so.
+_STATE_MEANINGS = {
+    S.PENDING: "the seats are held; no charge attempted yet",
+    S.CHARGING: "the charge is on its way",
+    S.CONFIRMED: "the seats are yours",
+    S.PAYMENT_FAILED: "the payment was declined; the purchase is being undone",
+    S.UNKNOWN: "we are finding out whether the charge landed",
+    S.UNKNOWN_EXPIRED: "we could not find out in time; an operator is on it",
+    S.EXPIRED: "the hold ran out before the payment went through; being undone",
+    S.COMPENSATING: "the purchase is being undone (seats released, any charge refunded)",
+    S.COMPENSATION_PENDING: "undoing is taking longer (a refund is retried); an operator is "
+                            "on it",
+    S.COMPENSATED: "the purchase was undone: seats released, any charge refunded",
+}
+PURCHASE_STATUSES = [
+    (state.value, f"terminal: {_STATE_MEANINGS[state]}" if state in TERMINAL
+     else _STATE_MEANINGS[state])
+    for state in SagaState
+]
+
+# Every value purchases.selectors.saga_payment_status answers (docs/api.md,
+# "Statuses"; a test holds the two together).
+PAYMENT_STATUSES = [
+    ("captured", "the ledger holds the charge"),
+    ("refunded", "the ledger holds the charge and its refund"),
+    ("not_started", "PENDING: no charge attempted yet"),
+    ("processing", "CHARGING: the charge is on its way"),
+    ("unknown", "UNKNOWN, UNKNOWN_EXPIRED: we are finding out whether the charge landed"),
+    ("not_captured", "any other state without a charge in the ledger (declined, expired, "
+                     "cancelled before any charge)"),
+]
 
 
 class MoneySerializer(serializers.Serializer):
-    amount = serializers.IntegerField()
-    currency = serializers.CharField()
+    amount = serializers.IntegerField(help_text="Minor units of the currency (5000 EUR is 50.00)")
+    currency = serializers.CharField(help_text="ISO 4217 code")
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -19,6 +63,7 @@ class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = Event
         fields = ["id", "name", "starts_at", "seats_available"]
+        read_only_fields = fields
 
 
 class SeatSerializer(serializers.ModelSerializer):
@@ -27,27 +72,57 @@ class SeatSerializer(serializers.ModelSerializer):
     class Meta:
         model = Seat
         fields = ["ref", "status", "price"]
+        read_only_fields = fields
 
     def get_price(self, seat) -> MoneySerializer:
         return {"amount": seat.price_amount, "currency": seat.currency}
 
 
-class PurchaseRequestSerializer(serializers.Serializer):
-    event = serializers.IntegerField(min_value=1)
-    seats = serializers.ListField(
-        child=serializers.CharField(max_length=10, allow_blank=False), allow_empty=False
-    )
-    payment_method = serializers.CharField(max_length=100)
+class SeatRefsField(serializers.ListField):
+    """The seats of a purchase: 1 to ``MAX_SEATS_PER_PURCHASE`` distinct refs.
+    The limit is read each time a serializer is built (DRF builds its fields
+    anew per instance), so the schema and the check follow the setting."""
 
-    def validate_seats(self, value):
-        if len(value) > settings.MAX_SEATS_PER_PURCHASE:
-            raise serializers.ValidationError(
-                f"at most {settings.MAX_SEATS_PER_PURCHASE} seats per purchase"
-            )
+    def __init__(self, **kwargs):
+        limit = settings.MAX_SEATS_PER_PURCHASE
+        super().__init__(
+            child=serializers.CharField(min_length=1, max_length=10),
+            allow_empty=False,
+            min_length=1,
+            max_length=limit,
+            error_messages={"max_length": f"at most {limit} seats per purchase"},
+            **kwargs,
+        )
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
         duplicates = sorted({ref for ref in value if value.count(ref) > 1})
         if duplicates:
             raise serializers.ValidationError(f"duplicate seats: {', '.join(duplicates)}")
         return value
+
+
+class _SeatRefsFieldSchema(OpenApiSerializerFieldExtension):
+    """``uniqueItems`` for the seats (drf-spectacular maps the rest)."""
+
+    target_class = SeatRefsField
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        return {**schema, "uniqueItems": True}
+
+
+@extend_schema_serializer(component_name="Purchase")  # "PurchaseRequest" as a request body
+class PurchaseRequestSerializer(serializers.Serializer):
+    event = serializers.IntegerField(min_value=1, help_text="The event's id")
+    seats = SeatRefsField(help_text="Seat refs of that event, e.g. A1")
+    payment_method = serializers.CharField(
+        max_length=100, help_text="A payment method token (docs/api.md, test payment methods)"
+    )
+
+
+class PurchaseLinksSerializer(serializers.Serializer):
+    self = serializers.CharField(help_text="The purchase's path, e.g. /api/purchases/{id}/")
 
 
 class HistoryEntrySerializer(serializers.Serializer):
@@ -57,29 +132,34 @@ class HistoryEntrySerializer(serializers.Serializer):
     def get_fields(self):
         # "from" is a Python keyword, so the fields are declared here.
         return {
-            "from": serializers.CharField(source="from_state", allow_null=True),
-            "to": serializers.CharField(source="to_state"),
-            "at": serializers.DateTimeField(),
-            "reason": serializers.CharField(help_text="A sentence written for the buyer"),
+            "from": serializers.ChoiceField(
+                PURCHASE_STATUSES, source="from_state", allow_null=True, read_only=True,
+                help_text="null for the creation"),
+            "to": serializers.ChoiceField(PURCHASE_STATUSES, source="to_state", read_only=True),
+            "at": serializers.DateTimeField(read_only=True),
+            "reason": serializers.CharField(help_text="A sentence written for the buyer",
+                                            read_only=True),
         }
 
 
 class PaymentSerializer(serializers.Serializer):
-    intent_id = serializers.CharField()
-    status = serializers.CharField()
+    intent_id = serializers.CharField(read_only=True)
+    status = serializers.ChoiceField(PAYMENT_STATUSES, read_only=True)
 
 
 class PurchaseSummarySerializer(serializers.ModelSerializer):
-    status = serializers.CharField(source="state")
-    event = serializers.IntegerField(source="event_id")
+    status = serializers.ChoiceField(PURCHASE_STATUSES, source="state", read_only=True)
+    event = serializers.IntegerField(source="event_id", read_only=True)
     seats = serializers.SerializerMethodField()
     total = serializers.SerializerMethodField()
-    hold_expires_at = serializers.DateTimeField(source="reservation.hold_expires_at")
+    hold_expires_at = serializers.DateTimeField(source="reservation.hold_expires_at",
+                                                read_only=True)
     links = serializers.SerializerMethodField()
 
     class Meta:
         model = PurchaseSaga
         fields = ["id", "status", "event", "seats", "total", "hold_expires_at", "links"]
+        read_only_fields = fields
 
     def get_seats(self, saga) -> list[str]:
         return saga_seat_refs(saga)
@@ -87,7 +167,7 @@ class PurchaseSummarySerializer(serializers.ModelSerializer):
     def get_total(self, saga) -> MoneySerializer:
         return {"amount": saga.amount, "currency": saga.currency}
 
-    def get_links(self, saga) -> dict[str, str]:
+    def get_links(self, saga) -> PurchaseLinksSerializer:
         return {"self": f"/api/purchases/{saga.pk}/"}
 
 
@@ -97,6 +177,7 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
 
     class Meta(PurchaseSummarySerializer.Meta):
         fields = [*PurchaseSummarySerializer.Meta.fields, "payment", "history"]
+        read_only_fields = fields
 
     def get_payment(self, saga) -> PaymentSerializer:
         return {"intent_id": saga.intent_id, "status": saga_payment_status(saga)}
@@ -106,15 +187,31 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
 
 
 class PurchaseAcceptedSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    status = serializers.CharField()
-    event = serializers.IntegerField()
-    seats = serializers.ListField(child=serializers.CharField())
-    total = MoneySerializer()
-    hold_expires_at = serializers.DateTimeField()
-    links = serializers.DictField(child=serializers.CharField())
+    """The 202 answer (and every replay of its key), as stored by the start."""
+
+    id = serializers.UUIDField(read_only=True)
+    status = serializers.ChoiceField(PURCHASE_STATUSES, read_only=True)
+    event = serializers.IntegerField(read_only=True)
+    seats = serializers.ListField(child=serializers.CharField(), read_only=True)
+    total = MoneySerializer(read_only=True)
+    hold_expires_at = serializers.DateTimeField(read_only=True)
+    links = PurchaseLinksSerializer(read_only=True)
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField(read_only=True,
+                                  help_text="Send it as `Authorization: Token <token>`")
 
 
 class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField()
-    detail = serializers.CharField()
+    """Every error (docs/api.md, "Errors"). Each response lists its codes."""
+
+    code = serializers.CharField(read_only=True, help_text="snake_case, e.g. seat_unavailable")
+    detail = serializers.CharField(read_only=True, help_text="A sentence for a person")
+    field = serializers.CharField(
+        required=False, help_text="400 invalid: the field `detail` talks about")
+    errors = serializers.DictField(
+        required=False, help_text="400 invalid: every problem, by field")
+    seats = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="409 seat_unavailable: the seats held or sold; 400 invalid: the unknown seats")

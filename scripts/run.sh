@@ -13,11 +13,14 @@ python manage.py migrate --no-input
 python manage.py seed_demo
 db="$(boxoffice_database)"
 broker="$(boxoffice_broker)"
+# The pages below are the ones tests/test_make_run.py checks: each must answer.
 cat <<MSG
 
   boxoffice is starting
-    API      http://127.0.0.1:$PORT/api/
-    docs     http://127.0.0.1:$PORT/api/docs/
+    swagger  http://127.0.0.1:$PORT/api/docs/
+    redoc    http://127.0.0.1:$PORT/api/redoc/
+    schema   http://127.0.0.1:$PORT/api/schema/
+    events   http://127.0.0.1:$PORT/api/events/
     admin    http://127.0.0.1:$PORT/admin/
     metrics  http://127.0.0.1:$PORT/metrics
     database $db
@@ -29,6 +32,30 @@ cat <<MSG
     curl -s -X POST http://127.0.0.1:$PORT/api/purchases/ -H "Authorization: Token \$TOKEN" \\
          -H 'Idempotency-Key: try-1' -H 'Content-Type: application/json' \\
          -d '{"event": 1, "seats": ["A1"], "payment_method": "pm_card_visa"}'
+  stop: Ctrl-C
 
 MSG
-exec honcho start -f Procfile -p "$PORT"
+
+# Ctrl-C reaches honcho and this script alike (the terminal signals its
+# foreground process group): honcho sends SIGTERM to every process, waits for
+# them, and exits 130. That is how make run ends, so this script then exits 0
+# and make prints no error. A SIGTERM or SIGHUP to this script (make passes
+# SIGTERM on) is handed to honcho. Any other exit (a process that died on its
+# own) is passed on as it is.
+# honcho SIGKILLs what still runs 5 s after its SIGTERM (honcho.manager.KILL_WAIT,
+# no option); a Celery worker on the filesystem broker needs about 7 s to stop
+# in order (its polling loop, then its pool), so it gets 20 s here.
+trap ':' INT
+python -c 'import sys, honcho.command, honcho.manager
+honcho.manager.KILL_WAIT = 20
+honcho.command.main()' start -f Procfile -p "$PORT" &
+honcho_pid=$!
+trap 'kill -TERM "$honcho_pid" 2>/dev/null || true' TERM HUP
+while :; do
+  status=0
+  wait "$honcho_pid" || status=$?
+  # A trapped signal ends the wait early; honcho is still stopping.
+  kill -0 "$honcho_pid" 2>/dev/null || break
+done
+if [[ $status -eq 130 ]]; then status=0; fi
+exit "$status"

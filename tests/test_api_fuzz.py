@@ -4,9 +4,10 @@ Every operation of ``/api/schema/`` is called through the WSGI application
 (``config.wsgi.application``, the whole middleware stack) with data generated
 from the schema, as a real user (``Authorization: Token ...``) and, for a few
 cases, without credentials. Each response must not be a server error and must
-conform to the schema: a documented status code, the documented content type
-and a body that matches the documented shape. Schemathesis generates the
-required ``Idempotency-Key`` header itself.
+conform to the schema: a documented status code, the documented content type,
+the documented headers and a body that matches the documented shape (enums
+included). Schemathesis generates the required ``Idempotency-Key`` header
+itself.
 
 The WSGI app commits for real (``django_db(transaction=True)``): a request
 runs on the same thread's connection, and Django's request signals would
@@ -31,6 +32,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -48,6 +50,8 @@ CHECKS = [
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    # The headers the schema declares (Location on 202, Retry-After on 429).
+    response_headers_conformance,
 ]
 
 
@@ -128,8 +132,8 @@ def flatmap_body(context, body):
 
 @schema.hook
 def flatmap_headers(context, headers):
-    # Often a well-formed key (the schema allows "", which is refused), now
-    # and then one used before, so that replays and reuses happen too.
+    # Often a key of our own, now and then one used before, so that replays
+    # and reuses happen too.
     if not isinstance(headers, dict) or "Idempotency-Key" not in headers:
         return st.just(headers)
     keys = st.one_of(st.sampled_from(["k1", "k2"]), st.uuids().map(str))

@@ -9,27 +9,44 @@ Delays are simulated here, never inside a transaction: ``FAKE_GATEWAY_LATENCY_MS
 before every request, and ``FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS`` after the
 service committed an answer that "times out". Settings are read per request so
 tests can override them.
+
+A stall is logged here, once, at INFO ("stalled ... on purpose"): it is the
+fake's job (docs/api.md, "Test payment methods"), so its 504 must not read as a
+server error of this service, which is how Django's request logger would log
+it (at ERROR, like every 5xx).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
+from django.utils.log import log_response
 from django.views.decorators.csrf import csrf_exempt
 
 from . import services
 from .services import Answer, error
 
+logger = logging.getLogger(__name__)
 
-def _respond(answer: Answer) -> JsonResponse:
+
+def _respond(request: HttpRequest, answer: Answer) -> JsonResponse:
+    response = JsonResponse(answer.body, status=answer.status_code, safe=False)
     if answer.times_out:
-        time.sleep(settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS)
-    return JsonResponse(answer.body, status=answer.status_code, safe=False)
+        delay = settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS
+        time.sleep(delay)
+        # Marks the response as logged: Django's request logger leaves it alone.
+        log_response(
+            "fake gateway stalled %ss on purpose, then answered %s (the client gave up): %s",
+            delay, answer.status_code, request.path,
+            response=response, request=request, logger=logger, level="info",
+        )
+    return response
 
 
 def _endpoint(method: str) -> Callable:
@@ -44,11 +61,11 @@ def _endpoint(method: str) -> Callable:
                 time.sleep(latency_ms / 1000)
             if request.method != method:
                 response = _respond(
-                    error(405, "method_not_allowed", f"Use {method} on this endpoint.")
+                    request, error(405, "method_not_allowed", f"Use {method} on this endpoint.")
                 )
                 response["Allow"] = method
                 return response
-            return _respond(view(request, *args, **kwargs))
+            return _respond(request, view(request, *args, **kwargs))
 
         return wrapper
 
@@ -111,4 +128,4 @@ def list_charges(request: HttpRequest) -> Answer:
 def unknown_endpoint(request: HttpRequest, *args, **kwargs) -> JsonResponse:
     # Not "not_found": that code means "no such intent", and a client must not
     # read a wrong URL as proof that nothing was charged.
-    return _respond(error(404, "unknown_endpoint", "No such endpoint on this gateway."))
+    return _respond(request, error(404, "unknown_endpoint", "No such endpoint on this gateway."))

@@ -130,5 +130,6 @@ def next_probe_or_escalate(saga: PurchaseSaga, *, probe: int, at: datetime, by: 
         )
         return
     move(saga, S.UNKNOWN_EXPIRED, at=at, by=by,
-         reason=f"reconcile schedule exhausted after {probe - 1} probes")
+         reason=f"reconcile schedule exhausted after {probe - 1} "
+                f"probe{'s' if probe - 1 != 1 else ''}")
     raise_operator_alert(saga, why="reconciliation exhausted", now=at)

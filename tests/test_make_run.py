@@ -1,0 +1,258 @@
+"""``make run`` (scripts/run.sh): its banner points at pages that exist, and
+its logs hold no false alarm.
+
+- every URL the banner prints answers 200 or 302, and the admin's "View site"
+  link is not a 404;
+- with the settings of ``make run``, one ``django.request`` record is one line
+  (not two), and the filesystem broker says nothing about a hostname;
+- the fake gateway's deliberate stalls are logged at INFO by the fake, not at
+  ERROR by ``django.request``; a real server error of the product's own views
+  still is;
+- e2e: ``scripts/run.sh`` on a free port and a temporary ``BOXOFFICE_VAR_DIR``,
+  in a clean environment; purchases whose gateway answers stall (the fake
+  answers 200, or 504, after the client gave up), a 404; then SIGINT to its
+  process group, as a terminal's Ctrl-C: it exits 0 and prints no ERROR line,
+  no "No hostname was supplied", each ``django.request`` line once, and leaves
+  no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.test import Client
+
+from devtools.processes import free_port, poll, spawn, stop_group, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_SH = ROOT / "scripts" / "run.sh"
+# A banner line: "    <label>  http://127.0.0.1:$PORT<path>" and nothing after it
+# (the curl examples under "try:" are not pages).
+BANNER_PAGE = re.compile(r"^ {4}(\w+) +http://127\.0\.0\.1:\$PORT(/\S*)$", re.MULTILINE)
+# The log format of config/logging.py: "<date> <time> <LEVEL> <logger> <message> key=value ..."
+# (after honcho's "<time> <process> | " prefix).
+DJANGO_REQUEST = re.compile(r" django\.request (.*?)(?: request=<.*)?$")
+# An ERROR (or worse) line in that format, or in Celery's own
+# ("[<date> <time>: ERROR/MainProcess] ...").
+ERROR_LINE = re.compile(r" (ERROR|CRITICAL) |: (ERROR|CRITICAL)/")
+
+
+def _clean_env(var_dir: Path, **extra: str) -> dict[str, str]:
+    """What a shell with nothing set hands to make run: none of the URLs,
+    settings module or secret ``make test`` exports."""
+    return {
+        # The system's PATH, without the virtualenv: scripts/env.sh adds it.
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "BOXOFFICE_VAR_DIR": str(var_dir),
+        **extra,
+    }
+
+
+# --- the banner ----------------------------------------------------------------------
+
+
+def banner_pages() -> dict[str, str]:
+    """label -> path, for every page the banner of scripts/run.sh prints."""
+    return {m.group(1): m.group(2) for m in BANNER_PAGE.finditer(RUN_SH.read_text())}
+
+
+def test_the_banner_lists_the_pages_to_look_at():
+    paths = set(banner_pages().values())
+    assert {"/api/docs/", "/api/redoc/", "/api/schema/", "/api/events/", "/admin/",
+            "/metrics"} <= paths
+
+
+@pytest.mark.django_db
+def test_every_page_the_banner_points_at_answers():
+    client = Client()
+    answers = {path: client.get(path).status_code for path in banner_pages().values()}
+    assert answers and all(code in (200, 302) for code in answers.values()), answers
+
+
+@pytest.mark.django_db
+def test_the_admins_view_site_link_leads_to_a_page(admin_client):
+    index = admin_client.get("/admin/")
+    assert index.status_code == 200
+    link = re.search(r'<a href="([^"]+)">View site</a>', index.content.decode())
+    assert link, "the admin shows no View site link"
+    assert admin_client.get(link.group(1)).status_code == 200, link.group(1)
+
+
+# --- one record, one line -------------------------------------------------------------
+
+LOG_SOME = """
+import logging
+import django
+django.setup()
+from config.celery import app
+logging.getLogger("django.request").warning("Not Found: /probe-404/")
+logging.getLogger("django.request").error("Internal Server Error: /probe-500/")
+logging.getLogger("purchases").info("probe info line")
+with app.connection_for_write() as conn:
+    conn.info()
+"""
+
+
+def test_with_the_settings_of_make_run_a_record_is_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", LOG_SOME], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=_clean_env(tmp_path, DEBUG="true", DJANGO_SETTINGS_MODULE="config.settings",
+                       PYTHONPATH=str(ROOT)),
+    )
+    assert result.returncode == 0, result.stderr
+    lines = (result.stdout + result.stderr).splitlines()
+    for text in ("Not Found: /probe-404/", "Internal Server Error: /probe-500/",
+                 "probe info line"):
+        assert sum(text in line for line in lines) == 1, lines
+    assert not [line for line in lines if "No hostname was supplied" in line], lines
+
+
+# --- the fake's stalls are not server errors --------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("payment_method, status", [
+    ("pm_card_unreachable", 504),
+    ("pm_card_timeout_not_charged", 504),
+    ("pm_card_timeout_charged", 200),
+])
+def test_a_deliberate_stall_of_the_fake_is_not_logged_as_an_error(
+        settings, caplog, payment_method, status):
+    settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = 0
+    caplog.set_level(logging.INFO)
+    answer = Client().post(
+        "/fake-gateway/v1/payment_intents/pi_stall/charge",
+        {"amount": 5000, "currency": "EUR", "payment_method": payment_method},
+        content_type="application/json", headers={"Idempotency-Key": "stall-1"},
+    )
+    assert answer.status_code == status
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    [stall] = [r for r in caplog.records if r.name.startswith("payments.fake_gateway")]
+    assert stall.levelno == logging.INFO
+    assert "on purpose" in stall.getMessage() and str(status) in stall.getMessage()
+    assert [r for r in caplog.records if r.name == "django.request"] == []
+
+
+@pytest.mark.django_db
+def test_a_real_server_error_of_the_products_views_is_still_an_error(caplog, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the catalog is broken")
+
+    monkeypatch.setattr("purchases.apis.EventListApi.get", broken)
+    answer = Client(raise_request_exception=False).get("/api/events/")
+    assert answer.status_code == 500
+    [error] = [r for r in caplog.records if r.name == "django.request"]
+    assert error.levelno == logging.ERROR and "/api/events/" in error.getMessage()
+
+
+# --- make run, for real ------------------------------------------------------------------
+
+
+def _pids_of(var_dir: Path) -> set[int]:
+    """Processes started with this BOXOFFICE_VAR_DIR (a fresh temporary folder:
+    only ours)."""
+    marker = f"BOXOFFICE_VAR_DIR={var_dir}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                found.add(int(environ.parent.name))
+    return found
+
+
+def _alive(pids: set[int]) -> dict[int, str]:
+    """Those of ``pids`` still in the process table (zombies included), with
+    their name and state."""
+    alive = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            alive[pid] = stat[stat.index("(") + 1:stat.rindex(")") + 3]
+    return alive
+
+
+def _answers(http: httpx.Client, path: str) -> bool:
+    try:
+        return http.get(path).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.e2e
+def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
+    var_dir = tmp_path / "var"
+    log = tmp_path / "make-run.log"
+    port = free_port()
+    env = _clean_env(var_dir, PORT=str(port), WORKER_CONCURRENCY="2",
+                     # The first reconcile probe 2 s after the timeout, not 60 s.
+                     RECONCILE_BACKOFF_SECONDS="2,2,2,2,2,2")
+    proc = spawn([str(RUN_SH)], log=log, env=env)
+    seen: set[int] = set()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            wait_until(lambda: _answers(http, "/api/events/"), "make run to serve /api/events/",
+                       timeout=60, detail=lambda: log.read_text()[-4000:])
+            token = http.post("/api/auth/token/",
+                              json={"username": "alice", "password": "boxoffice"}).json()["token"]
+            auth = {"Authorization": f"Token {token}"}
+            # The fake stalls on both: answers 200 after the client gave up
+            # (timeout_charged), or 504 (timeout_not_charged's first call).
+            bought = []
+            for seat, method in (("A1", "pm_card_timeout_charged"),
+                                 ("A2", "pm_card_timeout_not_charged")):
+                answer = http.post("/api/purchases/", headers={**auth, "Idempotency-Key": seat},
+                                   json={"event": 1, "seats": [seat], "payment_method": method})
+                assert answer.status_code == 202, answer.text
+                bought.append(answer.headers["Location"])
+            # A 404: one django.request line.
+            assert http.get("/api/no-such-page/").status_code == 404
+
+            def confirmed() -> bool:
+                seen.update(_pids_of(var_dir))
+                return all(http.get(url, headers=auth).json()["status"] == "CONFIRMED"
+                           for url in bought)
+
+            poll(confirmed, timeout=25, every=0.5)
+            states = [http.get(url, headers=auth).json()["status"] for url in bought]
+        seen.update(_pids_of(var_dir))
+        # Ctrl-C: the terminal signals the foreground process group.
+        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        time.sleep(0.5)  # a process orphaned on the way out, still exiting
+        left = _alive(seen | _pids_of(var_dir))
+    finally:
+        stop_group(proc, grace=1)
+        for pid in _pids_of(var_dir):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    output = log.read_text(errors="replace")
+    lines = output.splitlines()
+    failures = []
+    if proc.returncode != 0:
+        failures.append(f"exit code {proc.returncode}")
+    if states != ["CONFIRMED", "CONFIRMED"]:
+        failures.append(f"purchases {states}")
+    failures += [f"ERROR line: {line}" for line in lines if ERROR_LINE.search(line)]
+    failures += [f"hostname: {line}" for line in lines if "No hostname was supplied" in line]
+    requests = [m.group(1) for line in lines if (m := DJANGO_REQUEST.search(line))]
+    if not requests:
+        failures.append("no django.request line (the 404 should log one)")
+    failures += [f"printed {n} times: {text}" for text in requests
+                 if (n := sum(text in line for line in lines)) != 1]
+    if left:
+        failures.append(f"processes left behind: {left}")
+    assert not failures, "\n".join(failures) + "\n--- make run's output (tail) ---\n" + \
+        output[-6000:]
