@@ -158,7 +158,7 @@ def test_list_shows_sagas_in_different_states(op_client, alice, big_event, fault
     for label in ("Pending", "Confirmed", "Unknown", "Compensated"):
         assert f'<td class="field-state">{label}</td>' in html
     assert "25.00 EUR" in html and "alice" in html and big_event.name in html
-    for column in ("column-age", "column-total", "column-attempts", "column-updated_at"):
+    for column in ("column-age", "column-total", "column-attempts", "column-in_state"):
         assert column in html
 
 

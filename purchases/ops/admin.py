@@ -1,49 +1,65 @@
 """The operators' admin: the saga list, the saga's timeline, the runbook.
 
-What the operator on call reads at 3 a.m. Nobody edits a saga here: every
-field is read-only and state moves only through the services. The runbook
-actions are thin callers of :mod:`purchases.runbook` (dry run with
-``action_plan``, then ``action_run`` with the operator's name and reason), and
-each run lands in the admin log. The gateway is asked only when the operator
-asks for it (``?gateway=1`` on the saga page), outside any transaction.
+What the operator on call reads at 3 a.m. The list says, per saga, how the
+payment stands, whether it needs an operator and how long it has been in its
+state; the saga page opens with its verdict (:mod:`purchases.ops.verdict`:
+what happened, what is owed, what moves it next), then the evidence. Nobody
+edits a saga here: every field is read-only and state moves only through the
+services. The runbook actions are thin callers of :mod:`purchases.runbook`
+(dry run with ``action_plan``, then ``action_run`` with the operator's name
+and reason), and each run lands in the admin log. The gateway is asked only
+when the operator asks for it (``?gateway=1`` on the saga page), outside any
+transaction.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Exists,
+    ExpressionWrapper,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+)
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from common.money import format_money
+from common.time import format_utc_seconds
 from config.admin import ReadOnlyAdminMixin, ReasonForm
-from ledger.models import LedgerEntry
+from ledger.models import EntryKind, LedgerEntry
 from outbox.models import OutboxMessage
 from payments.interface import GatewayUnavailable
 from payments.registry import get_gateway
 
 from ..errors import DomainError, IllegalTransition
-from ..models import (
-    Event,
-    GatewayAnswer,
-    PurchaseSaga,
-    Reservation,
-    ReservationSeat,
-    SagaHistory,
-    Seat,
-)
+from ..models import Event, PurchaseSaga, Reservation, ReservationSeat, Seat
 from ..saga.states import SagaState
+from ..templatetags.saga_admin import saga_id
 from .runbook import LABELS, Action, ActionRefused, action_plan, action_run, actions_for
+from .verdict import (
+    SagaFacts,
+    needs_operator_condition,
+    reservation_reading,
+    saga_facts,
+    seat_reading,
+    verdict_from,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,19 +67,17 @@ logger = logging.getLogger(__name__)
 # almost certainly a "select all" by mistake.
 RUNBOOK_MAX_SAGAS = 200
 
-# What the operator is expected to do with a saga that waits for one.
-_GUIDANCE = {
-    SagaState.UNKNOWN_EXPIRED: (
-        "The charge outcome is unknown and reconciliation is exhausted. Check the gateway "
-        "(live view below): if charged, confirm after manual check; if not, compensate "
-        "after manual check and write it up."
-    ),
-    SagaState.COMPENSATION_PENDING: (
-        "A refund was not confirmed by the gateway and is being retried. Check the gateway: "
-        "if the refund is there, confirm after manual check; otherwise compensate (retry "
-        "the refund) after manual check."
-    ),
+# The payment status before the ledger has a word on it, as
+# ``selectors.saga_payment_status`` reads it (the list reads the ledger through
+# annotations instead: one query per page, not one per row).
+_PAYMENT_BEFORE_THE_LEDGER = {
+    SagaState.PENDING: "not_started",
+    SagaState.CHARGING: "processing",
+    SagaState.UNKNOWN: "unknown",
+    SagaState.UNKNOWN_EXPIRED: "unknown",
 }
+# A saga id as the list shows it (its first 8 characters), searched as a prefix.
+_SHORT_ID = re.compile(r"[0-9a-f]{8}")
 
 # --- private selectors (reads only) ---------------------------------------------
 
@@ -86,6 +100,8 @@ class _OutboxRow:
     kind: str  # "timer" | "event"
     status: str
     payload: str
+    # The payload's amount in its currency's decimals, when it carries one.
+    amount: str = ""
 
 
 def _outbox_status(message: OutboxMessage, now) -> str:
@@ -102,33 +118,38 @@ def _outbox_status(message: OutboxMessage, now) -> str:
     return "due, waiting for the relay"
 
 
-def _saga_timeline(saga: PurchaseSaga) -> dict:
-    now = timezone.now()
+def _payload_amount(payload: dict) -> str:
+    amount, currency = payload.get("amount"), payload.get("currency")
+    if isinstance(amount, int) and not isinstance(amount, bool) and isinstance(currency, str):
+        return format_money(amount, currency)
+    return ""
+
+
+def _saga_timeline(facts: SagaFacts) -> dict:
+    saga, now = facts.saga, timezone.now()
     outbox = [
         _OutboxRow(
             message=m,
             kind="timer" if m.available_at > m.created_at else "event",
             status=_outbox_status(m, now),
-            payload=json.dumps(m.payload, sort_keys=True, default=str),
+            payload=json.dumps(m.payload, sort_keys=True, indent=2, default=str),
+            amount=_payload_amount(m.payload),
         )
-        for m in OutboxMessage.objects.filter(saga_id=saga.pk).order_by("created_at", "id")
+        for m in facts.outbox
     ]
-    ledger = list(LedgerEntry.objects.filter(saga_id=saga.pk).order_by("created_at", "id"))
-    ledger_net = sum(e.amount for e in ledger)
+    ledger_net = sum(e.amount for e in facts.ledger)
     return {
-        "history": list(SagaHistory.objects.filter(saga=saga).order_by("at", "id")),
-        "gateway_answers": list(GatewayAnswer.objects.filter(saga=saga).order_by("at", "id")),
+        "history": facts.history,
+        "gateway_answers": facts.gateway_answers,
         "outbox": outbox,
-        "ledger": [(e, format_money(e.amount, e.currency)) for e in ledger],
+        "ledger": [(e, format_money(e.amount, e.currency)) for e in facts.ledger],
         "ledger_net": ledger_net,
         "ledger_net_display": format_money(ledger_net, saga.currency),
         "reservation": saga.reservation,
+        "reservation_reading": reservation_reading(saga.state, saga.reservation.status),
         "reservation_total": format_money(saga.reservation.total_amount, saga.reservation.currency),
-        "seat_links": list(
-            ReservationSeat.objects.filter(reservation_id=saga.reservation_id)
-            .select_related("seat")
-            .order_by("seat__row", "seat__number", "id")
-        ),
+        "seat_links": facts.seat_links,
+        "seat_rows": [(link, seat_reading(link)) for link in facts.seat_links],
     }
 
 
@@ -194,6 +215,23 @@ class AgeFilter(admin.SimpleListFilter):
         return queryset
 
 
+class NeedsOperatorFilter(admin.SimpleListFilter):
+    """Sagas waiting for a person (``verdict.needs_operator_condition``)."""
+
+    title = "needs an operator"
+    parameter_name = "needs_operator"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "yes"), ("no", "no")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(needs_operator_condition())
+        if self.value() == "no":
+            return queryset.exclude(needs_operator_condition())
+        return queryset
+
+
 # --- runbook forms ------------------------------------------------------------------
 
 
@@ -215,6 +253,8 @@ class _ResultRow:
     after: str
     outcome: str  # "done" | "refused" | "failed"
     message: str
+    # The ledger entries the action wrote ("refund -25.00 EUR (refund:pi_…)").
+    ledger: list[str] = field(default_factory=list)
 
 
 def _runbook_action(action: Action):
@@ -233,17 +273,24 @@ def _runbook_action(action: Action):
 
 @admin.register(PurchaseSaga)
 class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "state", "age", "event", "buyer", "total", "attempts", "updated_at"]
-    list_filter = ["state", AgeFilter, "event"]
-    # The pk is a UUID: matched exactly in get_search_results, not with icontains.
+    # "age" stays the third column (after the checkbox): ``?o=3`` sorts by age.
+    list_display = ["short_id", "state", "age", "in_state", "needs_operator", "payment_status",
+                    "payment_method", "total", "event", "buyer", "attempts"]
+    list_filter = ["state", NeedsOperatorFilter, AgeFilter, "event"]
+    # The pk is a UUID: matched exactly (or by the 8 characters the list shows)
+    # in get_search_results, not with icontains.
     search_fields = ["intent_id", "reservation__ref", "buyer__username"]
-    search_help_text = "Saga id (exact), intent id, reservation ref or buyer username."
+    search_help_text = ("Saga id (whole, or its first 8 characters), intent id, reservation ref "
+                        "or buyer username.")
     list_select_related = ["event", "buyer", "reservation"]
     show_full_result_count = False  # no count(*) over every saga on each page
     actions = [_runbook_action(a) for a in Action]
     fields = ["id", "state", "version", "attempts", "event", "buyer", "reservation",
-              "intent_id", "payment_method", "total", "created_at", "updated_at"]
-    readonly_fields = fields
+              "intent_id", "payment_method", "total", "created", "last_move"]
+    # Shown only once they are set (no empty rows on the page).
+    when_set = {"compensation_started_at": "compensation_started",
+                "awaiting_operator_since": "waiting_for_an_operator_since"}
+    readonly_fields = [*fields, *when_set.values()]
 
     # Read-only (ReadOnlyAdminMixin): viewing needs the view permission;
     # nobody adds, changes or deletes a saga by hand.
@@ -251,28 +298,91 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def has_run_saga_runbook_permission(self, request):
         return request.user.has_perm("purchases.run_saga_runbook")
 
+    def get_queryset(self, request):
+        # What the list shows per row, read in the page's one query: the
+        # ledger's word on the payment and whether the saga needs a person.
+        ledger = LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"))
+        return super().get_queryset(request).annotate(
+            has_charge=Exists(ledger.filter(kind=EntryKind.CHARGE)),
+            has_refund=Exists(ledger.filter(kind=EntryKind.REFUND)),
+            needs_op=ExpressionWrapper(needs_operator_condition(), output_field=BooleanField()),
+        )
+
+    def get_fields(self, request, obj=None):
+        return [*self.fields, *(shown for field, shown in self.when_set.items()
+                                if obj is not None and getattr(obj, field) is not None)]
+
     # --- list ---------------------------------------------------------------------
+
+    @admin.display(description="id")
+    def short_id(self, obj):
+        return saga_id(obj.pk)
 
     @admin.display(description="age", ordering="-created_at")  # ascending age: newest first
     def age(self, obj):
         return timesince(obj.created_at, timezone.now(), depth=1)
 
+    @admin.display(description="in state", ordering="-updated_at")
+    def in_state(self, obj):
+        # updated_at is the last move (a note does not touch it).
+        return timesince(obj.updated_at, timezone.now(), depth=2)
+
+    @admin.display(description="needs an operator", ordering="-needs_op")
+    def needs_operator(self, obj):
+        if getattr(obj, "needs_op", False):
+            return format_html('<strong class="saga-needs-operator">{}</strong>', "yes")
+        return ""
+
+    @admin.display(description="payment")
+    def payment_status(self, obj):
+        """``selectors.saga_payment_status``, from the list's annotations."""
+        if obj.has_refund:
+            return "refunded"
+        if obj.has_charge:
+            return "captured"
+        return _PAYMENT_BEFORE_THE_LEDGER.get(SagaState(obj.state), "not_captured")
+
     @admin.display(description="total", ordering="amount")
     def total(self, obj):
         return format_money(obj.amount, obj.currency)
 
+    # --- the saga page's fields, times written one way ---------------------------------
+
+    @admin.display(description="created")
+    def created(self, obj):
+        return format_utc_seconds(obj.created_at)
+
+    @admin.display(description="last move")
+    def last_move(self, obj):
+        return format_utc_seconds(obj.updated_at)
+
+    @admin.display(description="compensation started")
+    def compensation_started(self, obj):
+        return format_utc_seconds(obj.compensation_started_at)
+
+    @admin.display(description="waiting for an operator since")
+    def waiting_for_an_operator_since(self, obj):
+        return format_utc_seconds(obj.awaiting_operator_since)
+
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         try:
-            saga_id = uuid.UUID(term)
+            saga_pk = uuid.UUID(term)
         except ValueError:
-            saga_id = None
-        if saga_id is None:
+            saga_pk = None
+        if saga_pk is not None:
+            wanted = Q(pk=saga_pk)
+        elif _SHORT_ID.fullmatch(term.lower()):
+            # The 8 characters the list shows: a range on the primary key.
+            prefix = term.lower()
+            wanted = Q(pk__gte=uuid.UUID(f"{prefix}-0000-0000-0000-000000000000"),
+                       pk__lte=uuid.UUID(f"{prefix}-ffff-ffff-ffff-ffffffffffff"))
+        else:
             return super().get_search_results(request, queryset, search_term)
-        # A UUID is a saga id (icontains on a uuid column casts every row to
-        # text); keep the text fields too, should a username look like one.
+        # A saga id (icontains on a uuid column casts every row to text); keep
+        # the text fields too, should a username look like one.
         matches, _ = super().get_search_results(request, queryset, term)
-        return queryset.filter(Q(pk=saga_id) | Q(pk__in=matches.values("pk"))), False
+        return queryset.filter(wanted | Q(pk__in=matches.values("pk"))), False
 
     # --- the saga page ------------------------------------------------------------
 
@@ -280,9 +390,10 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         extra_context = dict(extra_context or {})
         saga = self.get_object(request, unquote(object_id))
         if saga is not None and self.has_view_or_change_permission(request, saga):
-            timeline = _saga_timeline(saga)
+            facts = saga_facts(saga)
+            timeline = _saga_timeline(facts)
             extra_context.update(timeline)
-            extra_context["guidance"] = _GUIDANCE.get(SagaState(saga.state), "")
+            extra_context["verdict"] = verdict_from(facts)
             extra_context["gateway_requested"] = request.GET.get("gateway") == "1"
             if request.method == "GET" and extra_context["gateway_requested"]:
                 # Before the admin's view opens anything: no transaction here
@@ -384,6 +495,8 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         plan = action_plan(saga=saga, action=action, ask_gateway=False)
         if not plan.allowed:
             return _ResultRow(saga, before, before, "refused", plan.why)
+        written_before = set(LedgerEntry.objects.filter(saga_id=saga.pk).values_list("pk",
+                                                                                    flat=True))
         extra = {"saga_id": str(saga.pk), "runbook_action": action.value, "operator": operator,
                  "override": override}
         try:
@@ -410,7 +523,13 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             f'Runbook "{LABELS[action]}" ({action.value}); reason: "{reason}"; '
             f"result: {outcome}: {message}",
         )
-        return _ResultRow(saga, before, fresh.state, outcome, message)
+        written = [
+            f"{e.kind} {'+' if e.amount > 0 else ''}{format_money(e.amount, e.currency)}"
+            f"{' (' + e.gateway_reference + ')' if e.gateway_reference else ''}"
+            for e in LedgerEntry.objects.filter(saga_id=saga.pk).exclude(pk__in=written_before)
+            .order_by("created_at", "id")
+        ]
+        return _ResultRow(saga, before, fresh.state, outcome, message, written)
 
 
 # --- the catalogue ------------------------------------------------------------------
