@@ -156,7 +156,7 @@ SPECTACULAR_SETTINGS = {
     # One name per choice set, the same wherever it is used.
     "ENUM_NAME_OVERRIDES": {
         "PurchaseStatus": "purchases.serializers.PURCHASE_STATUSES",
-        "PaymentStatus": "purchases.serializers.PAYMENT_STATUSES",
+        "PaymentStatus": "purchases.selectors.PAYMENT_STATUSES",
         "SeatStatus": "purchases.models.SeatStatus",
     },
 }

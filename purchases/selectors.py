@@ -71,15 +71,36 @@ def saga_seat_refs(saga: PurchaseSaga) -> list[str]:
     return [link.seat.ref for link in links]
 
 
+# The payment statuses a purchase shows (the API's PaymentStatus enum).
+PAYMENT_STATUSES = [
+    ("captured", "the ledger holds the charge"),
+    ("refunded", "the ledger holds the charge and its refund"),
+    ("not_started", "PENDING: no charge attempted yet"),
+    ("processing", "CHARGING: the charge is on its way"),
+    ("unknown", "UNKNOWN, UNKNOWN_EXPIRED: we are finding out whether the charge landed"),
+    ("not_captured", "any other state without a charge in the ledger (declined, expired, "
+                     "cancelled before any charge)"),
+]
+# Before the ledger has a word on it, the state tells.
+_BEFORE_THE_LEDGER = {
+    SagaState.PENDING: "not_started",
+    SagaState.CHARGING: "processing",
+    SagaState.UNKNOWN: "unknown",
+    SagaState.UNKNOWN_EXPIRED: "unknown",
+}
+
+
+def payment_status(*, state: str, has_charge: bool, has_refund: bool) -> str:
+    """The payment status from the ledger's entries and the saga's state
+    (the admin's list passes annotations; ``saga_payment_status`` reads)."""
+    if has_refund:
+        return "refunded"
+    if has_charge:
+        return "captured"
+    return _BEFORE_THE_LEDGER.get(SagaState(state), "not_captured")
+
+
 def saga_payment_status(saga: PurchaseSaga) -> str:
     kinds = set(LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True))
-    if EntryKind.REFUND in kinds:
-        return "refunded"
-    if EntryKind.CHARGE in kinds:
-        return "captured"
-    return {
-        SagaState.PENDING: "not_started",
-        SagaState.CHARGING: "processing",
-        SagaState.UNKNOWN: "unknown",
-        SagaState.UNKNOWN_EXPIRED: "unknown",
-    }.get(SagaState(saga.state), "not_captured")
+    return payment_status(state=saga.state, has_charge=EntryKind.CHARGE in kinds,
+                          has_refund=EntryKind.REFUND in kinds)

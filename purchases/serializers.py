@@ -14,7 +14,7 @@ from rest_framework import serializers
 from .buyer_history import buyer_history
 from .models import Event, PurchaseSaga, Seat
 from .saga.states import TERMINAL, SagaState
-from .selectors import saga_payment_status, saga_seat_refs
+from .selectors import PAYMENT_STATUSES, saga_payment_status, saga_seat_refs
 
 S = SagaState
 
@@ -41,15 +41,6 @@ PURCHASE_STATUSES = [
 
 # Every value purchases.selectors.saga_payment_status answers (docs/api.md,
 # "Statuses"; a test holds the two together).
-PAYMENT_STATUSES = [
-    ("captured", "the ledger holds the charge"),
-    ("refunded", "the ledger holds the charge and its refund"),
-    ("not_started", "PENDING: no charge attempted yet"),
-    ("processing", "CHARGING: the charge is on its way"),
-    ("unknown", "UNKNOWN, UNKNOWN_EXPIRED: we are finding out whether the charge landed"),
-    ("not_captured", "any other state without a charge in the ledger (declined, expired, "
-                     "cancelled before any charge)"),
-]
 
 
 class MoneySerializer(serializers.Serializer):

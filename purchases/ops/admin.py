@@ -49,7 +49,7 @@ from payments.registry import get_gateway
 
 from ..errors import DomainError, IllegalTransition
 from ..models import Event, PurchaseSaga, Reservation, ReservationSeat, Seat
-from ..saga.states import SagaState
+from ..selectors import payment_status
 from ..templatetags.saga_admin import saga_id
 from .runbook import LABELS, Action, ActionRefused, action_plan, action_run, actions_for
 from .verdict import (
@@ -67,15 +67,6 @@ logger = logging.getLogger(__name__)
 # almost certainly a "select all" by mistake.
 RUNBOOK_MAX_SAGAS = 200
 
-# The payment status before the ledger has a word on it, as
-# ``selectors.saga_payment_status`` reads it (the list reads the ledger through
-# annotations instead: one query per page, not one per row).
-_PAYMENT_BEFORE_THE_LEDGER = {
-    SagaState.PENDING: "not_started",
-    SagaState.CHARGING: "processing",
-    SagaState.UNKNOWN: "unknown",
-    SagaState.UNKNOWN_EXPIRED: "unknown",
-}
 # A saga id as the list shows it (its first 8 characters), searched as a prefix.
 _SHORT_ID = re.compile(r"[0-9a-f]{8}")
 
@@ -335,12 +326,9 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="payment")
     def payment_status(self, obj):
-        """``selectors.saga_payment_status``, from the list's annotations."""
-        if obj.has_refund:
-            return "refunded"
-        if obj.has_charge:
-            return "captured"
-        return _PAYMENT_BEFORE_THE_LEDGER.get(SagaState(obj.state), "not_captured")
+        # From the list's annotations: one query per page, not one per row.
+        return payment_status(state=obj.state, has_charge=obj.has_charge,
+                              has_refund=obj.has_refund)
 
     @admin.display(description="total", ordering="amount")
     def total(self, obj):
