@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 
 from purchases.saga.topics import ROUTING
+from webhooks.topics import ROUTING as WEBHOOK_ROUTING
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("BOXOFFICE_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -44,6 +45,7 @@ INSTALLED_APPS = [
     "payments",
     "payments.fake_gateway",
     "purchases",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -181,6 +183,14 @@ MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=16 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(MAX_REQUEST_BYTES, 2_621_440)
 DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="boxoffice")
 
+# --- the catalog's availability cache (purchases/availability.py) -----------------
+# A change whose invalidation was lost (a cache or broker restart) is shown at
+# most this long after its commit; one whose invalidation arrived, at once.
+AVAILABILITY_MAX_STALE_SECONDS = env.int("AVAILABILITY_MAX_STALE_SECONDS", default=2)
+# off: the catalog reads the database on every request and the saga announces
+# no change. For make bench's comparison only (docs/performance.md).
+AVAILABILITY_CACHE = env.bool("AVAILABILITY_CACHE", default=True)
+
 # The gateway adapter's base URL; by default the fake gateway mounted on this
 # very service.
 PAYMENT_GATEWAY_URL = env.str(
@@ -200,6 +210,27 @@ FAKE_GATEWAY_LATENCY_MS = env.int("FAKE_GATEWAY_LATENCY_MS", default=0)
 # Share (0..1) of successful charges whose answer the fake loses after
 # charging, whatever the payment method (the chaos suite sets 0.3).
 FAKE_GATEWAY_CHAOS_TIMEOUT_RATE = env.float("FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", default=0.0)
+
+# --- outgoing webhooks (docs/api.md) -------------------------------------------
+# A receiver that has not answered within this many seconds is a failed
+# attempt (httpx's connect, read and write timeouts each).
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+# Delays before each retry of a failed attempt (after the n-th attempt, the
+# n-th delay); when none is left the delivery fails, with one alert. Svix's
+# published schedule: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
+WEBHOOK_RETRY_SECONDS = [
+    int(s)
+    for s in env.list(
+        "WEBHOOK_RETRY_SECONDS", default=["5", "300", "1800", "7200", "18000", "36000", "36000"]
+    )
+]
+if any(delay < 0 for delay in WEBHOOK_RETRY_SECONDS):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("WEBHOOK_RETRY_SECONDS takes delays of 0 or more seconds")
+# http:// and loopback/private addresses as webhook URLs: for make run and
+# the tests only. Off, only https:// to public addresses.
+WEBHOOK_ALLOW_LOCAL_URLS = env.bool("WEBHOOK_ALLOW_LOCAL_URLS", default=False)
 
 # --- outbox relay -------------------------------------------------------------
 OUTBOX_POLL_SECONDS = env.float("OUTBOX_POLL_SECONDS", default=1.0)
@@ -304,7 +335,7 @@ LOGGING = {
     "loggers": {
         **{
             name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
-            for name in ("purchases", "payments", "ledger", "outbox", "config")
+            for name in ("purchases", "payments", "ledger", "outbox", "webhooks", "config")
         },
         # Django's own loggers (django.request: 4xx at WARNING, 5xx at ERROR)
         # write one line per record, in this format. Named here, they lose
@@ -332,8 +363,10 @@ if not DEBUG:
 
 # --- outbox routing: topic -> consumers (each idempotent) ---------------------
 # The table lives with the saga (purchases/saga/topics.py, which imports
-# nothing of ours); the purchases app checks it at start-up.
-OUTBOX_CONSUMERS = {str(topic): list(consumers) for topic, consumers in ROUTING.items()}
+# nothing of ours), the webhooks app's with it (webhooks/topics.py, likewise);
+# the purchases app checks it at start-up.
+OUTBOX_CONSUMERS = {str(topic): list(consumers)
+                    for topic, consumers in {**ROUTING, **WEBHOOK_ROUTING}.items()}
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------
 # How often beat runs each sweep (seconds). A sweep that has not succeeded

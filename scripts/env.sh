@@ -4,7 +4,8 @@
 # command sees the database, broker, gateway and metrics folder of the stack.
 # What the shell already sets wins: DATABASE_URL, CELERY_BROKER_URL (none:
 # SQLite and kombu's filesystem transport under var/), PORT, DEBUG,
-# PAYMENT_GATEWAY_URL, PROMETHEUS_MULTIPROC_DIR, BOXOFFICE_VAR_DIR.
+# PAYMENT_GATEWAY_URL, PROMETHEUS_MULTIPROC_DIR, BOXOFFICE_VAR_DIR,
+# WEBHOOK_ALLOW_LOCAL_URLS.
 
 export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-true}"
@@ -13,6 +14,10 @@ export PORT="${PORT:-8000}"
 # gateway, whatever port honcho hands to the others.
 export PAYMENT_GATEWAY_URL="${PAYMENT_GATEWAY_URL:-http://127.0.0.1:$PORT/fake-gateway/v1}"
 export PYTHONUNBUFFERED=1
+# Webhook endpoints may be http:// and on this machine or the local network
+# (a receiver you run beside the stack); deployments allow https:// to public
+# addresses only (docs/operations.md, "Settings").
+export WEBHOOK_ALLOW_LOCAL_URLS="${WEBHOOK_ALLOW_LOCAL_URLS:-true}"
 # Web, worker and relay count metrics into one folder that /metrics adds up
 # (under settings.VAR_DIR); scripts/run.sh empties it when the stack starts.
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-${BOXOFFICE_VAR_DIR:-$PWD/var}/metrics}"

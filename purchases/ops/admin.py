@@ -46,6 +46,7 @@ from ledger.models import EntryKind, LedgerEntry
 from outbox.models import OutboxMessage
 from payments.interface import GatewayUnavailable
 from payments.registry import get_gateway
+from webhooks.selectors import deliveries_for_saga
 
 from ..errors import DomainError, IllegalTransition
 from ..models import Event, PurchaseSaga, Reservation, ReservationSeat, Seat
@@ -141,6 +142,8 @@ def _saga_timeline(facts: SagaFacts) -> dict:
         "reservation_total": format_money(saga.reservation.total_amount, saga.reservation.currency),
         "seat_links": facts.seat_links,
         "seat_rows": [(link, seat_reading(link)) for link in facts.seat_links],
+        # Outgoing webhooks announcing this saga's moves, with their attempts.
+        "webhooks": deliveries_for_saga(saga_id=saga.pk),
     }
 
 

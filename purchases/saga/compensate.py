@@ -20,6 +20,7 @@ from ledger.models import EntryKind, LedgerEntry
 from ledger.services import ledger_has_charge, ledger_record
 from outbox.services import outbox_publish, timer_cancel, timer_schedule
 from payments.interface import PaymentGateway, RefundOutcome
+from webhooks.services import WebhookEvent, purchase_data, webhook_publish
 
 from .. import lock_objects
 from ..errors import IllegalTransition
@@ -168,6 +169,11 @@ def finish_compensation(
         now=at,
     )
     move(saga, S.COMPENSATED, reason=reason, at=at, by=by)
+    webhook_publish(
+        event_type=WebhookEvent.REFUNDED if refunded else WebhookEvent.FAILED,
+        saga_id=saga.pk, event_id=saga.event_id, now=at,
+        data=lambda: purchase_data(purchase_facts(saga), status=saga.state, version=saga.version),
+    )
 
 
 def refunded(saga: PurchaseSaga) -> bool:

@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from ledger.models import EntryKind
 from ledger.services import ledger_record
 from outbox.services import outbox_publish, timer_cancel
+from webhooks.services import WebhookEvent, purchase_data, webhook_publish
 
 from ..errors import IllegalTransition
 from ..models import (
@@ -84,6 +85,10 @@ def confirm(
         event_id=saga.event_id,
         saga_id=saga.pk,
         now=at,
+    )
+    webhook_publish(
+        event_type=WebhookEvent.CONFIRMED, saga_id=saga.pk, event_id=saga.event_id, now=at,
+        data=lambda: purchase_data(purchase_facts(saga), status=saga.state, version=saga.version),
     )
 
 

@@ -1,0 +1,803 @@
+"""Outgoing webhooks (docs/design.md, "The edges"; docs/api.md): one delivery
+per type per saga per endpoint, written in the saga's own commit, signed per
+Standard Webhooks, retried on a schedule with the same ``webhook-id``, and
+sent only to the public address that was checked.
+
+In process: time is driven with freezegun and ``drain_outbox`` (the relay and
+the worker, synchronously); the POSTs go to a real HTTP server on 127.0.0.1
+in a thread of this process (``WEBHOOK_ALLOW_LOCAL_URLS`` on, as in ``make
+run``), except where a test checks the rules for public URLs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection, transaction
+from freezegun import freeze_time
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from config.metrics import ALERTS
+from outbox.models import OutboxMessage
+from purchases import lock_objects
+from purchases.models import PurchaseSaga
+from purchases.services import confirm, purchase_refund, raise_operator_alert, saga_charge
+from webhooks import url_safety
+from webhooks.consumers import deliver
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from webhooks.sending import build_request
+from webhooks.services import (
+    WebhookInvalid,
+    WebhookOutsideTransaction,
+    WebhookResendRefused,
+    webhook_endpoint_create,
+    webhook_endpoint_rotate_secret,
+    webhook_endpoint_update,
+    webhook_publish,
+    webhook_resend,
+)
+
+from .conftest import drain_outbox, new_key, purchase_body, start_purchase
+from .factories import EventFactory, UserFactory
+
+T0 = "2026-12-02 12:00:00"
+ALL = ["purchase.confirmed", "purchase.failed", "purchase.refunded", "purchase.needs_attention"]
+TOPIC = "webhook.delivery"
+
+
+# --- a real receiver ------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def verify(self, secret: str) -> dict:
+        return Webhook(secret).verify(self.body, self.headers)
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1, in a thread: it records every request and
+    answers from ``script`` in turn (a status code, ``("redirect", path)``, or
+    ``("hang", seconds)``: no answer at all), then 200. ``connections`` counts
+    every TCP connection accepted, whatever came over it."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self.script: list = []
+        self.connections = 0
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                receiver.requests.append(Received(
+                    self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                action = receiver.script.pop(0) if receiver.script else 200
+                if isinstance(action, tuple) and action[0] == "hang":
+                    receiver.release.wait(action[1])
+                    self.close_connection = True
+                    return  # the client gave up long ago: nothing to answer
+                if isinstance(action, tuple) and action[0] == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", action[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                answer = b'{"ok": true}' if action < 300 else b"receiver says no " * 100
+                self.send_response(action)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False
+
+            def verify_request(self, request, client_address):
+                receiver.connections += 1
+                return True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(autouse=True)
+def _webhook_settings(settings):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    settings.WEBHOOK_TIMEOUT_SECONDS = 2.0
+    settings.WEBHOOK_RETRY_SECONDS = [5, 300, 1800, 7200, 18000, 36000, 36000]
+
+
+def _endpoint(receiver, events=ALL, path="/hook") -> WebhookEndpoint:
+    return webhook_endpoint_create(url=receiver.url(path), events=list(events),
+                                   description="the seller's system")
+
+
+def _deliveries(**filters) -> list[WebhookDelivery]:
+    return list(WebhookDelivery.objects.filter(**filters).order_by("pk"))
+
+
+def _attempts(delivery) -> list[WebhookAttempt]:
+    return list(WebhookAttempt.objects.filter(delivery=delivery).order_by("number"))
+
+
+def _webhook_rows() -> list[OutboxMessage]:
+    return list(OutboxMessage.objects.filter(topic=TOPIC).order_by("pk"))
+
+
+def _unix(when: str) -> int:
+    return int(datetime.fromisoformat(when).replace(tzinfo=UTC).timestamp())
+
+
+def _confirmed(alice, event) -> PurchaseSaga:
+    saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+    assert saga.state == "CONFIRMED"
+    return saga
+
+
+def _alert_count() -> float:
+    return ALERTS.labels(kind="webhook_failed")._value.get()
+
+
+# --- what is sent ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, gateway,
+                                                                   receiver):
+    endpoint = _endpoint(receiver)
+
+    with freeze_time(T0):
+        saga = _confirmed(alice, event)
+        drain_outbox()
+
+        assert len(receiver.requests) == 1
+        got = receiver.requests[0]
+        payload = got.verify(endpoint.secret)  # raises unless the signature holds
+
+    delivery = WebhookDelivery.objects.get()
+    assert got.path == "/hook"
+    assert got.headers["webhook-id"] == delivery.message_id
+    assert delivery.message_id.startswith("msg_")
+    assert int(got.headers["webhook-timestamp"]) == _unix(T0)
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["webhook-signature"].startswith("v1,")
+    # The bytes signed and sent are the bytes stored, compact JSON.
+    assert got.body == delivery.body.encode()
+    assert got.body == json.dumps(payload, separators=(",", ":")).encode()
+    assert payload == {
+        "type": "purchase.confirmed",
+        "timestamp": "2026-12-02T12:00:00Z",
+        "data": {
+            "purchase": {
+                "id": str(saga.pk), "status": "CONFIRMED", "event": event.pk, "seats": ["A1"],
+                "total": {"amount": saga.amount, "currency": saga.currency},
+                "reservation": saga.reservation.ref,
+            },
+            "version": PurchaseSaga.objects.get(pk=saga.pk).version,
+        },
+    }
+    assert (delivery.endpoint_id, delivery.saga_id, delivery.event_type, delivery.event_id) == (
+        endpoint.pk, saga.pk, "purchase.confirmed", event.pk)
+    assert delivery.status == "delivered" and delivery.delivered_at is not None
+    [attempt] = _attempts(delivery)
+    assert (attempt.number, attempt.status_code, attempt.error) == (1, 200, "")
+    assert attempt.response_excerpt == '{"ok": true}'
+
+
+@pytest.mark.django_db
+def test_a_declined_purchase_is_failed_a_refund_is_refunded_an_escalation_needs_attention(
+        alice, bob, gateway, receiver):
+    event = EventFactory(seats=["A1", "A2", "A3"])
+    endpoint = _endpoint(receiver)
+
+    with freeze_time(T0):
+        declined = saga_charge(saga_id=start_purchase(
+            alice, event, seats=["A1"], payment_method="pm_card_chargeDeclined").pk)
+        refunded = purchase_refund(saga_id=_confirmed(bob, EventFactory(seats=["A1"])).pk,
+                                   reason="customer asked")
+        escalated = start_purchase(alice, event, seats=["A3"])
+        with transaction.atomic():
+            locked = lock_objects.saga_for_update(saga_id=escalated.pk)
+            assert raise_operator_alert(locked, why="a test escalation", now=locked.created_at)
+        drain_outbox()
+        heard = [(r.verify(endpoint.secret)["type"],
+                  r.json["data"]["purchase"]["id"], r.json["data"]["purchase"]["status"])
+                 for r in receiver.requests]
+
+    assert declined.state == refunded.state == "COMPENSATED"
+    assert sorted(heard) == sorted([
+        ("purchase.failed", str(declined.pk), "COMPENSATED"),
+        ("purchase.confirmed", str(refunded.pk), "CONFIRMED"),
+        ("purchase.refunded", str(refunded.pk), "COMPENSATED"),
+        ("purchase.needs_attention", str(escalated.pk), "PENDING"),
+    ])
+    assert {d.status for d in _deliveries()} == {"delivered"}
+
+
+@pytest.mark.django_db
+def test_each_type_is_sent_at_most_once_per_saga_per_endpoint_whatever_the_redeliveries(
+        alice, event, gateway, receiver):
+    first = _endpoint(receiver, path="/first")
+    second = _endpoint(receiver, path="/second")
+
+    with freeze_time(T0):
+        saga = _confirmed(alice, event)
+        # The same move announced again (a step re-run after a crash, say).
+        with transaction.atomic():
+            webhook_publish(event_type="purchase.confirmed", saga_id=saga.pk,
+                            event_id=saga.event_id, data={"purchase": {}, "version": 0},
+                            now=saga.updated_at)
+        drain_outbox()
+        # The outbox is at least once: each message handed to the consumer again.
+        for message in _webhook_rows():
+            deliver(message)
+            deliver(message)
+        drain_outbox()
+
+    assert sorted(r.path for r in receiver.requests) == ["/first", "/second"]
+    for endpoint in (first, second):
+        [delivery] = _deliveries(endpoint=endpoint)
+        assert delivery.status == "delivered"
+        assert [a.number for a in _attempts(delivery)] == [1]
+    assert len(_webhook_rows()) == 2
+
+
+@pytest.mark.django_db
+def test_a_redelivered_failed_attempt_arms_one_next_attempt_and_sends_once(
+        alice, event, gateway, receiver):
+    _endpoint(receiver)
+    receiver.script = [500]
+
+    with freeze_time(T0):
+        _confirmed(alice, event)
+        drain_outbox()
+        deliver(_webhook_rows()[0])  # a redelivery of attempt 1, after it was recorded
+
+    [delivery] = _deliveries()
+    assert len(receiver.requests) == 1
+    assert [a.number for a in _attempts(delivery)] == [1]
+    assert [m.key for m in _webhook_rows()] == [f"webhook:{delivery.pk}:1",
+                                                f"webhook:{delivery.pk}:2"]
+    assert delivery.status == "pending"
+
+
+# --- retries, failure, resend ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_receiver_answering_500_then_200_gets_it_on_the_retry_with_the_same_webhook_id(
+        alice, event, gateway, receiver):
+    endpoint = _endpoint(receiver)
+    receiver.script = [500]
+
+    with freeze_time(T0) as clock:
+        _confirmed(alice, event)
+        drain_outbox()
+        [delivery] = _deliveries()
+        assert delivery.status == "pending" and len(receiver.requests) == 1
+        assert delivery.next_attempt_at == datetime.fromisoformat(T0).replace(
+            tzinfo=UTC) + timedelta(seconds=5)
+        clock.tick(4)
+        drain_outbox()
+        assert len(receiver.requests) == 1  # not due yet
+        clock.tick(1)
+        drain_outbox()
+        assert len(receiver.requests) == 2
+        retry = receiver.requests[1]
+        retry.verify(endpoint.secret)
+
+    first = receiver.requests[0]
+    assert first.headers["webhook-id"] == retry.headers["webhook-id"]
+    assert int(retry.headers["webhook-timestamp"]) == _unix(T0) + 5  # signed at the retry
+    assert first.body == retry.body
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered"
+    attempts = _attempts(delivery)
+    assert [(a.number, a.status_code) for a in attempts] == [(1, 500), (2, 200)]
+    assert attempts[0].error == "HTTP 500"
+    assert len(attempts[0].response_excerpt) == 500  # the answer's start, no more
+
+
+@pytest.mark.django_db
+def test_failed_after_the_schedule_with_one_alert(alice, event, gateway, receiver, settings,
+                                                  caplog):
+    settings.WEBHOOK_RETRY_SECONDS = [5, 10]
+    _endpoint(receiver)
+    receiver.script = [503] * 10
+    alerts_before = _alert_count()
+
+    with freeze_time(T0) as clock:
+        saga = _confirmed(alice, event)
+        for step in (0, 5, 10, 3600):
+            clock.tick(step)
+            drain_outbox()
+        for message in _webhook_rows():  # redeliveries change nothing
+            deliver(message)
+
+    [delivery] = _deliveries()
+    assert len(receiver.requests) == 3
+    assert delivery.status == "failed" and delivery.failed_at is not None
+    assert [a.number for a in _attempts(delivery)] == [1, 2, 3]
+    alerts = [r for r in caplog.records if getattr(r, "alert", None) == "webhook_failed"]
+    assert len(alerts) == 1
+    assert alerts[0].levelname == "ERROR"
+    assert (alerts[0].delivery_id, alerts[0].saga_id, alerts[0].type) == (
+        delivery.pk, str(saga.pk), "purchase.confirmed")
+    assert alerts[0].endpoint == receiver.url()
+    assert _alert_count() == alerts_before + 1
+
+
+@pytest.mark.django_db
+def test_resend_makes_a_new_attempt_with_the_same_webhook_id(alice, event, gateway, receiver,
+                                                             settings):
+    settings.WEBHOOK_RETRY_SECONDS = []  # one attempt, then failed
+    endpoint = _endpoint(receiver)
+    receiver.script = [500]
+
+    with freeze_time(T0) as clock:
+        _confirmed(alice, event)
+        drain_outbox()
+        [delivery] = _deliveries()
+        assert delivery.status == "failed"
+
+        clock.tick(60)
+        assert webhook_resend(delivery.pk) == 2
+        with pytest.raises(WebhookResendRefused):
+            webhook_resend(delivery.pk)  # pending: attempt 2 is already owed
+        drain_outbox()
+        delivery.refresh_from_db()
+        assert delivery.status == "delivered"
+
+        assert webhook_resend(delivery.pk) == 3  # from delivered too
+        drain_outbox()
+        for request in receiver.requests:
+            request.verify(endpoint.secret)
+
+    assert [r.headers["webhook-id"] for r in receiver.requests] == [delivery.message_id] * 3
+    assert [(a.number, a.status_code, a.resend) for a in _attempts(delivery)] == [
+        (1, 500, False), (2, 200, True), (3, 200, True)]
+    assert [m.key for m in _webhook_rows()] == [f"webhook:{delivery.pk}:{n}" for n in (1, 2, 3)]
+
+
+@pytest.mark.django_db
+def test_a_receiver_that_hangs_is_a_timeout(alice, event, gateway, receiver, settings):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.3
+    _endpoint(receiver)
+    receiver.script = [("hang", 5)]
+
+    _confirmed(alice, event)
+    drain_outbox()
+
+    [delivery] = _deliveries()
+    [attempt] = _attempts(delivery)
+    assert attempt.status_code is None and "timeout" in attempt.error.lower()
+    assert delivery.status == "pending"  # the retry is armed
+
+
+# --- who receives what ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_disabled_endpoint_receives_nothing_new(alice, bob, event, gateway, receiver):
+    endpoint = _endpoint(receiver)
+    receiver.script = [500]
+
+    with freeze_time(T0) as clock:
+        _confirmed(alice, event)
+        drain_outbox()  # attempt 1 fails; attempt 2 is armed
+        [pending] = _deliveries()
+        webhook_endpoint_update(endpoint_id=endpoint.pk, enabled=False)
+        _confirmed(bob, EventFactory(seats=["A1"]))  # a new move: no delivery at all
+        clock.tick(3600)
+        drain_outbox()  # attempt 2 is due: the endpoint is disabled, nothing is sent
+        with pytest.raises(WebhookResendRefused):
+            webhook_resend(pending.pk)
+
+    assert len(receiver.requests) == 1
+    assert _deliveries() == [pending]
+    pending.refresh_from_db()
+    assert pending.status == "failed"
+    last = _attempts(pending)[-1]
+    assert last.number == 2 and last.status_code is None and "disabled" in last.error
+
+
+@pytest.mark.django_db
+def test_an_endpoint_subscribed_to_other_types_receives_nothing(alice, event, gateway,
+                                                                receiver):
+    refunds = _endpoint(receiver, events=["purchase.refunded"], path="/refunds")
+    _endpoint(receiver, events=["purchase.confirmed"], path="/sales")
+
+    saga = _confirmed(alice, event)
+    drain_outbox()
+    assert [r.path for r in receiver.requests] == ["/sales"]
+    assert _deliveries(endpoint=refunds) == []
+
+    purchase_refund(saga_id=saga.pk, reason="customer asked")
+    drain_outbox()
+    assert [r.path for r in receiver.requests] == ["/sales", "/refunds"]
+    assert receiver.requests[1].json["type"] == "purchase.refunded"
+
+
+# --- in the saga's commit, never before it --------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_rolled_back_transition_writes_no_webhook_row(alice, event, receiver):
+    _endpoint(receiver)
+    saga = start_purchase(alice, event)
+
+    with pytest.raises(RuntimeError, match="the commit fails"):
+        with transaction.atomic():
+            locked = lock_objects.saga_for_update(saga_id=saga.pk)
+            confirm(locked, charge_id="ch_test", reason="test", at=locked.created_at)
+            assert len(_deliveries()) == 1 and len(_webhook_rows()) == 1  # in this commit
+            raise RuntimeError("the commit fails")
+
+    assert _deliveries() == [] and _webhook_rows() == []
+    drain_outbox()
+    assert receiver.requests == []
+
+
+@pytest.mark.django_db
+def test_publishing_refuses_to_run_outside_a_transaction(alice, event):
+    with pytest.raises(WebhookOutsideTransaction):
+        webhook_publish(event_type="purchase.confirmed", saga_id=None, event_id=event.pk,
+                        data={}, now=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_sent_before_the_saga_commits(receiver, settings):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    alice = UserFactory(username="alice")
+    event = EventFactory(seats=["A1"])
+    _endpoint(receiver)
+    saga = start_purchase(alice, event)
+    drained: list = []
+
+    def relay_and_worker_meanwhile():
+        try:
+            drained.extend(drain_outbox())
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        locked = lock_objects.saga_for_update(saga_id=saga.pk)
+        confirm(locked, charge_id="ch_test", reason="test", at=locked.created_at)
+        other = threading.Thread(target=relay_and_worker_meanwhile)
+        other.start()
+        other.join()
+        assert receiver.requests == [] and not any(m.topic == TOPIC for m in drained)
+
+    drain_outbox()
+    assert [r.json["type"] for r in receiver.requests] == ["purchase.confirmed"]
+
+
+@pytest.mark.django_db
+def test_the_purchase_request_writes_and_sends_no_webhook(alice_api, event, receiver):
+    _endpoint(receiver)
+
+    answer = alice_api.post("/api/purchases/", purchase_body(event), format="json",
+                            HTTP_IDEMPOTENCY_KEY=new_key())
+
+    assert answer.status_code == 202
+    assert _deliveries() == [] and _webhook_rows() == [] and receiver.requests == []
+
+
+# --- URLs: https and public addresses only, checked again at each delivery -----------
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    """The name resolution url_safety uses, answered from a table (and counted)."""
+
+    class Table(dict):
+        calls = 0
+
+    table = Table()
+
+    def resolve(host, port):
+        table.calls += 1
+        if host not in table:
+            raise url_safety.UnsafeURL(f"{host} does not resolve")
+        return list(table[host])
+
+    monkeypatch.setattr(url_safety, "resolve", resolve)
+    return table
+
+
+@pytest.fixture
+def public_only(settings):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = False
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url, addresses, why", [
+    ("http://hooks.example.com/x", ["93.184.216.34"], "https"),
+    ("ftp://hooks.example.com/x", ["93.184.216.34"], "https"),
+    ("https://127.0.0.1/x", [], "not public"),
+    ("https://[::1]/x", [], "not public"),
+    ("https://10.1.2.3/x", [], "not public"),
+    ("https://169.254.169.254/latest/meta-data", [], "not public"),
+    ("https://[::ffff:192.168.0.1]/x", [], "not public"),
+    ("https://localhost/x", ["127.0.0.1"], "not public"),
+    ("https://intranet.example.com/x", ["192.168.1.10"], "not public"),
+    # Every address the name resolves to must be public, not only the first.
+    ("https://mixed.example.com/x", ["93.184.216.34", "10.0.0.7"], "not public"),
+    ("https://nowhere.example.com/x", None, "does not resolve"),
+    ("https://user:pw@hooks.example.com/x", ["93.184.216.34"], "credentials"),
+    ("not a url", None, "https"),
+])
+def test_a_url_that_is_not_https_to_a_public_address_is_refused(
+        public_only, resolver, url, addresses, why):
+    host = url.split("//")[-1].split("/")[0].split("@")[-1]
+    if addresses is not None:
+        resolver[host] = addresses
+
+    with pytest.raises(WebhookInvalid) as refused:
+        webhook_endpoint_create(url=url, events=ALL)
+
+    assert refused.value.field == "url"
+    assert why in refused.value.message
+    assert WebhookEndpoint.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_an_https_url_to_public_addresses_is_accepted_and_updates_are_checked(
+        public_only, resolver):
+    resolver["hooks.example.com"] = ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]
+    resolver["intranet.example.com"] = ["172.16.0.5"]
+
+    endpoint = webhook_endpoint_create(url="https://hooks.example.com/boxoffice",
+                                       events=["purchase.confirmed", "purchase.confirmed"])
+
+    assert endpoint.enabled and endpoint.events == ["purchase.confirmed"]
+    with pytest.raises(WebhookInvalid) as refused:
+        webhook_endpoint_update(endpoint_id=endpoint.pk, url="https://intranet.example.com/")
+    assert refused.value.field == "url"
+    with pytest.raises(WebhookInvalid) as unknown:
+        webhook_endpoint_update(endpoint_id=endpoint.pk, events=["purchase.exploded"])
+    assert unknown.value.field == "events"
+    endpoint.refresh_from_db()
+    assert endpoint.url == "https://hooks.example.com/boxoffice"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("events", [[], ["purchase.exploded"], "purchase.confirmed",
+                                    ["purchase.needs_operator"]])
+def test_an_unknown_event_type_is_refused(receiver, events):
+    with pytest.raises(WebhookInvalid) as refused:
+        webhook_endpoint_create(url=receiver.url(), events=events)
+
+    assert refused.value.field == "events"
+
+
+@pytest.mark.django_db
+def test_local_urls_are_allowed_only_when_the_setting_says_so(settings, receiver):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = False
+    with pytest.raises(WebhookInvalid):
+        webhook_endpoint_create(url=receiver.url(), events=ALL)
+
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    assert webhook_endpoint_create(url=receiver.url(), events=ALL).pk
+    # Never the link-local metadata address, nor an unspecified one.
+    for url in ("http://169.254.169.254/", "http://0.0.0.0/", "http://224.0.0.1/"):
+        with pytest.raises(WebhookInvalid):
+            webhook_endpoint_create(url=url, events=ALL)
+
+
+@pytest.mark.django_db
+def test_a_name_that_now_resolves_to_an_internal_address_is_refused_at_delivery(
+        alice, event, gateway, receiver, resolver, public_only):
+    resolver["hooks.example.com"] = ["93.184.216.34"]
+    endpoint = webhook_endpoint_create(url=f"https://hooks.example.com:{receiver.port}/hook",
+                                       events=ALL)
+    resolver["hooks.example.com"] = ["127.0.0.1"]  # DNS changed since it was registered
+
+    _confirmed(alice, event)
+    drain_outbox()
+
+    assert receiver.connections == 0 and receiver.requests == []
+    [delivery] = _deliveries(endpoint=endpoint)
+    [attempt] = _attempts(delivery)
+    assert attempt.status_code is None and "refused" in attempt.error
+    assert "not public" in attempt.error
+    assert delivery.status == "pending"  # a failure like any other: the retry is armed
+
+
+@pytest.mark.django_db
+def test_the_connection_goes_to_the_address_that_was_checked(alice, event, gateway, receiver,
+                                                             resolver):
+    # Only the patched table knows this name: reaching the receiver proves that
+    # the POST went to the address the check resolved, not to a second look-up.
+    resolver["hooks.boxoffice.test"] = ["127.0.0.1"]
+    webhook_endpoint_create(url=f"http://hooks.boxoffice.test:{receiver.port}/hook", events=ALL)
+    resolver.calls = 0
+
+    _confirmed(alice, event)
+    drain_outbox()
+
+    [got] = receiver.requests
+    assert got.headers["host"] == f"hooks.boxoffice.test:{receiver.port}"
+    assert resolver.calls == 1  # one resolution per attempt: the checked one
+
+
+def test_an_https_request_is_pinned_to_the_checked_address_with_the_name_for_tls():
+    target = url_safety.Target(scheme="https", host="hooks.example.com", port=443,
+                               address="93.184.216.34", path="/x?y=1")
+    v6 = url_safety.Target(scheme="https", host="hooks.example.com", port=8443,
+                           address="2606:2800:220:1:248:1893:25c8:1946", path="/")
+
+    request = build_request(target, headers={"webhook-id": "msg_1"}, body=b"{}")
+    request6 = build_request(v6, headers={}, body=b"{}")
+
+    assert str(request.url) == "https://93.184.216.34/x?y=1"
+    assert request.headers["host"] == "hooks.example.com"
+    assert request.extensions["sni_hostname"] == "hooks.example.com"
+    assert str(request6.url) == "https://[2606:2800:220:1:248:1893:25c8:1946]:8443/"
+    assert request6.headers["host"] == "hooks.example.com:8443"
+
+
+@pytest.mark.django_db
+def test_a_redirect_is_not_followed_and_counts_as_a_failure(alice, event, gateway, receiver):
+    _endpoint(receiver)
+    receiver.script = [("redirect", "/elsewhere")]
+
+    _confirmed(alice, event)
+    drain_outbox()
+
+    assert [r.path for r in receiver.requests] == ["/hook"]
+    [delivery] = _deliveries()
+    [attempt] = _attempts(delivery)
+    assert attempt.status_code == 302 and "redirect" in attempt.error
+    assert delivery.status == "pending"
+
+
+# --- secrets --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_secret_is_random_and_rotating_it_signs_later_attempts_with_the_new_one(
+        alice, event, gateway, receiver):
+    endpoint = _endpoint(receiver)
+    other = _endpoint(receiver, events=["purchase.refunded"], path="/other")
+    receiver.script = [500]
+
+    assert endpoint.secret.startswith("whsec_") and endpoint.secret != other.secret
+    assert len(base64.b64decode(endpoint.secret.removeprefix("whsec_"))) >= 24
+    with freeze_time(T0) as clock:
+        _confirmed(alice, event)
+        drain_outbox()
+        new = webhook_endpoint_rotate_secret(endpoint_id=endpoint.pk)
+        clock.tick(5)
+        drain_outbox()
+        [_, retry] = receiver.requests
+        retry.verify(new)
+        with pytest.raises(WebhookVerificationError):
+            Webhook(endpoint.secret).verify(retry.body, retry.headers)
+
+    assert new != endpoint.secret
+
+
+# --- the admin ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def staff(client):
+    def login(*codenames):
+        user = UserFactory(username=f"staff-{len(codenames)}", is_staff=True)
+        user.user_permissions.add(*Permission.objects.filter(codename__in=[
+            "view_webhookendpoint", "view_webhookdelivery", "view_purchasesaga", *codenames]))
+        client.force_login(user)
+        return client
+    return login
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_endpoints_without_their_secret(staff, alice, event, gateway, receiver):
+    endpoint = _endpoint(receiver)
+    _confirmed(alice, event)
+    drain_outbox()
+    client = staff()
+
+    listing = client.get("/admin/webhooks/webhookendpoint/")
+    page = client.get(f"/admin/webhooks/webhookendpoint/{endpoint.pk}/change/")
+
+    assert listing.status_code == page.status_code == 200
+    for html in (listing.content.decode(), page.content.decode()):
+        assert endpoint.secret not in html
+        assert endpoint.secret.removeprefix("whsec_") not in html
+    assert receiver.url() in listing.content.decode()
+    assert "1 delivered" in listing.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_admin_resends_with_a_reason_and_only_with_the_permission(
+        staff, alice, event, gateway, receiver, settings):
+    settings.WEBHOOK_RETRY_SECONDS = []
+    _endpoint(receiver)
+    receiver.script = [500]
+    saga = _confirmed(alice, event)
+    drain_outbox()
+    [delivery] = _deliveries()
+    changelist = "/admin/webhooks/webhookdelivery/"
+    post = {"action": "resend", "_selected_action": [delivery.pk]}
+
+    viewer = staff()
+    page = viewer.get(f"/admin/webhooks/webhookdelivery/{delivery.pk}/change/")
+    assert page.status_code == 200 and "HTTP 500" in page.content.decode()
+    viewer.post(changelist, {**post, "confirm": "yes", "reason": "try again"})
+    assert _webhook_rows()[-1].key == f"webhook:{delivery.pk}:1"  # nothing armed
+
+    operator = staff("resend_webhookdelivery")
+    dry_run = operator.post(changelist, post)
+    assert dry_run.status_code == 200 and "Resend" in dry_run.content.decode()
+    assert len(_webhook_rows()) == 1
+    done = operator.post(changelist, {**post, "confirm": "yes", "reason": "receiver fixed"})
+    assert done.status_code == 302
+    assert _webhook_rows()[-1].key == f"webhook:{delivery.pk}:2"
+    drain_outbox()
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered"
+
+    saga_page = operator.get(f"/admin/purchases/purchasesaga/{saga.pk}/change/")
+    html = saga_page.content.decode()
+    assert saga_page.status_code == 200
+    assert 'id="saga-webhooks"' in html and delivery.message_id in html
+    assert "purchase.confirmed" in html and "delivered" in html
+
+
+@pytest.mark.django_db
+def test_the_saga_page_says_when_no_webhook_was_written(staff, alice, event, gateway):
+    saga = _confirmed(alice, event)
+
+    html = staff().get(f"/admin/purchases/purchasesaga/{saga.pk}/change/").content.decode()
+
+    assert 'id="saga-webhooks"' in html and "No webhook" in html
+
+
+def test_the_resolver_answers_every_address_of_a_name():
+    addresses = url_safety.resolve("localhost", 443)
+
+    assert "127.0.0.1" in addresses or "::1" in addresses
+    assert url_safety.resolve("10.0.0.1", 443) == ["10.0.0.1"]

@@ -1,0 +1,1 @@
+"""Outgoing webhooks for the seller's systems (docs/design.md, "The edges")."""

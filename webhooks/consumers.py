@@ -1,0 +1,20 @@
+"""The outbox consumer of ``webhook.delivery`` (routed in ``webhooks/topics.py``).
+
+An ordinary consumer (it calls out): it runs outside any transaction, at
+least once. It is idempotent: an attempt already recorded is not made again,
+and an attempt of a delivery no longer pending is not made at all (see
+:func:`webhooks.services.webhook_attempt`). A receiver that fails is not a
+failure of the consumer: the attempt is recorded and the next one armed.
+"""
+
+from __future__ import annotations
+
+from outbox.models import OutboxMessage
+
+from .services import webhook_attempt
+
+
+def deliver(message: OutboxMessage) -> None:
+    payload = message.payload
+    webhook_attempt(delivery_id=payload["delivery_id"], attempt=payload["attempt"],
+                    resend=bool(payload.get("resend")))

@@ -1,0 +1,107 @@
+"""One POST of a webhook to a checked address, outside any transaction.
+
+The request goes to :attr:`url_safety.Target.address` (the address that was
+checked), with the endpoint's host name in the ``Host`` header and, for TLS,
+as the server name the certificate is verified against (httpcore's
+``sni_hostname``): nothing resolves the name a second time. No redirect is
+followed, no proxy from the environment is used (it would resolve the name
+itself), and only the start of the answer is read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+from django.db import connections
+
+from config.transactions import open_atomic_blocks
+
+from .url_safety import DEFAULT_PORTS, Target
+
+EXCERPT_CHARS = 500
+_READ_AT_MOST = 4096  # bytes of the answer's body read at all
+USER_AGENT = "boxoffice-webhooks/1"
+
+
+class NetworkCallInTransaction(RuntimeError):
+    pass
+
+
+def assert_no_transaction(what: str) -> None:
+    """A POST inside a transaction would hold its locks across a receiver
+    that may hang for the whole timeout (docs/design.md, "House rules")."""
+    for alias in connections:
+        if open_atomic_blocks(alias):
+            raise NetworkCallInTransaction(f"{what} called inside a transaction on {alias!r}")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt got: a status code (None: no answer), how long it
+    took (None: nothing was sent), why it is not a success, and the start
+    of the answer's body."""
+
+    status_code: int | None = None
+    latency_ms: float | None = None
+    error: str = ""
+    excerpt: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def build_request(target: Target, *, headers: dict[str, str], body: bytes) -> httpx.Request:
+    address = f"[{target.address}]" if ":" in target.address else target.address
+    if target.port != DEFAULT_PORTS[target.scheme]:
+        address += f":{target.port}"
+    url = f"{target.scheme}://{address}{target.path}"
+    return httpx.Request(
+        "POST", url, content=body,
+        headers={**headers, "Host": target.host_header, "User-Agent": USER_AGENT},
+        extensions={"sni_hostname": target.host} if target.scheme == "https" else {},
+    )
+
+
+def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float) -> Answer:
+    """POST ``body`` to ``target``; never raises for what the network or the
+    receiver does."""
+    assert_no_transaction("webhook POST")
+    request = build_request(target, headers=headers, body=body)
+    started = time.monotonic()
+
+    def took() -> float:
+        return round((time.monotonic() - started) * 1000, 1)
+
+    try:
+        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+            response = client.send(request, stream=True)
+            try:
+                latency = took()
+                head = b""
+                for chunk in response.iter_bytes():
+                    head += chunk
+                    if len(head) >= _READ_AT_MOST:
+                        break
+            finally:
+                response.close()
+    except httpx.TimeoutException as exc:
+        return Answer(latency_ms=took(), error=f"timeout after {timeout:g}s ({type(exc).__name__})")
+    except httpx.HTTPError as exc:
+        return Answer(latency_ms=took(), error=_short(f"{type(exc).__name__}: {exc}"))
+    excerpt = head.decode("utf-8", errors="replace")[:EXCERPT_CHARS]
+    code = response.status_code
+    if 200 <= code < 300:
+        error = ""
+    elif response.is_redirect:
+        error = _short(f"HTTP {code}: redirect to {response.headers.get('location', '?')} "
+                       "not followed")
+    else:
+        error = f"HTTP {code}"
+    return Answer(status_code=code, latency_ms=latency, error=error, excerpt=excerpt)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 500 else text[:499] + "…"

@@ -1,0 +1,401 @@
+"""Outgoing webhooks: endpoints, publishing, attempts, resends
+(docs/design.md, "The edges"; the contract is docs/api.md).
+
+- :func:`webhook_publish` runs **inside the saga's commit** (it refuses to run
+  outside a transaction, like ``outbox_publish``): for every enabled endpoint
+  subscribed to the type, a :class:`WebhookDelivery` (skipped when the
+  (endpoint, saga, type) row exists: at most one per type per saga per
+  endpoint) and an outbox timer row ``webhook:<delivery id>:1`` due now. So a
+  webhook is decided with the move it announces and never sent before it
+  commits, and the purchase's request never waits on one.
+- :func:`webhook_attempt` (the consumer's) makes one attempt: re-read the
+  delivery, check the URL again, POST outside any transaction with the
+  Standard Webhooks headers, then one short commit records the attempt and
+  the outcome (delivered; the next attempt armed after
+  ``WEBHOOK_RETRY_SECONDS[n-1]``; or failed, with one alert). Every attempt
+  of a delivery carries its ``webhook-id``.
+- :func:`webhook_resend`: one more attempt of a delivered or failed delivery,
+  same ``webhook-id``.
+- Endpoints are created, changed, re-keyed and deleted through
+  ``webhook_endpoint_*``, which check the URL (``url_safety``) and the event
+  types and raise :class:`WebhookInvalid` naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from standardwebhooks import Webhook
+
+from common.time import iso_z
+from config import metrics
+from config.transactions import in_transaction
+from outbox.services import timer_schedule
+
+from . import lock_objects
+from .errors import (
+    WebhookInvalid,
+    WebhookNotFound,
+    WebhookOutsideTransaction,
+    WebhookResendRefused,
+)
+from .models import (
+    DeliveryStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
+from .sending import Answer, post
+from .topics import DELIVERY
+from .url_safety import UnsafeURL, check_url
+
+__all__ = [
+    "EVENT_TYPES",
+    "WebhookEvent",
+    "WebhookInvalid",
+    "WebhookNotFound",
+    "WebhookOutsideTransaction",
+    "WebhookResendRefused",
+    "purchase_data",
+    "webhook_attempt",
+    "webhook_endpoint_create",
+    "webhook_endpoint_delete",
+    "webhook_endpoint_rotate_secret",
+    "webhook_endpoint_update",
+    "webhook_publish",
+    "webhook_resend",
+]
+
+logger = logging.getLogger(__name__)
+
+EVENT_TYPES: tuple[str, ...] = tuple(WebhookEvent.values)
+SECRET_BYTES = 32  # the HMAC-SHA256 key: 256 random bits
+URL_MAX_CHARS = WebhookEndpoint._meta.get_field("url").max_length
+DESCRIPTION_MAX_CHARS = WebhookEndpoint._meta.get_field("description").max_length
+PENDING = DeliveryStatus.PENDING
+DELIVERED = DeliveryStatus.DELIVERED
+FAILED = DeliveryStatus.FAILED
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode("ascii")
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+# --- endpoints ------------------------------------------------------------------------
+
+
+def _clean_url(url) -> str:
+    """Checked before any transaction opens: the check resolves the host."""
+    if not isinstance(url, str) or not url.strip():
+        raise WebhookInvalid("url", "a URL is required")
+    url = url.strip()
+    if len(url) > URL_MAX_CHARS:
+        raise WebhookInvalid("url", f"at most {URL_MAX_CHARS} characters")
+    try:
+        check_url(url)
+    except UnsafeURL as exc:
+        raise WebhookInvalid("url", str(exc)) from exc
+    return url
+
+
+def _clean_events(events) -> list[str]:
+    known = ", ".join(EVENT_TYPES)
+    if (not isinstance(events, list | tuple) or not events
+            or not all(isinstance(e, str) for e in events)):
+        raise WebhookInvalid("events", f"a non-empty list of event types among: {known}")
+    unknown = [e for e in events if e not in EVENT_TYPES]
+    if unknown:
+        raise WebhookInvalid("events", f"unknown event type {', '.join(map(repr, unknown))}; "
+                                       f"the types are: {known}")
+    return list(dict.fromkeys(events))
+
+
+def _clean_description(description) -> str:
+    if not isinstance(description, str) or len(description) > DESCRIPTION_MAX_CHARS:
+        raise WebhookInvalid("description", f"a text of at most {DESCRIPTION_MAX_CHARS} "
+                                            "characters")
+    return description
+
+
+def webhook_endpoint_create(*, url: str, events: Iterable[str], description: str = "",
+                            now: datetime | None = None) -> WebhookEndpoint:
+    """A new endpoint, enabled, with a new secret (``endpoint.secret``: show
+    it to the person who created it; nothing shows it again)."""
+    url, events = _clean_url(url), _clean_events(events)
+    description = _clean_description(description)
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        endpoint = WebhookEndpoint.objects.create(
+            url=url, events=events, description=description, enabled=True,
+            secret=new_secret(), created_at=now, updated_at=now)
+    logger.info("webhook endpoint created", extra={
+        "endpoint_id": endpoint.pk, "endpoint": url, "events": ",".join(events)})
+    return endpoint
+
+
+def webhook_endpoint_update(*, endpoint_id: int, url: str | None = None,
+                            events: Iterable[str] | None = None,
+                            description: str | None = None, enabled: bool | None = None,
+                            now: datetime | None = None) -> WebhookEndpoint:
+    """Change what is given (``None``: unchanged). A disabled endpoint is
+    sent nothing new: no delivery is written for it, and an attempt that
+    comes due while it is disabled fails without sending (resend it once it
+    is enabled again)."""
+    changes: dict = {}
+    if url is not None:
+        changes["url"] = _clean_url(url)
+    if events is not None:
+        changes["events"] = _clean_events(events)
+    if description is not None:
+        changes["description"] = _clean_description(description)
+    if enabled is not None:
+        if not isinstance(enabled, bool):
+            raise WebhookInvalid("enabled", "true or false")
+        changes["enabled"] = enabled
+    with transaction.atomic(durable=True):
+        endpoint = lock_objects.endpoint_for_update(endpoint_id=endpoint_id)
+        if endpoint is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        for name, value in changes.items():
+            setattr(endpoint, name, value)
+        endpoint.updated_at = now or timezone.now()
+        endpoint.save()
+    if changes:
+        logger.info("webhook endpoint changed: %s", ", ".join(sorted(changes)), extra={
+            "endpoint_id": endpoint.pk, "endpoint": endpoint.url, "enabled": endpoint.enabled})
+    return endpoint
+
+
+def webhook_endpoint_rotate_secret(*, endpoint_id: int, now: datetime | None = None) -> str:
+    """A new secret, returned (the only time it is shown). Every attempt
+    from now on is signed with it alone, retries of older deliveries too."""
+    with transaction.atomic(durable=True):
+        endpoint = lock_objects.endpoint_for_update(endpoint_id=endpoint_id)
+        if endpoint is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        endpoint.secret = new_secret()
+        endpoint.updated_at = now or timezone.now()
+        endpoint.save(update_fields=["secret", "updated_at"])
+    logger.info("webhook endpoint secret rotated", extra={"endpoint_id": endpoint.pk})
+    return endpoint.secret
+
+
+def webhook_endpoint_delete(*, endpoint_id: int) -> None:
+    """Delete an endpoint with its deliveries and their attempts. An attempt
+    still armed in the outbox finds no delivery and does nothing."""
+    with transaction.atomic(durable=True):
+        endpoint = lock_objects.endpoint_for_update(endpoint_id=endpoint_id)
+        if endpoint is None:
+            raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
+        endpoint.delete()
+    logger.info("webhook endpoint deleted", extra={"endpoint_id": endpoint_id})
+
+
+# --- publishing, in the saga's commit --------------------------------------------------
+
+
+def purchase_data(facts: dict, *, status: str, version: int) -> dict:
+    """A purchase webhook's ``data`` (docs/api.md), from the facts the saga's
+    own events carry (``purchase_facts``): the purchase as the API shows it,
+    and the saga's version after the move (a receiver orders by it)."""
+    return {
+        "purchase": {
+            "id": facts["saga_id"],
+            "status": str(status),
+            "event": facts["event_id"],
+            "seats": list(facts["seats"]),
+            "total": {"amount": facts["amount"], "currency": facts["currency"]},
+            "reservation": facts["reservation"],
+        },
+        "version": version,
+    }
+
+
+def webhook_publish(*, event_type: str, saga_id, event_id: int | None,
+                    data: dict | Callable[[], dict], now: datetime | None
+                    ) -> list[WebhookDelivery]:
+    """Inside the caller's transaction: a delivery and its first attempt's
+    outbox row for every enabled endpoint subscribed to ``event_type``; the
+    deliveries written now (none for an endpoint that already has this type
+    for this saga).
+
+    ``data`` may be a function that returns it: it is called only when an
+    endpoint is subscribed, so that a saga's commit pays one query when no
+    one listens."""
+    if not in_transaction():
+        raise WebhookOutsideTransaction("webhook_publish must run inside the commit of the "
+                                        "move it announces")
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown webhook event type {event_type!r}")
+    now = now or timezone.now()
+    # A handful of endpoints: filtered here, so that SQLite (the embedded
+    # mode, no JSON containment) reads them the same way.
+    endpoint_ids = [pk for pk, events in WebhookEndpoint.objects.filter(enabled=True)
+                    .values_list("pk", "events") if event_type in events]
+    if not endpoint_ids:
+        return []
+    body = json.dumps({"type": str(event_type), "timestamp": iso_z(now),
+                       "data": data() if callable(data) else data}, separators=(",", ":"))
+    rows = [WebhookDelivery(endpoint_id=pk, message_id=new_message_id(), event_type=event_type,
+                            saga_id=saga_id, event_id=event_id, body=body, status=PENDING,
+                            armed_attempt=1, next_attempt_at=now, created_at=now)
+            for pk in endpoint_ids]
+    # ON CONFLICT DO NOTHING: a type already written for this saga and
+    # endpoint stays as it is, and the saga's commit goes on.
+    WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+    written = list(WebhookDelivery.objects.filter(message_id__in=[r.message_id for r in rows])
+                   .order_by("pk"))
+    for delivery in written:
+        _arm(delivery, attempt=1, due_at=now, now=now)
+    return written
+
+
+def _arm(delivery: WebhookDelivery, *, attempt: int, due_at: datetime, now: datetime,
+         resend: bool = False, if_absent: bool = False) -> None:
+    payload = {"delivery_id": delivery.pk, "attempt": attempt}
+    if resend:
+        payload["resend"] = True
+    timer_schedule(key=f"webhook:{delivery.pk}:{attempt}", topic=DELIVERY, payload=payload,
+                   due_at=due_at, event_id=delivery.event_id, saga_id=delivery.saga_id,
+                   now=now, if_absent=if_absent)
+
+
+# --- attempts ---------------------------------------------------------------------------
+
+
+def webhook_attempt(*, delivery_id: int, attempt: int, resend: bool = False,
+                    now: datetime | None = None) -> str:
+    """Make attempt ``attempt`` of a delivery, if it is still owed; returns
+    ``delivered``, ``retry``, ``failed`` or ``skipped: <why>``.
+
+    At least once: a worker that dies between the POST and its record sends
+    the attempt again when the outbox redelivers it (same ``webhook-id``).
+    Once recorded, a redelivered attempt sends nothing and arms nothing.
+    """
+    delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
+    if delivery is None:
+        return "skipped: no such delivery (its endpoint was deleted)"
+    if WebhookAttempt.objects.filter(delivery_id=delivery_id, number=attempt).exists():
+        return "skipped: this attempt was made already"
+    if delivery.status != PENDING or delivery.armed_attempt != attempt:
+        return f"skipped: the delivery is {delivery.status}, attempt {delivery.armed_attempt}"
+    at = now or timezone.now()
+    endpoint = delivery.endpoint
+    if endpoint.enabled:
+        answer, final = _send(delivery, endpoint, at=at), resend
+    else:
+        # Disabling an endpoint is an operator's decision: nothing more goes
+        # to it, and a delivery left owing fails now (no alert; a resend once
+        # it is enabled again), rather than waiting with nothing to wake it.
+        answer, final = Answer(error="endpoint disabled: not sent"), True
+    return _record(delivery_id=delivery_id, attempt=attempt, resend=resend, at=at,
+                   answer=answer, final=final, now=now)
+
+
+def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime) -> Answer:
+    try:
+        target = check_url(endpoint.url)  # again: the name may resolve elsewhere now
+    except UnsafeURL as exc:
+        return Answer(error=f"refused: {exc}")
+    seconds = int(at.timestamp())
+    signature = Webhook(endpoint.secret).sign(
+        delivery.message_id, datetime.fromtimestamp(seconds, tz=UTC), delivery.body)
+    headers = {
+        "webhook-id": delivery.message_id,
+        "webhook-timestamp": str(seconds),
+        "webhook-signature": signature,
+        "content-type": "application/json",
+    }
+    return post(target, headers=headers, body=delivery.body.encode(),
+                timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
+
+
+def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answer: Answer,
+            final: bool, now: datetime | None) -> str:
+    """One commit: the attempt, and what the delivery owes next."""
+    done_at = now or timezone.now()
+    schedule = settings.WEBHOOK_RETRY_SECONDS
+    alert = False
+    with transaction.atomic(durable=True):
+        delivery = lock_objects.delivery_for_update(delivery_id=delivery_id)
+        if delivery is None:
+            return "skipped: no such delivery (its endpoint was deleted)"
+        if WebhookAttempt.objects.filter(delivery=delivery, number=attempt).exists():
+            return "skipped: this attempt was recorded by another worker"
+        WebhookAttempt.objects.create(
+            delivery=delivery, number=attempt, resend=resend, at=at,
+            status_code=answer.status_code, latency_ms=answer.latency_ms,
+            error=answer.error[:500], response_excerpt=answer.excerpt[:500])
+        if delivery.status != PENDING or delivery.armed_attempt != attempt:
+            verdict = "recorded"  # evidence only: the delivery moved meanwhile
+        elif answer.ok:
+            verdict = "delivered"
+            delivery.status, delivery.delivered_at = DELIVERED, done_at
+            delivery.next_attempt_at = None
+        elif final or attempt > len(schedule):
+            verdict = "failed"
+            delivery.status, delivery.failed_at = FAILED, done_at
+            delivery.next_attempt_at = None
+            alert = not final  # the schedule ran out: someone must look
+        else:
+            verdict = "retry"
+            due = done_at + timedelta(seconds=schedule[attempt - 1])
+            delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
+            # if_absent: a second arming of the same attempt is the same row.
+            _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
+        delivery.save(update_fields=["status", "delivered_at", "failed_at", "armed_attempt",
+                                     "next_attempt_at"])
+    extra = {"delivery_id": delivery.pk, "endpoint_id": delivery.endpoint_id,
+             "endpoint": delivery.endpoint.url, "saga_id": str(delivery.saga_id),
+             "type": delivery.event_type, "message_id": delivery.message_id,
+             "attempt": attempt, "status_code": answer.status_code,
+             "latency_ms": answer.latency_ms}
+    logger.info("webhook attempt %s: %s%s", attempt, verdict,
+                f" ({answer.error})" if answer.error else "", extra=extra)
+    if alert:
+        # After the commit: the alert names a failure that is on record.
+        logger.error("webhook failed after %s attempts: %s", attempt, answer.error,
+                     extra={**extra, "alert": "webhook_failed"})
+        metrics.ALERTS.labels(kind="webhook_failed").inc()
+    return verdict
+
+
+def webhook_resend(delivery_id: int, *, now: datetime | None = None, by: str = "",
+                   reason: str = "") -> int:
+    """Arm one more attempt of a delivered or failed delivery, due now, with
+    the same ``webhook-id``; returns its number (the count goes on). A resend
+    is one attempt: no retries follow it and its failure raises no alert
+    (whoever asked reads the outcome in the attempts)."""
+    now = now or timezone.now()
+    with transaction.atomic(durable=True):
+        delivery = lock_objects.delivery_for_update(delivery_id=delivery_id)
+        if delivery is None:
+            raise WebhookNotFound(f"no webhook delivery {delivery_id}")
+        if delivery.status == PENDING:
+            due = iso_z(delivery.next_attempt_at) if delivery.next_attempt_at else "now"
+            raise WebhookResendRefused(f"attempt {delivery.armed_attempt} is already owed "
+                                       f"(due {due})")
+        if not delivery.endpoint.enabled:
+            raise WebhookResendRefused("the endpoint is disabled: enable it first")
+        attempt = delivery.armed_attempt + 1
+        delivery.status, delivery.armed_attempt, delivery.next_attempt_at = PENDING, attempt, now
+        delivery.save(update_fields=["status", "armed_attempt", "next_attempt_at"])
+        _arm(delivery, attempt=attempt, due_at=now, now=now, resend=True)
+    logger.info("webhook resend: attempt %s armed", attempt, extra={
+        "delivery_id": delivery.pk, "saga_id": str(delivery.saga_id),
+        "type": delivery.event_type, "operator": by, "reason": reason})
+    return attempt
