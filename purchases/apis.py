@@ -3,10 +3,13 @@ selector, shape the answer. Errors share one shape: {"code", "detail", ...}."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
+from django.http import HttpResponse, HttpResponseNotModified
 from django.urls.converters import IntConverter, UUIDConverter
+from django.utils.http import parse_etags
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions
@@ -15,11 +18,12 @@ from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from . import selectors, services
+from . import availability, selectors, services
 from .errors import IdempotencyKeyReused, SeatUnavailable, UnknownEvent, UnknownSeats
 from .serializers import (
     ErrorSerializer,
@@ -174,13 +178,62 @@ def _event_id(segment: str) -> int | None:
     return int(segment) if re.fullmatch(IntConverter.regex, segment) else None
 
 
+# Both are served from the availability cache (purchases/availability.py): a
+# cached answer costs no query, and a 304 one cache round trip.
+_IF_NONE_MATCH = OpenApiParameter(
+    "If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description="The `ETag` of an earlier answer: `304` and no body while the availability "
+    "is still the one it names",
+)
+_ETAG = OpenApiParameter(
+    "ETag", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False, response=[200, 304],
+    description="Changes exactly when the availability shown changes; send it back in "
+    "`If-None-Match`. Absent only when the cache cannot be reached",
+)
+_NOT_MODIFIED = OpenApiResponse(
+    description="The availability is still the one `If-None-Match` names: no body")
+
+
+def _held_etags(request) -> list[str]:
+    return parse_etags(request.headers.get("If-None-Match", ""))
+
+
+def _catalog_answer(request, catalog: availability.Catalog):
+    """``304`` and no body when the client holds the current answer, else
+    ``200``; the ETag on both. The cached body is the JSON as rendered, sent
+    as it is; the browsable API renders the data itself."""
+    if catalog.body is None:
+        response = HttpResponseNotModified()
+    elif request.accepted_renderer.format == JSONRenderer.format:
+        response = HttpResponse(catalog.body, content_type=JSONRenderer.media_type)
+    else:
+        response = Response(json.loads(catalog.body))
+    if catalog.etag is not None:
+        response["ETag"] = catalog.etag
+    return response
+
+
+def _event_list() -> bytes:
+    return JSONRenderer().render(EventSerializer(selectors.event_list(), many=True).data)
+
+
+def _event_seats(event_id: int) -> bytes | None:
+    seats = selectors.event_seats(event_id=event_id)
+    return None if seats is None else JSONRenderer().render(
+        SeatSerializer(seats, many=True).data)
+
+
 class EventListApi(APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: EventSerializer(many=True), 401: _INVALID_CREDENTIALS},
-                   auth=[], summary="List events")
+    @extend_schema(
+        parameters=[_IF_NONE_MATCH, _ETAG],
+        responses={200: EventSerializer(many=True), 304: _NOT_MODIFIED,
+                   401: _INVALID_CREDENTIALS},
+        auth=[], summary="List events")
     def get(self, request):
-        return Response(EventSerializer(selectors.event_list(), many=True).data)
+        return _catalog_answer(request, availability.cached_event_list(
+            build=_event_list, held=_held_etags(request)))
 
 
 class EventSeatsApi(APIView):
@@ -188,9 +241,10 @@ class EventSeatsApi(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                                     required=True)],
+                                     required=True), _IF_NONE_MATCH, _ETAG],
         responses={
             200: SeatSerializer(many=True),
+            304: _NOT_MODIFIED,
             401: _INVALID_CREDENTIALS,
             404: _errors("`not_found`: no such event"),
         },
@@ -199,10 +253,11 @@ class EventSeatsApi(APIView):
     )
     def get(self, request, event_id: str):
         event_pk = _event_id(event_id)
-        seats = None if event_pk is None else selectors.event_seats(event_id=event_pk)
-        if seats is None:
+        catalog = None if event_pk is None else availability.cached_event_seats(
+            event_id=event_pk, build=lambda: _event_seats(event_pk), held=_held_etags(request))
+        if catalog is None:
             return error(404, "not_found", "no such event")
-        return Response(SeatSerializer(seats, many=True).data)
+        return _catalog_answer(request, catalog)
 
 
 def _key_problem(key: str | None) -> Response | None:

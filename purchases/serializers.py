@@ -62,7 +62,7 @@ class SeatSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Seat
-        fields = ["ref", "status", "price"]
+        fields = ["ref", "row", "number", "status", "price"]
         read_only_fields = fields
 
     def get_price(self, seat) -> MoneySerializer:

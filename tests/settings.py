@@ -14,12 +14,23 @@ os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
 # One queue per test session, so that nothing a concurrent `make run` (or
 # another test session) enqueues meets our workers, and the other way round.
 os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"boxoffice-test-{os.getpid()}")
+# The same for the cache's keys (the end-to-end stack's processes inherit it).
+os.environ.setdefault("TEST_CACHE_KEY_PREFIX", f"boxoffice-test-{os.getpid()}")
 os.environ.setdefault("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "1.0")
 os.environ.setdefault("FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", "1.5")
 os.environ.setdefault("PURCHASE_THROTTLE_RATE", "100000/min")
 os.environ.setdefault("AUTH_TOKEN_THROTTLE_RATE", "100000/min")
 
 from config.settings import *  # noqa: E402,F403
+
+# The cache on Redis, as on the real stack: the catalog is served from it
+# (purchases/availability.py), and the worker's invalidations must reach the
+# web process. Never cleared by a test: that would flush the Redis database
+# other sessions share; tests/test_catalog_cache.py takes a prefix per test.
+if "CACHE_URL" not in os.environ:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": os.environ["REDIS_URL"]}}
+CACHES["default"]["KEY_PREFIX"] = os.environ["TEST_CACHE_KEY_PREFIX"]  # noqa: F405
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")

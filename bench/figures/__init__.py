@@ -11,6 +11,7 @@ stopped and ``WITHOUT_STACK`` are run.
 """
 
 from bench.figures import (
+    catalog,
     celery_baseline,
     e2e,
     gateway_latency,
@@ -20,5 +21,5 @@ from bench.figures import (
     timers,
 )
 
-WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency)
+WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog)
 WITHOUT_STACK = (sweeps,)

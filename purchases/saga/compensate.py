@@ -23,6 +23,7 @@ from payments.interface import PaymentGateway, RefundOutcome
 from webhooks.services import WebhookEvent, purchase_data, webhook_publish
 
 from .. import lock_objects
+from ..availability import availability_changed
 from ..errors import IllegalTransition
 from ..models import (
     Actor,
@@ -202,6 +203,7 @@ def _release_seats(saga: PurchaseSaga, *, at: datetime) -> None:
     # Lock order: saga (held by the caller) -> seats.
     lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)
     Seat.objects.filter(id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
+    availability_changed(saga.event_id)
     links.update(released_at=at)
 
 

@@ -14,6 +14,7 @@ from ledger.services import ledger_record
 from outbox.services import outbox_publish, timer_cancel
 from webhooks.services import WebhookEvent, purchase_data, webhook_publish
 
+from ..availability import availability_changed
 from ..errors import IllegalTransition
 from ..models import (
     PurchaseSaga,
@@ -75,6 +76,7 @@ def confirm(
         # whole commit; the charge stays recorded at the gateway and the
         # reconcile/operator path settles it.
         raise IllegalTransition(saga.state, "CONFIRMED with seats not held")
+    availability_changed(saga.event_id)
     Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CONFIRMED)
     cancel = timer_cancel(key=saga.hold_timer_key, now=at)
     logger.info("hold timer %s", cancel.status, **log_extra(saga))

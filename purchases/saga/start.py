@@ -27,6 +27,7 @@ from config.celery import app as celery_app
 from outbox.services import timer_schedule
 
 from .. import lock_objects
+from ..availability import availability_changed
 from ..errors import (
     DomainError,
     IdempotencyKeyReused,
@@ -177,6 +178,7 @@ def _hold_and_record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: 
                                             seat_ids=[s.id for s in seats])
     if len(held) != len(seats):
         raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
+    availability_changed(saga.event_id)
     reservation = Reservation.objects.create(
         ref="R" + secrets.token_hex(6).upper(),
         event_id=saga.event_id,

@@ -1,0 +1,166 @@
+"""The catalog's availability cache (docs/design.md, "The edges").
+
+The two catalog reads, an event's seat map and the events list with each
+event's ``seats_available``, are served from Django's cache (Redis through
+``CACHE_URL``). An entry is keyed by its event and the **availability
+version** it was built at; it answers only while that is still the event's
+version. Every committed change of a seat's status (held by the start, sold
+by the confirmation, released by the compensation) moves the version after
+the commit (``availability_changed``; a rollback moves nothing), which
+orphans the entry: a writer never rewrites one. The entry's TTL,
+``AVAILABILITY_MAX_STALE_SECONDS``, bounds how long it is served when a move
+is lost (a cache or broker restart between the commit and the move).
+
+A move deletes the version; the next read draws a fresh random one. A version
+is thus never reused, not even after the cache restarts, and an ETag a client
+keeps cannot match a later state by chance. The ETag is the version and a
+digest of the answer: within one version the answer changes only when a move
+was lost and the entry was rebuilt after its TTL, and the digest then tells
+the client so.
+
+Keys (``scope``: an event's id, or ``events`` for the list):
+``availability:version:<scope>`` the version (no TTL: it is moved, never
+expired); ``availability:tag:<scope>`` the version and ETag of the entry;
+``availability:body:<scope>:<version>`` the ETag and the answer's body, as
+sent. A read fetches the version and the tag in one round trip: that decides
+a ``304``; a ``200`` fetches the body too. Both expire after the TTL.
+
+The events list shows every event's ``seats_available``, so a change in any
+event changes it: it has one version of its own, moved with every event's
+(keyed by the versions of the events it covers instead, it would be
+invalidated exactly as often, and each read would fetch every event's
+version).
+
+A cached value informs a buyer and is never an input to a write: the
+purchase decides under row locks (``purchases/lock_objects.py``) and reads
+nothing here. This module imports only Django and the settings, so that the
+saga can announce its changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from functools import partial
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+_EVENTS = "events"  # the events list's scope, beside each event's id
+
+
+def _version_key(scope: int | str) -> str:
+    return f"availability:version:{scope}"
+
+
+def _tag_key(scope: int | str) -> str:
+    return f"availability:tag:{scope}"
+
+
+def _body_key(scope: int | str, version: str) -> str:
+    return f"availability:body:{scope}:{version}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A catalog answer: its ETag (None when the cache is off or cannot be
+    reached, and the database answered) and its body as sent (None when the
+    client already holds it: the ETag was among those it named)."""
+
+    etag: str | None
+    body: bytes | None
+
+
+def availability_version(event_id: int) -> str:
+    """The current availability version of ``event_id`` (drawn if it has none)."""
+    return cache.get(_version_key(event_id)) or _draw_version(_version_key(event_id))
+
+
+def availability_changed(event_id: int) -> None:
+    """The seats of ``event_id`` change in the caller's transaction: move its
+    version when that commits, and not at all if it rolls back."""
+    if settings.AVAILABILITY_CACHE:
+        transaction.on_commit(partial(availability_bump, event_id), robust=True)
+
+
+def availability_bump(event_id: int) -> None:
+    """Move the versions of ``event_id`` and of the events list, now (what a
+    change's commit runs). One round trip; a move that cannot reach the cache
+    is lost, and the TTL bounds how long the orphaned entries are served."""
+    try:
+        cache.delete_many([_version_key(event_id), _version_key(_EVENTS)])
+    except Exception:  # whatever the backend raises: the commit stands, the TTL is the net
+        logger.warning("availability invalidation lost", extra={"event_id": event_id},
+                       exc_info=True)
+
+
+def cached_event_seats(*, event_id: int, build: Callable[[], bytes | None],
+                       held: Collection[str] = ()) -> Catalog | None:
+    """The seats of ``event_id``: the body ``build`` makes from the database
+    (None: no such event, which is not cached), from the cache while the
+    event's version holds. ``held``: the ETags the client holds
+    (If-None-Match, ``*`` for any)."""
+    return _cached(event_id, build, held)
+
+
+def cached_event_list(*, build: Callable[[], bytes], held: Collection[str] = ()) -> Catalog:
+    """Every event, as ``cached_event_seats`` has an event's seats."""
+    return _cached(_EVENTS, build, held)
+
+
+def _cached(scope: int | str, build: Callable[[], bytes | None],
+            held: Collection[str]) -> Catalog | None:
+    if not settings.AVAILABILITY_CACHE:
+        return _from_database(build)
+    try:
+        found = cache.get_many([_version_key(scope), _tag_key(scope)])
+        version = found.get(_version_key(scope)) or _draw_version(_version_key(scope))
+        tag = found.get(_tag_key(scope))
+        if tag is not None and tag["version"] == version:
+            if _names(held, tag["etag"]):
+                return Catalog(etag=tag["etag"], body=None)
+            entry = cache.get(_body_key(scope, version))
+            if entry is not None:
+                return Catalog(etag=entry["etag"], body=entry["body"])
+    except Exception:  # whatever the backend raises: the catalog still answers
+        logger.warning("availability cache unreachable", extra={"scope": scope}, exc_info=True)
+        return _from_database(build)
+    # The database is read after the version: a change committed after this
+    # read moves the version, so this entry cannot hide it past the move.
+    body = build()
+    if body is None:
+        return None
+    etag = f'W/"{version}.{hashlib.blake2b(body, digest_size=8).hexdigest()}"'
+    try:
+        cache.set_many({_tag_key(scope): {"version": version, "etag": etag},
+                        _body_key(scope, version): {"etag": etag, "body": body}},
+                       settings.AVAILABILITY_MAX_STALE_SECONDS)
+    except Exception:  # whatever the backend raises: the next read builds it again
+        logger.warning("availability cache unreachable", extra={"scope": scope}, exc_info=True)
+    return Catalog(etag=etag, body=None if _names(held, etag) else body)
+
+
+def _names(held: Collection[str], etag: str) -> bool:
+    """Whether the client's ETags name ``etag`` (the weak comparison
+    If-None-Match uses: a W/ prefix does not matter)."""
+    return "*" in held or etag.removeprefix("W/") in {e.removeprefix("W/") for e in held}
+
+
+def _from_database(build: Callable[[], bytes | None]) -> Catalog | None:
+    body = build()
+    return None if body is None else Catalog(etag=None, body=body)
+
+
+def _draw_version(version_key: str) -> str:
+    """A fresh version, unless another reader drew one first (then that one)."""
+    drawn = secrets.token_hex(8)
+    if cache.add(version_key, drawn, timeout=None):
+        return drawn
+    # Moved again since: our draw files an entry nobody will find, which is harmless.
+    return cache.get(version_key) or drawn
