@@ -108,8 +108,11 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- cache (throttle counts): shared Redis when CACHE_URL is set ------------------
-CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+# --- cache: the throttles' counts and the catalog (purchases/availability.py) ------
+# Shared by every process: Redis through CACHE_URL on the real stack; by
+# default files under VAR_DIR, which every process of one machine sees (the
+# embedded mode of make run: the worker's invalidations reach the web process).
+CACHES = {"default": env.cache_url("CACHE_URL", default=f"filecache://{VAR_DIR / 'cache'}")}
 
 # --- auth, i18n, static -----------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

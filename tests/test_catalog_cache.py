@@ -18,6 +18,9 @@ Redis).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -386,3 +389,28 @@ def test_with_the_cache_off_the_database_answers_and_nothing_is_announced(
     with transaction.atomic():
         availability.availability_changed(event.pk)
     assert bumped == []
+
+
+# --- the embedded default ------------------------------------------------------------------
+
+
+def test_without_cache_url_every_process_of_the_machine_shares_the_catalog(tmp_path):
+    """make run sets no CACHE_URL: the web process and the worker are separate
+    processes, and the worker's invalidations must reach the web's entries.
+    A process-local default (locmem) would give each process its own version."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "DATABASE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="config.settings", BOXOFFICE_VAR_DIR=str(tmp_path))
+    script = ("import django; django.setup(); from purchases import availability; "
+              "import sys; sys.argv[1:] == ['bump'] and availability.availability_bump(7); "
+              "print(availability.availability_version(7))")
+
+    def version(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", script, *args], env=env, check=True,
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout.strip().splitlines()[-1]
+
+    first = version()
+    assert version() == first, "a second process drew its own version: the cache is not shared"
+    moved = version("bump")
+    assert moved != first, "a move in one process did not change the version another sees"
+    assert version() == moved
