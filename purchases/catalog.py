@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from .availability import availability_changed
 from .models import Event, Seat
 
 
@@ -34,4 +35,6 @@ def event_create_with_seats(
                 for n in range(1, seats_per_row + 1)
             ]
         )
+        # The events list shows it once this commits, not after the TTL.
+        availability_changed(event.pk)
     return event
