@@ -1,11 +1,19 @@
-"""Webhooks in the admin: endpoints and deliveries, read-only; one action,
-Resend (docs/operations.md, "Admin").
+"""Webhooks in the admin: endpoints, managed through the services, and
+deliveries, read-only with one action, Resend (docs/operations.md, "Admin").
 
-Endpoints are managed through the staff API (``/api/webhook-endpoints/``),
-which checks the URL and shows the secret once, at creation and at each
-rotation: the admin never shows a secret. An operator who needs it rotates
-it through the API (``POST /api/webhook-endpoints/{id}/rotate-secret/``) and
-hands the new one to the receiver's owner.
+Endpoints are added, changed, re-keyed and deleted here as through the staff
+API (``/api/webhook-endpoints/``): every write is a call of
+``webhook_endpoint_create`` / ``_update`` / ``_rotate_secret`` / ``_delete``,
+never ``Model.save``, and lands in the admin log. The services check the URL
+(resolving its host) and own their transactions (``atomic(durable=True)``),
+so these views do not run in the atomic block Django's admin opens around a
+POST: no network I/O inside a transaction, and no nesting (docs/design.md,
+"House rules"). A :class:`WebhookInvalid` becomes the form's error on the
+field it names. The secret is shown once, on the page that answers the
+creation or the rotation ("Rotate secret…", POST only, change permission),
+and never on the endpoint's page. That page also lists the endpoint's latest
+deliveries with their attempts, like the saga's page (one include,
+``admin/webhooks/webhookdelivery/deliveries_table.html``).
 
 A delivery's page shows its attempts (the delivery log). "Resend", for staff
 holding ``webhooks.resend_webhookdelivery`` only (other staff see no action,
@@ -19,38 +27,124 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
+from django.http import Http404, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html
+from django.views.decorators.csrf import csrf_protect
 
 from common.time import format_utc_seconds
 from config.admin import ReadOnlyAdminMixin, ReasonForm
 
-from .errors import WebhookNotFound, WebhookResendRefused
-from .models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from .selectors import endpoint_list
-from .services import webhook_resend
+from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
+from .models import (
+    DeliveryStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
+from .selectors import endpoint_deliveries, endpoint_list
+from .services import (
+    webhook_endpoint_create,
+    webhook_endpoint_delete,
+    webhook_endpoint_rotate_secret,
+    webhook_endpoint_update,
+    webhook_resend,
+)
 
 # A resend is one POST each: more than this at once is a job for a script.
 RESEND_MAX_DELIVERIES = 100
+# The endpoint's page shows its latest deliveries; the rest are a link away.
+ENDPOINT_PAGE_DELIVERIES = 20
+
+csrf_protect_m = method_decorator(csrf_protect)
+
+
+class EndpointForm(forms.ModelForm):
+    """An endpoint's add and change form, saved through the services.
+
+    Its validation ends with the service call, in place of the model's own
+    validation and ``save``: the service is what checks the URL (it resolves
+    the host, so it must run outside a transaction) and it writes in the same
+    call, so its :class:`WebhookInvalid` can only become a form error if the
+    form is still being validated. Once valid, ``instance`` is the endpoint
+    as the service left it (with ``secret`` after a creation) and the admin
+    saves nothing itself (``WebhookEndpointAdmin.save_model``)."""
+
+    events = forms.MultipleChoiceField(
+        label="Events",
+        choices=[(e.value, f"{e.value}: {e.label}") for e in WebhookEvent],
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "Choose at least one event type."},
+        help_text="Each is sent at most once per purchase.",
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["url", "events", "description", "enabled"]
+        widgets = {"url": forms.TextInput(attrs={"size": 80})}
+        help_texts = {
+            "url": "https:// and public addresses only (unless WEBHOOK_ALLOW_LOCAL_URLS): "
+                   "checked now, and again before each attempt.",
+            "enabled": "A disabled endpoint is sent nothing new; an attempt that comes due "
+                       "meanwhile fails without sending.",
+        }
+
+    def _post_clean(self):
+        if self._errors:
+            return
+        data = self.cleaned_data
+        try:
+            if self.instance.pk is None:
+                self.instance = webhook_endpoint_create(
+                    url=data["url"], events=data["events"], description=data["description"])
+            elif self.changed_data:
+                self.instance = webhook_endpoint_update(
+                    endpoint_id=self.instance.pk,
+                    **{name: data[name] for name in self.changed_data})
+        except WebhookInvalid as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        except WebhookNotFound:
+            self.add_error(None, "This endpoint was deleted meanwhile.")
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    # Not ReadOnlyAdminMixin: an endpoint is configuration, not money or
+    # inventory, and every write goes through its service (see EndpointForm).
+    # The permissions are Django's own: add, change (and rotate), delete.
+    form = EndpointForm
     list_display = ["id", "url", "event_types", "enabled", "deliveries", "description",
                     "updated"]
     list_filter = ["enabled"]
     search_fields = ["url", "description"]
     # The secret is never among them.
-    fields = ["id", "url", "event_types", "enabled", "description", "deliveries",
-              "secret_note", "created", "updated"]
-    readonly_fields = fields
+    readonly_fields = ["id", "deliveries", "secret_note", "created", "updated"]
 
     def get_queryset(self, request):
         return endpoint_list()
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["url", "events", "description"]  # a new endpoint is enabled
+        return ["id", "url", "events", "enabled", "description", "deliveries",
+                "secret_note", "created", "updated"]
+
+    def get_urls(self):
+        rotate = path("<path:object_id>/rotate-secret/",
+                      self.admin_site.admin_view(self.rotate_secret_view),
+                      name=f"{self.opts.app_label}_{self.opts.model_name}_rotate_secret")
+        return [rotate, *super().get_urls()]
+
+    # --- columns ------------------------------------------------------------------
 
     @admin.display(description="events")
     def event_types(self, obj):
@@ -64,8 +158,7 @@ class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="secret")
     def secret_note(self, obj):
         return ("Shown once, when the endpoint was created or its secret rotated. To hand it "
-                "over again, rotate it: POST /api/webhook-endpoints/{id}/rotate-secret/ "
-                "(the old one stops working at once).")
+                "over again, rotate it: the old one stops working at once.")
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
@@ -74,6 +167,108 @@ class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj):
         return format_utc_seconds(obj.updated_at)
+
+    # --- add and change: through the services, outside any transaction -------------
+
+    @csrf_protect_m
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Django runs a POST's _changeform_view inside transaction.atomic; the
+        # services open their own, durable, and resolve the URL's host first.
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        latest = None  # no section: the deliveries are not this user's to read
+        if request.user.has_perm("webhooks.view_webhookdelivery"):
+            try:
+                endpoint_id = int(unquote(object_id))
+            except ValueError:
+                endpoint_id = None  # the admin answers "no such endpoint"
+            latest = ([] if endpoint_id is None else list(
+                endpoint_deliveries(endpoint_id=endpoint_id)[:ENDPOINT_PAGE_DELIVERIES]))
+        extra_context = {**(extra_context or {}), "deliveries": latest,
+                         "deliveries_shown": ENDPOINT_PAGE_DELIVERIES}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def save_model(self, request, obj, form, change):
+        pass  # saved by its service while the form was validated (EndpointForm)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        return self._secret_page(request, obj, secret=obj.secret,
+                                 done="The endpoint was added, enabled.")
+
+    # --- the secret: shown once ------------------------------------------------------
+
+    def rotate_secret_view(self, request, object_id):
+        """GET: what rotating does, and the button. POST: rotate, write the
+        admin log, show the new secret (the only time it is shown)."""
+        if request.method not in ("GET", "HEAD", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        endpoint = self.get_object(request, unquote(object_id))
+        if not self.has_change_permission(request, endpoint):
+            raise PermissionDenied
+        if endpoint is None:
+            raise Http404("No such webhook endpoint.")
+        if request.method != "POST":
+            return self._secret_page(request, endpoint)
+        try:
+            secret = webhook_endpoint_rotate_secret(endpoint_id=endpoint.pk)
+        except WebhookNotFound as exc:
+            raise Http404("No such webhook endpoint.") from exc
+        self.log_change(request, endpoint, "Rotated the secret (the old one stopped working).")
+        return self._secret_page(request, endpoint, secret=secret,
+                                 done="The secret was rotated: the old one no longer signs "
+                                      "anything, retries of older deliveries included.")
+
+    def _change_url(self, endpoint) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
+                       args=[endpoint.pk])
+
+    def _secret_page(self, request, endpoint, *, secret="", done=""):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Signing secret" if secret else "Rotate the signing secret",
+            "opts": self.opts,
+            "endpoint": endpoint,
+            "endpoint_url": self._change_url(endpoint),
+            "secret": secret,
+            "done": done,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/webhooks/webhookendpoint/secret.html", context)
+
+    # --- delete: through the service, outside any transaction ------------------------
+
+    @csrf_protect_m
+    def delete_view(self, request, object_id, extra_context=None):
+        # As changeform_view: no atomic block of Django's around the service's.
+        return self._delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request, obj):
+        webhook_endpoint_delete(endpoint_id=obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        for endpoint_id in queryset.values_list("pk", flat=True):
+            try:
+                webhook_endpoint_delete(endpoint_id=endpoint_id)
+            except WebhookNotFound:
+                pass  # deleted meanwhile: what was asked
+
+    def get_deleted_objects(self, objs, request):
+        """What a delete takes with it, counted rather than listed (an
+        endpoint may have many thousand deliveries). Its deliveries and their
+        attempts go with it in the service's commit: deleting them needs no
+        permission of their own (their admin is read-only)."""
+        endpoints = list(objs)
+        lines, total = [], 0
+        for endpoint in endpoints:
+            count = endpoint.delivered_count + endpoint.pending_count + endpoint.failed_count
+            total += count
+            lines += [format_html('Webhook endpoint: <a href="{}">{}</a>',
+                                  self._change_url(endpoint), endpoint.url),
+                      [f"{count} deliver{'y' if count == 1 else 'ies'}, with their attempts"]]
+        model_count = {WebhookEndpoint._meta.verbose_name_plural: len(endpoints),
+                       WebhookDelivery._meta.verbose_name_plural: total}
+        return lines, model_count, set(), []
 
 
 class WebhookAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
