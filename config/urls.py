@@ -30,6 +30,7 @@ urlpatterns = [
         name="redoc",
     ),
     path("api/", include("purchases.urls")),
+    path("api/", include("webhooks.urls")),
     path("metrics", metrics_view, name="metrics"),
 ]
 

@@ -23,10 +23,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from common.api import NOT_AUTHENTICATED as _NOT_AUTHENTICATED
+from common.api import NOT_JSON as _NOT_JSON
+from common.api import PAYLOAD_TOO_LARGE as _TOO_LARGE
+from common.api import error
+from common.api import error_response as _errors
+
 from . import availability, selectors, services
 from .errors import IdempotencyKeyReused, SeatUnavailable, UnknownEvent, UnknownSeats
 from .serializers import (
-    ErrorSerializer,
     EventSerializer,
     PurchaseAcceptedSerializer,
     PurchaseDetailSerializer,
@@ -81,28 +86,14 @@ def exception_handler(exc, context):
     return response
 
 
-def error(status_code: int, code: str, detail: str, **extra) -> Response:
-    return Response({"code": code, "detail": detail, **extra}, status=status_code)
-
-
 # --- what the schema says about answers (docs/api.md, "Errors") ----------------------
-# Each error response lists the codes it carries; the body is ErrorSerializer.
-
-
-def _errors(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
-
+# Each error response lists the codes it carries; the body is the one Error
+# shape (common/api.py, shared with the webhooks' staff API).
 
 _INVALID_CREDENTIALS = _errors(
     "`authentication_failed`: credentials were sent and are invalid or revoked (none are "
     "needed here, but those sent are checked)"
 )
-_NOT_AUTHENTICATED = _errors(
-    "`not_authenticated`: no credentials; `authentication_failed`: invalid or revoked "
-    "credentials. Checked before anything else about the request"
-)
-_TOO_LARGE = _errors("`payload_too_large`: a body over `MAX_REQUEST_BYTES` (16 KiB by default)")
-_NOT_JSON = _errors("`unsupported_media_type`: a body that is not `application/json`")
 _LOCATION = OpenApiParameter(
     "Location", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True, response=[202],
     description="The purchase's path, the same as `links.self`",

@@ -192,17 +192,3 @@ class PurchaseAcceptedSerializer(serializers.Serializer):
 class TokenSerializer(serializers.Serializer):
     token = serializers.CharField(read_only=True,
                                   help_text="Send it as `Authorization: Token <token>`")
-
-
-class ErrorSerializer(serializers.Serializer):
-    """Every error (docs/api.md, "Errors"). Each response lists its codes."""
-
-    code = serializers.CharField(read_only=True, help_text="snake_case, e.g. seat_unavailable")
-    detail = serializers.CharField(read_only=True, help_text="A sentence for a person")
-    field = serializers.CharField(
-        required=False, help_text="400 invalid: the field `detail` talks about")
-    errors = serializers.DictField(
-        required=False, help_text="400 invalid: every problem, by field")
-    seats = serializers.ListField(
-        child=serializers.CharField(), required=False,
-        help_text="409 seat_unavailable: the seats held or sold; 400 invalid: the unknown seats")

@@ -540,6 +540,12 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/events/{event_id}/seats/",
         "/api/purchases/",
         "/api/purchases/{saga_id}/",
+        # The webhooks' staff API (tests/test_webhooks_api.py).
+        "/api/webhook-endpoints/",
+        "/api/webhook-endpoints/{endpoint_id}/",
+        "/api/webhook-endpoints/{endpoint_id}/rotate-secret/",
+        "/api/webhook-endpoints/{endpoint_id}/deliveries/",
+        "/api/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend/",
     }
     assert set(schema["paths"]["/api/purchases/"]) >= {"get", "post"}
     assert {"202", "400", "401", "409", "422"} <= set(

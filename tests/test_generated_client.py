@@ -54,6 +54,11 @@ PAYMENT_STATUSES = {"captured", "refunded", "not_started", "processing", "unknow
 PUBLIC_OPERATIONS = ["auth.auth_token_create", "events.events_list", "events.events_seats_list"]
 PER_USER_OPERATIONS = ["purchases.purchases_create", "purchases.purchases_list",
                        "purchases.purchases_retrieve"]
+STAFF_OPERATIONS = [
+    f"webhook_endpoints.webhook_endpoints_{name}"
+    for name in ("list", "create", "retrieve", "partial_update", "destroy", "rotate_secret",
+                 "deliveries_list", "deliveries_resend")
+]
 
 # The error codes each operation documents, per status (docs/api.md, "Errors").
 ERROR_CODES = {
@@ -86,6 +91,22 @@ ERROR_CODES = {
         "401": {"not_authenticated", "authentication_failed"},
         "404": {"not_found"},
     },
+}
+# The webhooks' staff API: every operation answers 401 and 403 (not staff).
+_STAFF = {"401": {"not_authenticated", "authentication_failed"}, "403": {"permission_denied"}}
+_BODY = {"400": {"invalid", "parse_error"}, "413": {"payload_too_large"},
+         "415": {"unsupported_media_type"}}
+_ENDPOINT = "/api/webhook-endpoints/{endpoint_id}/"
+ERROR_CODES |= {
+    ("/api/webhook-endpoints/", "get"): {**_STAFF, "404": {"not_found"}},
+    ("/api/webhook-endpoints/", "post"): {**_STAFF, **_BODY},
+    (_ENDPOINT, "get"): {**_STAFF, "404": {"not_found"}},
+    (_ENDPOINT, "patch"): {**_STAFF, **_BODY, "404": {"not_found"}},
+    (_ENDPOINT, "delete"): {**_STAFF, "404": {"not_found"}},
+    (f"{_ENDPOINT}rotate-secret/", "post"): {**_STAFF, "404": {"not_found"}},
+    (f"{_ENDPOINT}deliveries/", "get"): {**_STAFF, "404": {"not_found"}},
+    (f"{_ENDPOINT}deliveries/{{delivery_id}}/resend/", "post"): {
+        **_STAFF, **_BODY, "404": {"not_found"}, "409": {"resend_refused"}},
 }
 
 
@@ -205,8 +226,9 @@ def test_the_public_operations_need_no_credentials_and_the_purchases_do(served_s
     everyone = {client_package.Client, client_package.AuthenticatedClient}
     assert {d: client_types(d) for d in PUBLIC_OPERATIONS} == dict.fromkeys(
         PUBLIC_OPERATIONS, everyone)
-    assert {d: client_types(d) for d in PER_USER_OPERATIONS} == dict.fromkeys(
-        PER_USER_OPERATIONS, {client_package.AuthenticatedClient})
+    assert {d: client_types(d) for d in PER_USER_OPERATIONS + STAFF_OPERATIONS} == \
+        dict.fromkeys(PER_USER_OPERATIONS + STAFF_OPERATIONS,
+                      {client_package.AuthenticatedClient})
 
 
 def test_statuses_are_enums_and_the_terminal_ones_are_named(served_schema):
@@ -348,6 +370,9 @@ def test_the_ids_in_paths_keep_their_types_in_the_schema(served_schema):
 
     assert parameter("/api/events/{event_id}/seats/")["type"] == "integer"
     assert parameter("/api/purchases/{saga_id}/") == {"type": "string", "format": "uuid"}
+    for op in served_schema["paths"]["/api/webhook-endpoints/{endpoint_id}/"].values():
+        assert [p["schema"]["type"] for p in op["parameters"] if p["in"] == "path"] == [
+            "integer"]
 
 
 # --- through the generated client ----------------------------------------------------------

@@ -1,0 +1,343 @@
+"""The staff REST API of outgoing webhooks (docs/api.md, "Webhooks").
+
+Staff only (``is_staff``): anonymous → 401, any other user → 403. The
+endpoints are the seller's, not a user's: any staff user sees, changes and
+deletes all of them, whoever created them, and resends any delivery.
+
+Thin, like purchases/apis.py: parse the request (strict serializers), call
+one service or selector, shape the answer. The services own the
+transactions and the checks of URLs and event types; ``WebhookInvalid``
+becomes ``400 invalid`` naming its ``field``, ``WebhookNotFound`` ``404
+not_found``, ``WebhookResendRefused`` ``409 resend_refused``. Errors have the
+project's one shape (common/api.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.urls.converters import IntConverter
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.api import NOT_AUTHENTICATED, NOT_JSON, PAYLOAD_TOO_LARGE, error, error_response
+
+from . import selectors, services
+from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
+from .models import WebhookEndpoint
+from .serializers import (
+    WebhookDeliverySerializer,
+    WebhookEndpointCreatedSerializer,
+    WebhookEndpointCreateSerializer,
+    WebhookEndpointSerializer,
+    WebhookEndpointUpdateSerializer,
+    WebhookResendAcceptedSerializer,
+    WebhookResendSerializer,
+    WebhookSecretSerializer,
+)
+
+# Ids are bigint: a longer run of digits names no row (and must not reach
+# PostgreSQL, which would refuse it as out of range).
+_MAX_ID = 2**63 - 1
+
+
+def _id(segment: str) -> int | None:
+    """The id of a path segment, or None: the routes take any segment so
+    that a malformed one gets the API's JSON 404, whatever DEBUG says."""
+    if not re.fullmatch(IntConverter.regex, segment):
+        return None
+    value = int(segment)
+    return value if value <= _MAX_ID else None
+
+
+def _invalid(exc: WebhookInvalid) -> Response:
+    return error(400, "invalid", str(exc), field=exc.field, errors={exc.field: [exc.message]})
+
+
+def _no_endpoint() -> Response:
+    return error(404, "not_found", "no such webhook endpoint")
+
+
+def _no_delivery() -> Response:
+    return error(404, "not_found", "no such delivery of this webhook endpoint")
+
+
+def _endpoint(endpoint_id: int) -> WebhookEndpoint | None:
+    """The endpoint as the answers show it (with its delivery counts)."""
+    return selectors.endpoint_list().filter(pk=endpoint_id).first()
+
+
+class IsStaff(IsAdminUser):
+    message = "webhook endpoints are managed by staff only"
+
+
+# --- what the schema says ---------------------------------------------------------------
+
+_STAFF_ONLY = (
+    "Staff only (`is_staff`). Webhook endpoints are the seller's, not a user's: any staff "
+    "user sees and manages all of them, whoever created them."
+)
+_FORBIDDEN = error_response(
+    "`permission_denied`: the user is not staff, or session authentication without a valid "
+    "CSRF token")
+_FORBIDDEN_READ = error_response("`permission_denied`: the user is not staff")
+_NO_ENDPOINT = error_response("`not_found`: no such endpoint, or an id that is not one")
+_ENDPOINT_ID = OpenApiParameter("endpoint_id", OpenApiTypes.INT, OpenApiParameter.PATH,
+                                required=True)
+_DELIVERY_ID = OpenApiParameter("delivery_id", OpenApiTypes.INT, OpenApiParameter.PATH,
+                                required=True)
+
+
+def _bad_body(fields: str) -> OpenApiResponse:
+    return error_response(
+        f"`invalid` (with `field` and `errors`): {fields}; a field the operation does not "
+        "take (named in `field`), or a value of the wrong JSON type; `parse_error`: a body "
+        "that is not JSON")
+
+
+class _StaffApi(APIView):
+    permission_classes = [IsStaff]
+    # JSON only, like the purchases (a generated client sends every content
+    # type the schema lists).
+    parser_classes = [JSONParser]
+
+
+class WebhookEndpointListCreateApi(_StaffApi):
+    """``GET | POST /api/webhook-endpoints/``. Any staff user sees every
+    endpoint: they are the seller's, not the user's."""
+
+    pagination_class = PageNumberPagination
+
+    @extend_schema(
+        responses={
+            200: WebhookEndpointSerializer(many=True),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN_READ,
+            404: error_response("`not_found`: a page past the end, or not a page number"),
+        },
+        summary="Every webhook endpoint, oldest first, a page at a time",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_list",
+    )
+    def get(self, request):
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(selectors.endpoint_list(), request)
+        return paginator.get_paginated_response(WebhookEndpointSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=WebhookEndpointCreateSerializer,
+        responses={
+            201: OpenApiResponse(
+                WebhookEndpointCreatedSerializer,
+                description="Created, enabled. The only answer, with a rotation's, that shows "
+                            "the secret"),
+            400: _bad_body("a URL that is not `https://` to public addresses, or not a URL "
+                           "(`field`: `url`); an unknown event type or an empty list "
+                           "(`events`); a description over 300 characters (`description`); "
+                           "a missing field"),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN,
+            413: PAYLOAD_TOO_LARGE,
+            415: NOT_JSON,
+        },
+        summary="Register a webhook endpoint; the answer shows its secret once",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_create",
+    )
+    def post(self, request):
+        payload = WebhookEndpointCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            endpoint = services.webhook_endpoint_create(**payload.validated_data)
+        except WebhookInvalid as exc:
+            return _invalid(exc)
+        return Response(WebhookEndpointCreatedSerializer(endpoint).data, status=201)
+
+
+class WebhookEndpointDetailApi(_StaffApi):
+    """``GET | PATCH | DELETE /api/webhook-endpoints/{id}/``; never the
+    secret. Any staff user, any endpoint (they are the seller's)."""
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID],
+        responses={200: WebhookEndpointSerializer, 401: NOT_AUTHENTICATED,
+                   403: _FORBIDDEN_READ, 404: _NO_ENDPOINT},
+        summary="One webhook endpoint (without its secret)",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_retrieve",
+    )
+    def get(self, request, endpoint_id: str):
+        pk = _id(endpoint_id)
+        endpoint = None if pk is None else _endpoint(pk)
+        if endpoint is None:
+            return _no_endpoint()
+        return Response(WebhookEndpointSerializer(endpoint).data)
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID],
+        request=WebhookEndpointUpdateSerializer,
+        responses={
+            200: WebhookEndpointSerializer,
+            400: _bad_body("a URL that is not `https://` to public addresses (`field`: `url`); "
+                           "an unknown event type or an empty list (`events`); a description "
+                           "over 300 characters (`description`); `enabled` not a boolean; any "
+                           "other field (`id`, `secret`...)"),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN,
+            404: _NO_ENDPOINT,
+            413: PAYLOAD_TOO_LARGE,
+            415: NOT_JSON,
+        },
+        summary="Change a webhook endpoint's url, events, description or enabled",
+        description=_STAFF_ONLY + " What is not given stays as it is. A disabled endpoint "
+        "gets no new delivery, and an attempt that comes due while it is disabled fails "
+        "without being sent (resend it once enabled again).",
+        operation_id="webhook_endpoints_partial_update",
+    )
+    def patch(self, request, endpoint_id: str):
+        pk = _id(endpoint_id)
+        if pk is None:
+            return _no_endpoint()
+        payload = WebhookEndpointUpdateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            services.webhook_endpoint_update(endpoint_id=pk, **payload.validated_data)
+        except WebhookInvalid as exc:
+            return _invalid(exc)
+        except WebhookNotFound:
+            return _no_endpoint()
+        endpoint = _endpoint(pk)
+        if endpoint is None:  # deleted since, by someone else
+            return _no_endpoint()
+        return Response(WebhookEndpointSerializer(endpoint).data)
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID],
+        responses={204: OpenApiResponse(description="Deleted, with its deliveries and their "
+                                                    "attempts; nothing more is sent to it"),
+                   401: NOT_AUTHENTICATED, 403: _FORBIDDEN, 404: _NO_ENDPOINT},
+        summary="Delete a webhook endpoint",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_destroy",
+    )
+    def delete(self, request, endpoint_id: str):
+        pk = _id(endpoint_id)
+        if pk is None:
+            return _no_endpoint()
+        try:
+            services.webhook_endpoint_delete(endpoint_id=pk)
+        except WebhookNotFound:
+            return _no_endpoint()
+        return Response(status=204)
+
+
+class WebhookEndpointRotateSecretApi(_StaffApi):
+    """``POST /api/webhook-endpoints/{id}/rotate-secret/``: the new secret,
+    shown this once."""
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID],
+        request=None,
+        responses={200: WebhookSecretSerializer, 401: NOT_AUTHENTICATED, 403: _FORBIDDEN,
+                   404: _NO_ENDPOINT},
+        summary="Give a webhook endpoint a new secret; the answer shows it once",
+        description=_STAFF_ONLY + " Every attempt from now on, retries of earlier deliveries "
+        "too, is signed with the new secret alone.",
+        operation_id="webhook_endpoints_rotate_secret",
+    )
+    def post(self, request, endpoint_id: str):
+        pk = _id(endpoint_id)
+        if pk is None:
+            return _no_endpoint()
+        try:
+            secret = services.webhook_endpoint_rotate_secret(endpoint_id=pk)
+        except WebhookNotFound:
+            return _no_endpoint()
+        return Response({"secret": secret})
+
+
+class WebhookDeliveryListApi(_StaffApi):
+    """``GET /api/webhook-endpoints/{id}/deliveries/``: the delivery log,
+    newest first, each delivery with its attempts (the count, the page and
+    the page's attempts: three queries, however many deliveries and
+    attempts, as the selector prefetches them)."""
+
+    pagination_class = PageNumberPagination
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID],
+        responses={
+            200: WebhookDeliverySerializer(many=True),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN_READ,
+            404: error_response("`not_found`: no such endpoint, an id that is not one, or a "
+                                "page past the end"),
+        },
+        summary="A webhook endpoint's deliveries, newest first, with their attempts",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_deliveries_list",
+    )
+    def get(self, request, endpoint_id: str):
+        pk = _id(endpoint_id)
+        if pk is None:
+            return _no_endpoint()
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(selectors.endpoint_deliveries(endpoint_id=pk),
+                                           request)
+        # Only an empty page asks whether the endpoint exists: the selector
+        # counts every delivery of it, which costs nothing only then.
+        if not page and _endpoint(pk) is None:
+            return _no_endpoint()
+        return paginator.get_paginated_response(WebhookDeliverySerializer(page, many=True).data)
+
+
+class WebhookDeliveryResendApi(_StaffApi):
+    """``POST /api/webhook-endpoints/{id}/deliveries/{delivery_id}/resend/``:
+    one more attempt, same ``webhook-id``; the log records who asked."""
+
+    @extend_schema(
+        parameters=[_ENDPOINT_ID, _DELIVERY_ID],
+        request=WebhookResendSerializer,
+        responses={
+            202: OpenApiResponse(
+                WebhookResendAcceptedSerializer,
+                description="The attempt is armed, due now, with the delivery's `webhook-id`; "
+                            "a worker makes it. No retry follows it: its outcome is in the "
+                            "delivery's attempts"),
+            400: _bad_body("a `reason` that is not a text of at most 500 characters"),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN,
+            404: error_response("`not_found`: no such endpoint, no such delivery of that "
+                                "endpoint, or an id that is not one"),
+            409: error_response("`resend_refused`: an attempt is already owed (the delivery "
+                                "is `pending`), or the endpoint is disabled"),
+            413: PAYLOAD_TOO_LARGE,
+            415: NOT_JSON,
+        },
+        summary="Resend a delivered or failed webhook delivery",
+        description=_STAFF_ONLY,
+        operation_id="webhook_endpoints_deliveries_resend",
+    )
+    def post(self, request, endpoint_id: str, delivery_id: str):
+        pk, delivery_pk = _id(endpoint_id), _id(delivery_id)
+        if pk is None or delivery_pk is None:
+            return _no_delivery()
+        payload = WebhookResendSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        # The delivery must be this endpoint's: a path names one resource.
+        if not selectors.endpoint_deliveries(endpoint_id=pk).filter(pk=delivery_pk).exists():
+            return _no_delivery()
+        try:
+            attempt = services.webhook_resend(
+                delivery_pk, by=request.user.get_username(),
+                reason=payload.validated_data.get("reason", ""))
+        except WebhookNotFound:  # deleted since, with its endpoint
+            return _no_delivery()
+        except WebhookResendRefused as exc:
+            return error(409, "resend_refused", str(exc))
+        return Response({"delivery": delivery_pk, "attempt": attempt}, status=202)
