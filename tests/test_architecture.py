@@ -17,7 +17,7 @@ from purchases.apps import check_outbox_routing
 from purchases.saga.topics import Topic
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "common", "ledger", "outbox", "payments", "purchases")
+PACKAGES = ("config", "common", "ledger", "outbox", "payments", "purchases", "webhooks")
 
 
 def test_the_import_contracts_are_kept():
