@@ -13,7 +13,10 @@ its logs hold no false alarm.
   answers 200, or 504, after the client gave up), a 404; then SIGINT to its
   process group, as a terminal's Ctrl-C: it exits 0 and prints no ERROR line,
   no "No hostname was supplied", each ``django.request`` line once, and leaves
-  no process behind.
+  no process behind. Before buying, the staff user registers a webhook
+  endpoint (``http://127.0.0.1``: ``make run`` allows local URLs) at a
+  receiver this test runs: each confirmed purchase reaches it once, signed
+  with the endpoint's secret.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import pytest
 from django.test import Client
 
 from devtools.processes import free_port, poll, spawn, stop_group, wait_until
+
+from .webhook_receiver import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_SH = ROOT / "scripts" / "run.sh"
@@ -199,6 +204,8 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
                      RECONCILE_BACKOFF_SECONDS="2,2,2,2,2,2")
     proc = spawn([str(RUN_SH)], log=log, env=env)
     seen: set[int] = set()
+    receiver = Receiver()
+    webhooks: list = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             wait_until(lambda: _answers(http, "/api/events/"), "make run to serve /api/events/",
@@ -206,6 +213,14 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
             token = http.post("/api/auth/token/",
                               json={"username": "alice", "password": "boxoffice"}).json()["token"]
             auth = {"Authorization": f"Token {token}"}
+            staff = http.post("/api/auth/token/",
+                              json={"username": "admin", "password": "boxoffice"}).json()["token"]
+            endpoint = http.post("/api/webhook-endpoints/",
+                                 headers={"Authorization": f"Token {staff}"},
+                                 json={"url": receiver.url(), "events": ["purchase.confirmed"],
+                                       "description": "a receiver started by hand"})
+            assert endpoint.status_code == 201, endpoint.text
+            secret = endpoint.json()["secret"]
             # The fake stalls on both: answers 200 after the client gave up
             # (timeout_charged), or 504 (timeout_not_charged's first call).
             bought = []
@@ -225,6 +240,9 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
 
             poll(confirmed, timeout=25, every=0.5)
             states = [http.get(url, headers=auth).json()["status"] for url in bought]
+            poll(lambda: len(receiver.requests) >= 2, timeout=20, every=0.2)
+            webhooks = sorted((r.verify(secret)["type"], r.verify(secret)["data"]["purchase"]["id"])
+                              for r in receiver.requests)
         seen.update(_pids_of(var_dir))
         # Ctrl-C: the terminal signals the foreground process group.
         os.killpg(proc.pid, signal.SIGINT)
@@ -233,6 +251,7 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
         time.sleep(0.5)  # a process orphaned on the way out, still exiting
         left = _alive(seen | _pids_of(var_dir))
     finally:
+        receiver.close()
         stop_group(proc, grace=1)
         for pid in _pids_of(var_dir):
             with contextlib.suppress(OSError):
@@ -245,6 +264,10 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
         failures.append(f"exit code {proc.returncode}")
     if states != ["CONFIRMED", "CONFIRMED"]:
         failures.append(f"purchases {states}")
+    ids = sorted(url.rstrip("/").rsplit("/", 1)[-1] for url in bought)
+    if webhooks != sorted(("purchase.confirmed", saga) for saga in ids):
+        failures.append(f"webhooks received {webhooks}, expected one purchase.confirmed "
+                        f"for each of {ids}")
     failures += [f"ERROR line: {line}" for line in lines if ERROR_LINE.search(line)]
     failures += [f"hostname: {line}" for line in lines if "No hostname was supplied" in line]
     requests = [m.group(1) for line in lines if (m := DJANGO_REQUEST.search(line))]

@@ -22,7 +22,8 @@ from webhooks.services import webhook_endpoint_create
 
 from .factories import EventFactory, UserFactory
 from .stack import Stack
-from .test_webhooks import ALL, Receiver
+from .test_webhooks import ALL
+from .webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
