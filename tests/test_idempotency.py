@@ -23,7 +23,7 @@ from purchases.models import (
     Seat,
 )
 
-from .conftest import new_key, purchase_body
+from .conftest import new_key, purchase_body, work_callbacks
 from .factories import EventFactory, UserFactory
 
 PURCHASES = "/api/purchases/"
@@ -76,8 +76,8 @@ def test_replay_answers_the_first_answer_byte_for_byte_and_creates_nothing(
     assert replay.json() == first.json()
     assert replay.content == first.content
     assert replay["Location"] == first["Location"]
-    assert len(first_callbacks) == 1  # the charge is enqueued once...
-    assert len(replay_callbacks) == 0  # ...and not again by the replay
+    assert len(work_callbacks(first_callbacks)) == 1  # the charge is enqueued once...
+    assert replay_callbacks == []  # ...and not again by the replay (which moves nothing)
     assert row_counts() == after_first
     assert after_first["sagas"] == after_first["reservations"] == 1
     assert after_first["idempotency"] == 1
