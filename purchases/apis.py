@@ -30,10 +30,17 @@ from common.api import error
 from common.api import error_response as _errors
 
 from . import availability, selectors, services
-from .errors import IdempotencyKeyReused, SeatUnavailable, UnknownEvent, UnknownSeats
+from .errors import (
+    IdempotencyKeyReused,
+    NotEnoughSeats,
+    SeatUnavailable,
+    UnknownEvent,
+    UnknownSeats,
+)
 from .serializers import (
     EventSerializer,
     PurchaseAcceptedSerializer,
+    PurchaseConflictSerializer,
     PurchaseDetailSerializer,
     PurchaseRequestSerializer,
     PurchaseSummarySerializer,
@@ -286,13 +293,21 @@ class PurchaseListCreateApi(APIView):
                 "(with `field` and `errors`): an unknown event (`field`: `event`), unknown "
                 "seats (`field`: `seats`, the refs in `seats`), seats of different "
                 "currencies, an empty list, duplicates, more than `MAX_SEATS_PER_PURCHASE` "
-                "seats, a missing field; `parse_error`: a body that is not JSON"
+                "seats, a missing field; a `quantity` that is not an integer from 1 to "
+                "`MAX_SEATS_PER_PURCHASE` (`field`: `quantity`); both `seats` and `quantity` "
+                "(`field`: `quantity`), neither (`field`: `seats`); `parse_error`: a body "
+                "that is not JSON"
             ),
             401: _NOT_AUTHENTICATED,
             403: _errors("`permission_denied`: session authentication without a valid CSRF "
                          "token"),
-            409: _errors("`seat_unavailable` (with `seats`, those held or sold): nothing is "
-                         "written"),
+            409: OpenApiResponse(
+                PurchaseConflictSerializer,
+                description="`seat_unavailable` (with `seats`, those held or sold); "
+                "`not_enough_seats` (a `quantity`: no row has that many available seats next "
+                "to each other; with `available`, the event's seats available and not being "
+                "taken right now). Nothing is written",
+            ),
             413: _TOO_LARGE,
             415: _NOT_JSON,
             422: _errors("`idempotency_key_reused`: this user sent this key before with "
@@ -303,6 +318,10 @@ class PurchaseListCreateApi(APIView):
             ),
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
+        description="The seats are named (`seats`) or chosen by the server (`quantity`, best "
+        "available: that many seats next to each other in one row; rows in order, in a row "
+        "the block nearest its middle). Exactly one of `seats` and `quantity`. The `202` "
+        "lists the seats held; a replay of the key lists the same seats.",
     )
     def post(self, request):
         problem = _key_problem(request.headers.get("Idempotency-Key"))
@@ -316,13 +335,16 @@ class PurchaseListCreateApi(APIView):
                 user=request.user,
                 idempotency_key=request.headers["Idempotency-Key"],
                 event_id=data["event"],
-                seat_refs=data["seats"],
+                seat_refs=data.get("seats"),
+                quantity=data.get("quantity"),
                 payment_method=data["payment_method"],
             )
         except IdempotencyKeyReused as exc:
             return error(422, exc.code, str(exc))
         except SeatUnavailable as exc:
             return error(409, exc.code, str(exc), seats=exc.seats)
+        except NotEnoughSeats as exc:
+            return error(409, exc.code, str(exc), available=exc.available)
         except UnknownEvent as exc:
             # Told apart from unknown seats only on the refusal path: the
             # request itself does not look the event up.

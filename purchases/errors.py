@@ -46,3 +46,20 @@ class StaleSaga(DomainError):
     """The saga moved on between our read and our write: a verdict, not a retry."""
 
     code = "stale_saga"
+
+
+class NotEnoughSeats(DomainError):
+    """No row has the seats asked for next to each other (best available).
+
+    ``available`` counts the event's seats that are available and not being
+    taken right now, as the refused request saw them (docs/design.md, "Start").
+    """
+
+    code = "not_enough_seats"
+
+    def __init__(self, available: int):
+        super().__init__(
+            f"no row has that many available seats next to each other ({available} "
+            f"available in all)"
+        )
+        self.available = available

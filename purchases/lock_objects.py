@@ -4,9 +4,13 @@ Lock order, everywhere: event -> reservation -> saga -> seats, each by primary
 key. Two transactions that need the same rows take them in the same order, so
 they queue instead of deadlocking. The start transaction takes seats only; the
 saga steps take the saga, then its seats.
+
+Best available takes seats too, but never waits for one: ``SKIP LOCKED``
+passes over a seat another transaction has locked, so it can stand in no
+cycle of waits, whatever the others hold (docs/design.md, "Start").
 """
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import QuerySet
 
 from .models import PurchaseSaga, Seat, SeatStatus
@@ -51,6 +55,50 @@ def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
         cursor.execute(_HOLD_SQL.format(seat=Seat._meta.db_table),
                        [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE])
         return {row[0] for row in cursor.fetchall()}
+
+
+_HOLD_SKIP_LOCKED_SQL = """
+UPDATE {seat} SET status = %s
+  FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[]) AND status = %s
+        ORDER BY id FOR UPDATE SKIP LOCKED) AS locked
+ WHERE {seat}.id = locked.id AND {seat}.status = %s
+RETURNING {seat}.id
+"""
+
+
+def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int]:
+    """Hold all of the seats or none of them, without waiting for any lock.
+
+    Returns the ids that could not be held: sold or held already, or locked by
+    another transaction right now (``SKIP LOCKED`` passes over them instead of
+    waiting). Empty: every seat is held, and stays locked until the commit.
+
+    The statement runs in a savepoint: when it held only some of the seats,
+    rolling the savepoint back releases their holds and their row locks at
+    once, so a failed attempt leaves nothing locked for others to skip.
+    A row that another transaction changed and committed since this
+    statement's snapshot is re-checked on its latest version once locked
+    (READ COMMITTED), so a seat just sold is not held again.
+    """
+    if connection.vendor != "postgresql":
+        # SQLite: the transaction is the only writer (see seats_lock_and_hold).
+        available = set(Seat.objects.filter(event_id=event_id, id__in=seat_ids,
+                                            status=SeatStatus.AVAILABLE)
+                        .values_list("id", flat=True))
+        if available == set(seat_ids):
+            Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
+        return set(seat_ids) - available
+    savepoint = transaction.savepoint()
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
+                       [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE,
+                        SeatStatus.AVAILABLE])
+        held = {row[0] for row in cursor.fetchall()}
+    if held == set(seat_ids):
+        transaction.savepoint_commit(savepoint)
+        return set()
+    transaction.savepoint_rollback(savepoint)
+    return set(seat_ids) - held
 
 
 def saga_for_update(*, saga_id) -> PurchaseSaga:

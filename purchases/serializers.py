@@ -6,10 +6,14 @@ each field says exactly what is sent and answered, statuses are enums, and
 output serializers are read-only so that a response field is required.
 """
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
+
+from common.api import ErrorSerializer
 
 from .buyer_history import buyer_history
 from .models import Event, PurchaseSaga, Seat
@@ -103,13 +107,66 @@ class _SeatRefsFieldSchema(OpenApiSerializerFieldExtension):
         return {**schema, "uniqueItems": True}
 
 
+class QuantityField(serializers.IntegerField):
+    """Best available: how many seats, 1 to ``MAX_SEATS_PER_PURCHASE`` (read
+    each time, as for the seats). A JSON integer only: not a string, a bool
+    or a fraction, which DRF's ``IntegerField`` would turn into one."""
+
+    def __init__(self, **kwargs):
+        limit = settings.MAX_SEATS_PER_PURCHASE
+        super().__init__(
+            min_value=1,
+            max_value=limit,
+            error_messages={"max_value": f"at most {limit} seats per purchase"},
+            **kwargs,
+        )
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 @extend_schema_serializer(component_name="Purchase")  # "PurchaseRequest" as a request body
 class PurchaseRequestSerializer(serializers.Serializer):
+    """Exactly one of `seats` (the seats named) and `quantity` (best available:
+    the server holds that many seats next to each other in one row, rows in
+    order, in a row the block nearest its middle). Both: 400 `invalid` with
+    `field` `quantity`; neither: 400 `invalid` with `field` `seats`."""
+
     event = serializers.IntegerField(min_value=1, help_text="The event's id")
-    seats = SeatRefsField(help_text="Seat refs of that event, e.g. A1")
+    seats = SeatRefsField(required=False,
+                          help_text="Seat refs of that event, e.g. A1. Not with `quantity`")
+    quantity = QuantityField(
+        required=False,
+        help_text="Best available, instead of `seats`: how many seats next to each other "
+        "in one row (1 to `MAX_SEATS_PER_PURCHASE`); the answer's `seats` names them",
+    )
     payment_method = serializers.CharField(
         max_length=100, help_text="A payment method token (docs/api.md, test payment methods)"
     )
+
+    def to_internal_value(self, data):
+        # Before the fields: whether the body names seats or asks for a
+        # quantity decides which field a refusal names.
+        if isinstance(data, Mapping):
+            if "seats" in data and "quantity" in data:
+                raise serializers.ValidationError(
+                    {"quantity": ["give either seats or quantity, not both"]})
+            if "seats" not in data and "quantity" not in data:
+                raise serializers.ValidationError(
+                    {"seats": ["This field is required (or quantity, for best available)."]})
+        return super().to_internal_value(data)
+
+
+class PurchaseConflictSerializer(ErrorSerializer):
+    """A 409 of `POST /api/purchases/`: the error shape, with `available` when
+    the code is `not_enough_seats`."""
+
+    available = serializers.IntegerField(
+        required=False, min_value=0,
+        help_text="409 not_enough_seats: the event's seats available and not being taken "
+        "right now (none of them N next to each other in a row)")
 
 
 class PurchaseLinksSerializer(serializers.Serializer):

@@ -5,9 +5,14 @@ code lives in ``purchases.saga``, one module per step. Every top-level
 service owns its transactions (``atomic(durable=True)``, so nesting one by
 accident fails loudly) and never calls the gateway inside one. Services are
 keyword-only and take an injectable clock (``now``) and gateway.
+
+``purchase_start`` takes the seats named (``seat_refs``) or a ``quantity``
+(best available); a refused quantity raises ``NotEnoughSeats`` (exported here
+for the callers that catch it).
 """
 
 from .catalog import event_create_with_seats
+from .errors import NotEnoughSeats
 from .saga.alerts import raise_operator_alert
 from .saga.charge import saga_charge
 from .saga.compensate import finish_compensation, purchase_refund, saga_compensate
@@ -34,6 +39,7 @@ __all__ = [
     "Ask",
     "By",
     "clock",
+    "NotEnoughSeats",
     "PurchaseStarted",
     "confirm",
     "event_create_with_seats",

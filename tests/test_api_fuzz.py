@@ -122,11 +122,18 @@ def flatmap_path_parameters(context, path_parameters):
 def flatmap_body(context, body):
     if not WORLD or not isinstance(body, dict) or not _is(context, "POST", "/api/purchases/"):
         return st.just(body)
-    real = st.fixed_dictionaries({
+    # Named seats or best available (a quantity): exactly one of the two.
+    real = st.one_of(
+        st.fixed_dictionaries({
+            "seats": st.lists(st.sampled_from(SEATS), min_size=1, max_size=3, unique=True)}),
+        # Up to all the seats: two are taken from the start, so some answer
+        # 409 not_enough_seats.
+        st.fixed_dictionaries({"quantity": st.integers(min_value=1, max_value=len(SEATS))}),
+    ).flatmap(lambda chosen: st.fixed_dictionaries({
         "event": st.just(WORLD["event_id"]),
-        "seats": st.lists(st.sampled_from(SEATS), min_size=1, max_size=3, unique=True),
         "payment_method": st.sampled_from(PAYMENT_METHODS),
-    }).map(lambda valid: {**body, **valid})
+    }).map(lambda valid: {**{k: v for k, v in body.items() if k not in ("seats", "quantity")},
+                          **chosen, **valid}))
     return st.one_of(st.just(body), real)
 
 

@@ -77,7 +77,7 @@ ERROR_CODES = {
         "400": {"invalid", "parse_error", "idempotency_key_missing", "idempotency_key_invalid"},
         "401": {"not_authenticated", "authentication_failed"},
         "403": {"permission_denied"},
-        "409": {"seat_unavailable"},
+        "409": {"seat_unavailable", "not_enough_seats"},
         "413": {"payload_too_large"},
         "415": {"unsupported_media_type"},
         "422": {"idempotency_key_reused"},
@@ -296,8 +296,11 @@ def test_the_error_body_and_each_operations_codes_are_described(served_schema):
             error = component_of(served_schema, path, method, status)
             assert {"code", "detail", "field", "errors", "seats"} <= set(error["properties"])
             assert set(error["required"]) == {"code", "detail"}
-            # not_enough_seats is not built: nothing answers "available" yet.
-            assert "available" not in error["properties"]
+            # Only not_enough_seats answers "available" (an integer).
+            if (path, method, status) == (PURCHASES, "post", "409"):
+                assert error["properties"]["available"]["type"] == "integer"
+            else:
+                assert "available" not in error["properties"], (path, method, status)
             described = responses[status]["description"]
             assert {c for c in codes if f"`{c}`" not in described} == set(), (path, status)
 
@@ -311,6 +314,12 @@ def test_the_seats_of_a_purchase_have_their_limits(served_schema, settings):
     assert (seats["minItems"], seats["maxItems"], seats["uniqueItems"]) == (
         1, settings.MAX_SEATS_PER_PURCHASE, True)
     assert (seats["items"]["minLength"], seats["items"]["maxLength"]) == (1, 10)
+    # Best available: a quantity instead, one of the two (said in the description).
+    quantity = body["properties"]["quantity"]
+    assert (quantity["type"], quantity["minimum"], quantity["maximum"]) == (
+        "integer", 1, settings.MAX_SEATS_PER_PURCHASE)
+    assert set(body["required"]) == {"event", "payment_method"}
+    assert "Exactly one of `seats`" in body["description"]
 
 
 def test_links_self_is_a_typed_field(served_schema):
@@ -417,6 +426,36 @@ def test_the_pages_of_purchases_are_followed_with_the_page_parameter(client_pack
     assert (first.count, len(first.results), first.previous) == (size + 1, size, None)
     assert (len(second.results), second.next_) == (1, None)
     assert parse_qs(urlparse(second.previous).query).get("page") in (None, ["1"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_best_available_through_the_generated_client(client_package, live_server,
+                                                     broker_queue):
+    # given
+    models = client_package.models
+    create = operation(client_package, "purchases.purchases_create")
+    alice = logged_in(client_package, live_server, "alice")
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 6)])
+
+    # when: three seats, then four more than are left, then both fields
+    chosen = create.sync_detailed(
+        client=alice, idempotency_key="best-1",
+        body=models.PurchaseRequest(event=event.pk, quantity=3, payment_method="pm_card_visa"))
+    refused = create.sync_detailed(
+        client=alice, idempotency_key="best-2",
+        body=models.PurchaseRequest(event=event.pk, quantity=4, payment_method="pm_card_visa"))
+    both = create.sync_detailed(
+        client=alice, idempotency_key="best-3",
+        body=models.PurchaseRequest(event=event.pk, seats=["A1"], quantity=1,
+                                    payment_method="pm_card_visa"))
+
+    # then
+    assert chosen.status_code == 202, chosen.content
+    assert chosen.parsed.seats == ["A2", "A3", "A4"]
+    assert refused.status_code == 409, refused.content
+    assert (refused.parsed.code, refused.parsed.available) == ("not_enough_seats", 2)
+    assert both.status_code == 400, both.content
+    assert (both.parsed.code, both.parsed.field) == ("invalid", "quantity")
 
 
 @pytest.mark.e2e

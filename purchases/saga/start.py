@@ -6,6 +6,10 @@ timer commit together; the charge is enqueued on commit. A taken seat rolls
 back everything. The same key and body replay the first answer; the same
 key with another body is refused.
 
+The seats are named (``seat_refs``) or chosen here (``quantity``: best
+available, N seats next to each other in one row, docs/design.md, "Start").
+After the start, a saga is the same whichever way its seats were chosen.
+
 The statements are few on purpose: this is the request path
 (docs/performance.md).
 """
@@ -16,6 +20,8 @@ import hashlib
 import json
 import logging
 import secrets
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -31,6 +37,7 @@ from ..availability import availability_changed
 from ..errors import (
     DomainError,
     IdempotencyKeyReused,
+    NotEnoughSeats,
     SeatUnavailable,
     UnknownEvent,
     UnknownSeats,
@@ -45,6 +52,7 @@ from ..models import (
     ReservationStatus,
     SagaHistory,
     Seat,
+    SeatStatus,
 )
 from .states import SagaState
 from .topics import CHARGE_TASK, Topic
@@ -64,9 +72,14 @@ class PurchaseStarted:
     created: bool  # False when this is a replay of the first answer
 
 
-def request_fingerprint(*, event_id: int, seat_refs: list[str], payment_method: str) -> str:
+def request_fingerprint(*, event_id: int, seat_refs: list[str] | None = None,
+                        quantity: int | None = None, payment_method: str) -> str:
+    # A body names its seats or asks for a quantity; the canonical form of a
+    # body with seats is unchanged, so the records stored before best
+    # available existed still replay.
+    chosen = {"seats": list(seat_refs)} if quantity is None else {"quantity": quantity}
     canonical = json.dumps(
-        {"event": event_id, "seats": list(seat_refs), "payment_method": payment_method},
+        {"event": event_id, **chosen, "payment_method": payment_method},
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -82,30 +95,68 @@ def purchase_start(
     user,
     idempotency_key: str,
     event_id: int,
-    seat_refs: list[str],
+    seat_refs: list[str] | None = None,
+    quantity: int | None = None,
     payment_method: str,
     now: datetime | None = None,
 ) -> PurchaseStarted:
-    """Hold the seats and start the saga, or replay the first answer for the key."""
+    """Hold the seats and start the saga, or replay the first answer for the key.
+
+    Exactly one of ``seat_refs`` (the seats named) and ``quantity`` (best
+    available: 1 to ``MAX_SEATS_PER_PURCHASE`` seats next to each other in
+    one row, chosen here) is given; anything else is a caller's mistake
+    (``ValueError``). Refusals: ``UnknownEvent``, ``UnknownSeats``,
+    ``SeatUnavailable`` (named seats), ``NotEnoughSeats`` (a quantity),
+    ``IdempotencyKeyReused``.
+    """
+    if (seat_refs is None) == (quantity is None):
+        raise ValueError("give exactly one of seat_refs and quantity")
+    if quantity is not None and (
+            isinstance(quantity, bool) or not isinstance(quantity, int)
+            or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE):
+        raise ValueError(f"quantity must be 1 to {settings.MAX_SEATS_PER_PURCHASE}")
     now = clock(now)
     fingerprint = request_fingerprint(
-        event_id=event_id, seat_refs=seat_refs, payment_method=payment_method
+        event_id=event_id, seat_refs=seat_refs, quantity=quantity,
+        payment_method=payment_method,
     )
     saga = PurchaseSaga(event_id=event_id, buyer=user, payment_method=payment_method,
                         state=S.PENDING, version=1, created_at=now, updated_at=now)
+    hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     try:
         with transaction.atomic(durable=True):
-            seats = _priced_seats(event_id=event_id, seat_refs=seat_refs, saga=saga)
-            hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
+            if quantity is None:
+                seats = _priced_seats(event_id=event_id, seat_refs=seat_refs, saga=saga)
+            else:
+                candidates = _best_available_candidates(event_id=event_id)
+                seats = _best_block(candidates, quantity=quantity)
+                if seats is None:
+                    raise _Refused(_no_block(event_id=event_id, available=len(candidates)))
+                _price(saga, seats)
             purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
             # First write: a concurrent duplicate waits here on the unique
             # index until we commit or roll back, then replays our answer.
+            # Before any seat is locked: a transaction waiting here holds no
+            # seat, so it is in no cycle of waits with a seat's holder.
             if not _claim_key(user=user, key=idempotency_key, fingerprint=fingerprint,
                               purchase=purchase, saga_id=saga.id, now=now):
                 raise _KeyTaken
-            _hold_and_record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
+            if quantity is None:
+                _hold_named(saga, seats=seats)
+            else:
+                held = _hold_best_available(event_id=event_id, quantity=quantity,
+                                            candidates=candidates, first=seats)
+                if held != seats:
+                    # Another buyer took (or is taking) a seat of the first
+                    # pick: the answer stored with the key is this block's.
+                    seats = held
+                    _price(saga, seats)
+                    purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
+                    IdempotencyRecord.objects.filter(user=user, key=idempotency_key).update(
+                        response_body=purchase)
+            _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
             saga_id = str(saga.id)
             transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
     except (_KeyTaken, _Refused) as exc:
@@ -118,7 +169,8 @@ def purchase_start(
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
 
-    logger.info("purchase started", **log_extra(saga, seats=",".join(seat_refs)))
+    chosen = {} if quantity is None else {"quantity": quantity}
+    logger.info("purchase started", **log_extra(saga, seats=",".join(purchase["seats"]), **chosen))
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
 
 
@@ -138,7 +190,7 @@ def _priced_seats(*, event_id: int, seat_refs: list[str], saga: PurchaseSaga) ->
     """The seats asked for, with their prices (set on the saga), in id order.
 
     Prices and refs of a seat never change: they are read without a lock;
-    availability is decided under the lock (``_hold_and_record``).
+    availability is decided under the lock (``_hold_named``).
     """
     seats = list(
         Seat.objects.filter(event_id=event_id, ref__in=seat_refs)
@@ -150,12 +202,114 @@ def _priced_seats(*, event_id: int, seat_refs: list[str], saga: PurchaseSaga) ->
         if not seats and not Event.objects.filter(pk=event_id).exists():
             raise _Refused(UnknownEvent(event_id))
         raise _Refused(UnknownSeats(missing))
-    currencies = {s.currency for s in seats}
-    if len(currencies) != 1:
+    if len({s.currency for s in seats}) != 1:
         raise _Refused(UnknownSeats(sorted(seat_refs)))  # one purchase, one currency
-    saga.currency = currencies.pop()
-    saga.amount = sum(s.price_amount for s in seats)
+    _price(saga, seats)
     return seats
+
+
+def _price(saga: PurchaseSaga, seats: list[Seat]) -> None:
+    saga.currency = seats[0].currency
+    saga.amount = sum(s.price_amount for s in seats)
+
+
+# --- best available (docs/design.md, "Start") -------------------------------------------
+
+# The event's available seats with the first and last number of their row
+# (of every seat of the row, whatever its status: the row's middle does not
+# move as it sells), in one statement and without a lock.
+_CANDIDATES_SQL = """
+SELECT id, ref, "row", number, price_amount, currency, row_first, row_last FROM (
+  SELECT id, ref, "row", number, price_amount, currency, status,
+         MIN(number) OVER (PARTITION BY "row") AS row_first,
+         MAX(number) OVER (PARTITION BY "row") AS row_last
+    FROM {seat} WHERE event_id = %s) AS seats
+ WHERE status = %s
+"""
+
+
+def _best_available_candidates(*, event_id: int) -> list[Seat]:
+    """The event's seats available now, as last committed (no lock: what is
+    chosen is locked, and re-checked, by ``_hold_best_available``)."""
+    return list(Seat.objects.raw(_CANDIDATES_SQL.format(seat=Seat._meta.db_table),
+                                 [event_id, SeatStatus.AVAILABLE]))
+
+
+def _best_block(candidates: Iterable[Seat], *, quantity: int,
+                excluded: frozenset[int] | set[int] = frozenset()) -> list[Seat] | None:
+    """The best block of ``quantity`` seats among ``candidates`` (less the ids
+    in ``excluded``), or None.
+
+    Rows in the order of their labels, compared by code point ("A" < "AA" <
+    "B"); the first row with a block wins. In a row, a block is
+    ``quantity`` seats with consecutive numbers, all candidates, of one
+    currency; the best is the one whose centre (the mean of its first and
+    last numbers) is nearest the row's centre (the mean of the row's first
+    and last seat numbers); of two as near, the lower numbers.
+    """
+    rows: dict[str, list[Seat]] = defaultdict(list)
+    for seat in candidates:
+        if seat.id not in excluded:
+            rows[seat.row].append(seat)
+    for label in sorted(rows):
+        block = _best_in_row(sorted(rows[label], key=lambda s: s.number), quantity)
+        if block is not None:
+            return block
+    return None
+
+
+def _best_in_row(seats: list[Seat], quantity: int) -> list[Seat] | None:
+    centre_twice = seats[0].row_first + seats[0].row_last  # twice: integers only
+    best, best_key = None, None
+    run: list[Seat] = []  # consecutive numbers, one currency, ending at ``seat``
+    for seat in seats:
+        if run and (seat.number != run[-1].number + 1 or seat.currency != run[-1].currency):
+            run = []
+        run.append(seat)
+        if len(run) >= quantity:
+            block = run[-quantity:]
+            key = (abs(block[0].number + block[-1].number - centre_twice), block[0].number)
+            if best_key is None or key < best_key:
+                best, best_key = block, key
+    return best
+
+
+def _no_block(*, event_id: int, available: int) -> DomainError:
+    if available == 0 and not Event.objects.filter(pk=event_id).exists():
+        return UnknownEvent(event_id)
+    return NotEnoughSeats(available)
+
+
+def _hold_best_available(*, event_id: int, quantity: int, candidates: list[Seat],
+                         first: list[Seat]) -> list[Seat]:
+    """Hold ``first``, or failing that the next best block, never waiting for
+    a lock; returns the seats held. ``NotEnoughSeats`` when no block is left.
+
+    Each attempt holds one whole block or nothing
+    (``lock_objects.seats_hold_all_skip_locked``). The seats it could not
+    hold (sold, held, or locked by another buyer right now) are left out of
+    the next pick, so every failed attempt shrinks the candidates: at most
+    as many attempts as seats. When none is left and some seats were left
+    out, the candidates are read again once, fresh: two buyers that each
+    locked one seat of the same block at the same instant both gave it up,
+    and it is free again.
+    """
+    block: list[Seat] | None = first
+    excluded: set[int] = set()
+    read_again = True
+    while True:
+        if block is None:
+            if not (excluded and read_again):
+                raise NotEnoughSeats(len({s.id for s in candidates} - excluded))
+            candidates, excluded, read_again = (
+                _best_available_candidates(event_id=event_id), set(), False)
+        else:
+            missing = lock_objects.seats_hold_all_skip_locked(
+                event_id=event_id, seat_ids=[s.id for s in block])
+            if not missing:
+                return block
+            excluded |= missing
+        block = _best_block(candidates, quantity=quantity, excluded=excluded)
 
 
 def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime) -> dict:
@@ -170,14 +324,18 @@ def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetim
     }
 
 
-def _hold_and_record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
-                     now: datetime) -> None:
-    """Lock and hold the seats, then write the reservation, the saga, its
-    first history row and the hold-expiry timer (the caller's transaction)."""
+def _hold_named(saga: PurchaseSaga, *, seats: list[Seat]) -> None:
+    """Lock the seats named, waiting for them in id order, and hold them."""
     held = lock_objects.seats_lock_and_hold(event_id=saga.event_id,
                                             seat_ids=[s.id for s in seats])
     if len(held) != len(seats):
         raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
+
+
+def _record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
+            now: datetime) -> None:
+    """With the seats held: the reservation, the saga, its first history row
+    and the hold-expiry timer (the caller's transaction)."""
     availability_changed(saga.event_id)
     reservation = Reservation.objects.create(
         ref="R" + secrets.token_hex(6).upper(),
