@@ -21,7 +21,11 @@ bench/figures/:
 4. timers: fire lag of 10,000 armed timers vs the relay's poll interval;
 5. hot seat: 200 buyers for 10 seats, sold exactly 10 in every run;
 6. sweeps: the resumer, chaser and relay queries at 10k vs 1M finished sagas;
-7. Celery: no-op and one-small-transaction task rates on the same pool.
+7. Celery: no-op and one-small-transaction task rates on the same pool;
+8. catalog: the seats served from the cache vs the database; reserve with
+   the cache's invalidation vs without;
+9. webhooks: e2e with one endpoint vs none; reserve with a receiver that
+   hangs past the timeout vs no endpoint.
 
 This file is the runner: the arguments, the setup and teardown of the
 stack, the phase loop, the JSON and the table.
@@ -212,6 +216,8 @@ class Runner:
         base_env, gateway_env = prepare.stack_env(
             pg=self.pg, broker_url=self.broker_url, queue=self.queue,
             gateway_port=self.gateway_port, metrics_dir=metrics_dir)
+        # Figure 9's receiver is an HTTP server of this process on 127.0.0.1.
+        base_env["WEBHOOK_ALLOW_LOCAL_URLS"] = "true"
         prepare.create_databases(self.pg, self.pgbench, base_env=base_env,
                                  gateway_env=gateway_env, logdir=self.logdir)
         self.db = BenchDB(self.pg.connect(BENCH_DB))
@@ -309,7 +315,7 @@ def main() -> int:
                              "30k timers, c=4 and 16 for the gateway figure")
     parser.add_argument("--phases", default="",
                         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-                             "gateway,sweeps (default: all)")
+                             "gateway,catalog,webhooks,sweeps (default: all)")
     parser.add_argument("--duration", type=float, default=0,
                         help="seconds per throughput measurement (default 12, --full 60)")
     parser.add_argument("--redis-db", type=int, default=14,

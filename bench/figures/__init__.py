@@ -19,7 +19,9 @@ from bench.figures import (
     reserve,
     sweeps,
     timers,
+    webhooks,
 )
 
-WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog)
+WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog,
+              webhooks)
 WITHOUT_STACK = (sweeps,)
