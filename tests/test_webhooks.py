@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -31,7 +32,7 @@ from purchases.services import confirm, purchase_refund, raise_operator_alert, s
 from webhooks import url_safety
 from webhooks.consumers import deliver
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from webhooks.sending import build_request
+from webhooks.sending import build_request, post
 from webhooks.services import (
     WebhookInvalid,
     WebhookOutsideTransaction,
@@ -581,6 +582,21 @@ def test_the_connection_goes_to_the_address_that_was_checked(alice, event, gatew
     [got] = receiver.requests
     assert got.headers["host"] == f"hooks.boxoffice.test:{receiver.port}"
     assert resolver.calls == 1  # one resolution per attempt: the checked one
+
+
+def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):
+    """A new TLS context costs about 20 ms of CPU (certifi's roots parsed
+    again): attempts build it once per process, not once per POST."""
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context",
+                        lambda *a, **k: built.append(1) or real(*a, **k))
+    target = url_safety.check_url(receiver.url())
+
+    answers = [post(target, headers={}, body=b"{}", timeout=2.0) for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert len(built) <= 1
 
 
 def test_an_https_request_is_pinned_to_the_checked_address_with_the_name_for_tls():
