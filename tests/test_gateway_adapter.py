@@ -9,6 +9,7 @@ import uuid
 import httpx
 import pytest
 from django.db import transaction
+from gunicorn.config import Keepalive as GunicornKeepalive
 
 from payments import gateway as gateway_module
 from payments.codec import interpret_charge
@@ -395,3 +396,14 @@ def test_inprocess_cancel_refund(inprocess):
         RefundOutcome.NOT_CHARGED
     )
     assert [c.status for c in inprocess.list_charges(paid)] == ["refunded"]
+
+
+def test_idle_connections_are_dropped_before_gunicorn_closes_them():
+    """A charge sent on a pooled connection at the instant the server closes
+    it gets no answer: an UNKNOWN to reconcile (make bench saw it with httpx's
+    5 s default). The pool lets go of an idle connection before gunicorn's
+    keep-alive (the fake gateway's server) closes it."""
+    client = HttpPaymentGateway(base_url="http://127.0.0.1:9")._http()
+    pool = client._transport._pool
+
+    assert pool._keepalive_expiry < GunicornKeepalive.default
