@@ -5,7 +5,9 @@ in a temporary folder, so they may be restarted), gunicorn serving the API
 and the fake gateway, Celery workers, the outbox relay and Celery beat with
 fast sweeps, all as separate processes; a purchase load over HTTP; and the
 faults: SIGKILL of worker children, Redis restarted empty, PostgreSQL
-restarted, charges whose answer is lost after the charge landed.
+restarted, charges whose answer is lost after the charge landed, and a flaky
+webhook receiver (``FlakyReceiver``, a thread of the test process) that
+answers 500, hangs or goes down.
 
 Nothing here imports Django at module level: the test process reads the
 disposable database with psycopg, and the same file is run as a module for
@@ -34,7 +36,10 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from standardwebhooks import Webhook
 
 from devtools.processes import (
     ROOT,
@@ -76,7 +81,23 @@ SETTINGS = {
     "FAKE_GATEWAY_CHAOS_TIMEOUT_RATE": 0.3,
     "RESUME_SWEEP_SECONDS": 2,
     "CHASE_SWEEP_SECONDS": 5,
+    # Outgoing webhooks to the flaky receiver on 127.0.0.1 (docs/api.md,
+    # "Webhooks"). A hang holds a worker process this long, and the saga's
+    # steps wait behind it on the same workers: short, so that the hangs do
+    # not starve the purchases on the 2-core machines this runs on.
+    "WEBHOOK_ALLOW_LOCAL_URLS": "true",
+    "WEBHOOK_TIMEOUT_SECONDS": 0.5,
+    # 20 retries (21 attempts) over 82 s. A delivery owes at most: the
+    # attempts refused while the receiver is down (its longest outage is 21 s
+    # in the long run: attempts at 0, 1, 2, 4, 6, 9, 12, 17 and 22 s, so 9
+    # at most, fewer when the workers are busy), then the receiver's failures
+    # in a row (at most FlakyReceiver.MAX_FAILURES = 3) and one success: 13,
+    # with 8 to spare. So with the receiver back up every delivery ends
+    # delivered, and one that ends failed is a bug, not bad luck.
+    "WEBHOOK_RETRY_SECONDS": ",".join(["1", "1", "2", "2", "3", "3"] + ["5"] * 14),
 }
+WEBHOOK_TYPES = ("purchase.confirmed", "purchase.failed", "purchase.refunded",
+                 "purchase.needs_attention")
 TERMINAL = ("CONFIRMED", "COMPENSATED")
 ESCALATED = ("UNKNOWN_EXPIRED", "COMPENSATION_PENDING")
 
@@ -235,6 +256,151 @@ def _watchdog_main(args) -> None:
     subprocess.run([*as_user, args.pg_ctl, "-D", args.pgdata, "-m", "immediate", "stop"],
                    timeout=60, check=False)
     shutil.rmtree(args.folder, ignore_errors=True)
+
+
+# --- a flaky webhook receiver ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heard:
+    """One request the receiver got, and what it answered."""
+
+    webhook_id: str
+    event_type: str | None
+    saga_id: str | None
+    verified: bool
+    answer: str  # "204", "500", "hang" (no answer), "400" (bad signature)
+
+
+class FlakyReceiver:
+    """The seller's endpoint, a threaded HTTP server of the test process on
+    127.0.0.1. Each request's signature is verified with the Standard Webhooks
+    library and the request recorded; it is answered, at random, 500 for a
+    third, nothing for a third (the handler sleeps past the stack's
+    ``WEBHOOK_TIMEOUT_SECONDS``), 204 for the rest, except that one
+    webhook-id is failed at most ``MAX_FAILURES`` times in a row and, once
+    answered 204, is answered 204 again (a receiver that deduplicates by
+    webhook-id). A bad signature gets 400. ``down()`` closes the listening
+    socket (connections refused) until ``up()`` binds the same port again."""
+
+    MAX_FAILURES = 3
+
+    def __init__(self, *, hang_seconds: float) -> None:
+        self.hang_seconds = hang_seconds
+        self.lock = threading.Lock()
+        self.heard: list[Heard] = []
+        self.failures: Counter = Counter()  # webhook-id -> failures in a row
+        self.accepted: set[str] = set()  # webhook-ids answered 204
+        self.secret: str | None = None
+        self.rng = random.Random(0)
+        self.outages: list[list[datetime.datetime | None]] = []  # [down, up], UTC
+        self.port = free_port()
+        self.server: ThreadingHTTPServer | None = None
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/chaos-hook"
+
+    def arm(self, *, secret: str, seed: int) -> None:
+        self.secret, self.rng = secret, random.Random(seed)
+
+    def up(self) -> None:
+        if self.server is not None:
+            return
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                answer = receiver._answer(body, {k.lower(): v for k, v in self.headers.items()})
+                if answer == "hang":
+                    time.sleep(receiver.hang_seconds)
+                    self.close_connection = True
+                    return  # the sender gave up already
+                self.send_response(int(answer))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False
+            allow_reuse_address = True
+
+        self.server = Server(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         name="webhook-receiver", daemon=True).start()
+        if self.outages and self.outages[-1][1] is None:
+            self.outages[-1][1] = datetime.datetime.now(datetime.UTC)
+
+    def down(self) -> None:
+        """Stop listening: every connection is refused until ``up()``."""
+        if self.server is None:
+            return
+        self.server.shutdown()
+        self.server.server_close()
+        self.server = None
+        self.outages.append([datetime.datetime.now(datetime.UTC), None])
+
+    @property
+    def is_down(self) -> bool:
+        return self.server is None
+
+    def close(self) -> None:
+        self.down()
+
+    def _answer(self, body: bytes, headers: dict[str, str]) -> str:
+        webhook_id = headers.get("webhook-id", "")
+        try:
+            Webhook(self.secret).verify(body, headers)
+            verified = True
+        except Exception:  # any refusal of the library, or no secret yet
+            verified = False
+        try:
+            message = json.loads(body)
+            event_type, saga_id = message["type"], message["data"]["purchase"]["id"]
+        except (ValueError, KeyError, TypeError):
+            event_type = saga_id = None
+        with self.lock:
+            if not verified:
+                answer = "400"
+            elif (webhook_id in self.accepted
+                  or self.failures[webhook_id] >= self.MAX_FAILURES):
+                answer = "204"
+            else:
+                answer = self.rng.choice(("500", "hang", "204"))
+            if answer == "204":
+                self.accepted.add(webhook_id)
+            else:
+                self.failures[webhook_id] += 1
+            self.heard.append(Heard(webhook_id, event_type, saga_id, verified, answer))
+        return answer
+
+    def answers(self) -> Counter:
+        with self.lock:
+            return Counter(h.answer for h in self.heard)
+
+
+ENDPOINT_SCRIPT = """
+import json, sys
+from webhooks.services import webhook_endpoint_create
+
+endpoint = webhook_endpoint_create(url={url!r}, events={events!r},
+                                   description="chaos: a flaky receiver")
+sys.stdout.write("ENDPOINT " + json.dumps({{"id": endpoint.pk, "secret": endpoint.secret}}))
+"""
+
+
+def create_endpoint(stack: ChaosStack, *, url: str, events=WEBHOOK_TYPES) -> dict:
+    """An endpoint subscribed to ``events``, through the service (its URL
+    checked with the stack's settings); returns its id and secret."""
+    done = stack.manage("shell", "-c", ENDPOINT_SCRIPT.format(url=url, events=list(events)))
+    return json.loads(done.stdout.split("ENDPOINT ", 1)[1])
 
 
 # --- the stack --------------------------------------------------------------------
@@ -576,6 +742,47 @@ class Db:
                         "AND cancelled_at IS NULL AND available_at <= now()")[0][0]
         return live, due
 
+    def pending_deliveries(self) -> int:
+        """Webhook deliveries still owed an attempt."""
+        return self.rows("SELECT count(*) FROM webhooks_webhookdelivery "
+                         "WHERE status = 'pending'")[0][0]
+
+    def webhook_deliveries(self) -> list[tuple[str, str, str, str, int]]:
+        """(saga id, type, status, webhook-id, attempts) of every delivery."""
+        return [(str(saga_id), *rest) for saga_id, *rest in self.rows(
+            "SELECT saga_id, event_type, status, message_id, armed_attempt "
+            "FROM webhooks_webhookdelivery ORDER BY id")]
+
+    def webhook_attempts(self) -> list[tuple[datetime.datetime, int | None, str]]:
+        """(started at, status code, error) of every attempt."""
+        return self.rows("SELECT at, status_code, error FROM webhooks_webhookattempt")
+
+    def webhook_owed(self) -> dict[str, set[str]]:
+        """saga id -> the webhook types it owes a subscriber to all of them,
+        from the tables (docs/api.md, "Webhooks"): confirmed if it ever was
+        CONFIRMED; refunded or failed if COMPENSATED, as the ledger holds a
+        refund or not; needs_attention if an alert named it."""
+        owed: dict[str, set[str]] = {}
+        for saga_id, state, confirmed, refunded, alerted in self.rows(
+            "SELECT s.id, s.state, "
+            "EXISTS (SELECT 1 FROM purchases_sagahistory h WHERE h.saga_id = s.id "
+            "        AND h.to_state = 'CONFIRMED'), "
+            "EXISTS (SELECT 1 FROM ledger_ledgerentry l WHERE l.intent_id = s.intent_id "
+            "        AND l.kind = 'refund'), "
+            "EXISTS (SELECT 1 FROM outbox_outboxmessage o WHERE o.saga_id = s.id "
+            "        AND o.topic = 'purchase.needs_operator') "
+            "FROM purchases_purchasesaga s"
+        ):
+            types = set()
+            if confirmed:
+                types.add("purchase.confirmed")
+            if state == "COMPENSATED":
+                types.add("purchase.refunded" if refunded else "purchase.failed")
+            if alerted:
+                types.add("purchase.needs_attention")
+            owed[str(saga_id)] = types
+        return owed
+
     def outcomes(self) -> dict[str, Counter]:
         out: dict[str, Counter] = defaultdict(Counter)
         for method, state, n in self.rows(
@@ -694,6 +901,17 @@ class Db:
         ):
             lines.append(f"    {created:%H:%M:%S.%f} {endpoint} -> {status}"
                          + (" (timed out)" if timed_out else ""))
+        lines.append("  webhooks:")
+        for delivery_id, event_type, status, message_id in self.rows(
+            "SELECT id, event_type, status, message_id FROM webhooks_webhookdelivery "
+            "WHERE saga_id = %s ORDER BY id", (saga_id,)
+        ):
+            lines.append(f"    {event_type} {message_id} {status}")
+            for number, at, code, error in self.rows(
+                "SELECT number, at, status_code, error FROM webhooks_webhookattempt "
+                "WHERE delivery_id = %s ORDER BY number", (delivery_id,)
+            ):
+                lines.append(f"      #{number} {at:%H:%M:%S.%f} -> {code or '-'} {error}")
         lines.append("  ledger:")
         for kind, amount, at in self.rows(
             "SELECT kind, amount, created_at FROM ledger_ledgerentry WHERE intent_id = %s "
@@ -701,6 +919,90 @@ class Db:
         ):
             lines.append(f"    {at:%H:%M:%S.%f} {kind} {amount}")
         return "\n".join(lines)
+
+
+# --- webhooks, from the tables and from the receiver ------------------------------
+
+
+def webhook_problems(db: Db, receiver: FlakyReceiver) -> tuple[list[str], set[str]]:
+    """With one endpoint subscribed to every type and the receiver up again:
+    every saga has exactly the deliveries its story owes (``Db.webhook_owed``),
+    none of a type that contradicts it, each delivered; the receiver heard one
+    webhook-id per (saga, type), the delivery's, answered 204 at least once;
+    and every request it got was signed right. Returns (problems, sagas)."""
+    problems: list[str] = []
+    suspects: set[str] = set()
+    owed = db.webhook_owed()
+    deliveries = db.webhook_deliveries()
+    got: dict[str, set[str]] = defaultdict(set)
+    for saga_id, event_type, status, message_id, attempts in deliveries:
+        got[saga_id].add(event_type)
+        if status != "delivered":
+            problems.append(f"webhook: {event_type} for saga {saga_id} ({message_id}) is "
+                            f"{status} after {attempts} attempt(s) with the receiver up")
+            suspects.add(saga_id)
+    for saga_id in sorted(set(owed) | set(got)):
+        if saga_id not in owed:
+            problems.append(f"webhook: deliveries for a saga that does not exist: {saga_id}")
+            continue
+        missing, extra = owed[saga_id] - got[saga_id], got[saga_id] - owed[saga_id]
+        if missing or extra:
+            problems.append(f"webhook: saga {saga_id} owes {sorted(owed[saga_id])}; missing "
+                            f"{sorted(missing)}, contradicting {sorted(extra)}")
+            suspects.add(saga_id)
+
+    with receiver.lock:
+        heard = list(receiver.heard)
+        accepted = set(receiver.accepted)
+    ids: dict[tuple[str | None, str | None], set[str]] = defaultdict(set)
+    for h in heard:
+        ids[h.saga_id, h.event_type].add(h.webhook_id)
+    unsigned = [h for h in heard if not h.verified]
+    if unsigned:
+        problems.append(f"webhook: {len(unsigned)} request(s) failed signature verification, "
+                        f"e.g. {unsigned[:3]}")
+    stored = {(saga_id, event_type): message_id
+              for saga_id, event_type, _, message_id, _ in deliveries}
+    for key, seen in sorted(ids.items(), key=str):
+        message_id = stored.get(key)
+        if seen != {message_id}:
+            problems.append(f"webhook: the receiver heard webhook-id(s) {sorted(seen)} for "
+                            f"{key[1]} of saga {key[0]}; the delivery's is {message_id}")
+            if key[0]:
+                suspects.add(key[0])
+    for (saga_id, event_type), message_id in stored.items():
+        if message_id not in accepted:
+            problems.append(f"webhook: {event_type} for saga {saga_id} ({message_id}) was "
+                            "never answered 2xx by the receiver")
+            suspects.add(saga_id)
+    return problems, suspects
+
+
+def webhook_summary(db: Db, receiver: FlakyReceiver) -> list[str]:
+    deliveries = db.webhook_deliveries()
+    statuses = Counter(d[2] for d in deliveries)
+    types = Counter(d[1] for d in deliveries)
+    attempts = db.webhook_attempts()
+    outages = [(down, up) for down, up in receiver.outages if up is not None]
+    refused = [at for at, code, error in attempts if error.startswith("ConnectError")]
+    # An attempt's time is taken just before it connects.
+    while_down = sum(1 for at in refused for down, up in outages
+                     if down - datetime.timedelta(seconds=1) <= at <= up)
+    kinds = Counter(
+        "2xx" if code is not None and 200 <= code < 300
+        else f"HTTP {code}" if code is not None
+        else "timeout" if error.startswith("timeout")
+        else "refused" if error.startswith("ConnectError")
+        else "other"
+        for _, code, error in attempts)
+    down_for = sum((up - down).total_seconds() for down, up in outages)
+    return [
+        f"webhooks: {len(deliveries)} deliveries {dict(statuses)}, by type {dict(types)}",
+        f"webhook attempts: {len(attempts)} {dict(sorted(kinds.items()))}; refused while the "
+        f"receiver was down ({len(outages)} outage(s), {down_for:.1f}s): {while_down}",
+        f"receiver heard {len(receiver.heard)} requests, answered {dict(receiver.answers())} "
+        f"(hang = no answer within {SETTINGS['WEBHOOK_TIMEOUT_SECONDS']}s)",
+    ]
 
 
 # --- beat, waking every second ---------------------------------------------------------

@@ -12,12 +12,20 @@ The whole stack runs as real processes on a disposable PostgreSQL and Redis
   each restart; skipped unless selected with ``-m chaos`` (``make chaos``) or
   ``CHAOS_LONG=1``.
 
+Throughout, an endpoint subscribed to every webhook type points at a flaky
+receiver in this process (``chaos.FlakyReceiver``): it answers 500 to about
+a third of the requests, lets about a third hang past
+``WEBHOOK_TIMEOUT_SECONDS``, and is down (connections refused) for a while
+in the middle of the load.
+
 Beyond the auditor the test checks, from the outside: the emails actually
-written (one per finished saga), the gateway's and the ledger's tables, the
-API's idempotency under replays, that no process of the stack exits on its
-own (a process that does is restarted, as a supervisor would, and reported),
-and that no worker keeps failing on a dead database connection once
-PostgreSQL is back.
+written (one per finished saga), the webhooks (each saga has exactly the
+deliveries its story owes, all delivered once the receiver is back; the
+receiver heard one webhook-id per saga and type, every request signed
+right), the gateway's and the ledger's tables, the API's idempotency under
+replays, that no process of the stack exits on its own (a process that does
+is restarted, as a supervisor would, and reported), and that no worker keeps
+failing on a dead database connection once PostgreSQL is back.
 
 On a failure the report names each saga at fault with its history, probes,
 outbox rows, gateway requests and ledger; the processes' logs stay in the
@@ -48,9 +56,12 @@ SETTINGS = chaos.SETTINGS
 BACKOFF = [int(s) for s in SETTINGS["RECONCILE_BACKOFF_SECONDS"].split(",")]
 # Longest legitimate wait after the load stops: a saga's hold, a resumer
 # pass, the whole probe schedule, a lost delivery's lease and redelivery.
+# Then the last webhooks: at worst a delivery's whole retry schedule.
+WEBHOOK_RETRY = [int(s) for s in SETTINGS["WEBHOOK_RETRY_SECONDS"].split(",")]
 SETTLE_BOUND = (SETTINGS["PURCHASE_HOLD_SECONDS"] + SETTINGS["RESUME_AFTER_SECONDS"]
                 + sum(BACKOFF) + SETTINGS["OUTBOX_CLAIM_LEASE_SECONDS"]
-                + int(SETTINGS["OUTBOX_REDELIVER_SECONDS"].split(",")[0]) + 15)
+                + int(SETTINGS["OUTBOX_REDELIVER_SECONDS"].split(",")[0]) + 15
+                + sum(WEBHOOK_RETRY))
 
 unavailable = chaos.servers_available()
 pytestmark = pytest.mark.skipif(unavailable is not None, reason=f"chaos stack: {unavailable}")
@@ -65,15 +76,21 @@ class Scenario:
     kill_every: float
     redis_restarts: tuple[float, ...]  # when, as fractions of the load
     pg_restarts: tuple[float, ...]
+    # (down, up again) of the webhook receiver, as fractions of the load
+    receiver_down: tuple[tuple[float, float], ...]
     users: int = 30
     rows: str = "ABCDEFGHIJ"
     per_row: int = 60
 
 
+# The receiver's outages are bounded by the webhook retry schedule
+# (chaos.SETTINGS, "WEBHOOK_RETRY_SECONDS"): 5 s in the short run, 21 s in
+# the long one.
 SHORT = Scenario("short", load_seconds=35, threads=4, mean_gap=1.0, kill_every=3,
-                 redis_restarts=(0.3,), pg_restarts=(0.6,))
+                 redis_restarts=(0.3,), pg_restarts=(0.6,), receiver_down=((0.4, 0.55),))
 LONG = Scenario("long", load_seconds=420, threads=4, mean_gap=1.0, kill_every=4,
                 redis_restarts=(0.15, 0.45, 0.75), pg_restarts=(0.3, 0.6, 0.9),
+                receiver_down=((0.2, 0.25), (0.65, 0.7)),
                 users=60, rows="ABCDEFGHIJKLMNOPQRSTUVWXYZ", per_row=150)
 
 
@@ -129,17 +146,32 @@ def chaos_stack(tmp_path):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture
+def webhook_receiver():
+    receiver = chaos.FlakyReceiver(hang_seconds=SETTINGS["WEBHOOK_TIMEOUT_SECONDS"] + 1.5)
+    yield receiver
+    receiver.close()
+
+
 def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres,
-                 redis: chaos.Redis) -> tuple[str, list[str]]:
+                 redis: chaos.Redis, receiver: chaos.FlakyReceiver) -> tuple[str, list[str]]:
     """Load, faults, settle, audit. Returns (summary, failures)."""
     rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 1_000_000)))
     seed_value = rng.randrange(1_000_000)
     started = time.monotonic()
     seeded = chaos.seed(stack, users=scenario.users, rows=scenario.rows,
                         per_row=scenario.per_row)
+    endpoint = chaos.create_endpoint(stack, url=receiver.url)
+    receiver.arm(secret=endpoint["secret"], seed=seed_value)
     stack.start_web()
     stack.start_worker("worker1")
     stack.start_worker("worker2")
+    # Webhook attempts run on the same workers as the saga's steps, and the
+    # flaky receiver's retries and hangs hold them about as long as the
+    # purchases do: a third worker keeps the purchases' share of the pool
+    # near what the scenario was tuned for, so the faults above still meet
+    # purchases in flight rather than a queue of expired holds.
+    stack.start_worker("worker3")
     stack.start_relay()
     stack.start_beat()
     stack.wait_ready()
@@ -156,7 +188,10 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     t0 = time.monotonic()
     faults = sorted([(t0 + f * scenario.load_seconds, "redis") for f in scenario.redis_restarts]
                     + [(t0 + f * scenario.load_seconds, "postgres")
-                       for f in scenario.pg_restarts])
+                       for f in scenario.pg_restarts]
+                    + [(t0 + f * scenario.load_seconds, what)
+                       for down, up in scenario.receiver_down
+                       for f, what in ((down, "receiver down"), (up, "receiver up"))])
     next_kill = t0 + scenario.kill_every
     next_sample = t0
     queue_lengths: list[int] = []
@@ -171,10 +206,16 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
                     note("redis: shutdown nosave")
                     redis.restart_empty(down_seconds=1.0)
                     note("redis: started again, empty")
-                else:
+                elif what == "postgres":
                     note("postgres: pg_ctl restart -m fast")
                     down = pg.restart()
                     note(f"postgres: back after {down:.1f}s")
+                elif what == "receiver down":
+                    receiver.down()
+                    note("webhook receiver: down (connections refused)")
+                else:
+                    receiver.up()
+                    note("webhook receiver: up again")
             if now >= next_kill:
                 killed = stack.kill_worker_child(rng)
                 next_kill += scenario.kill_every
@@ -188,6 +229,9 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
             time.sleep(0.2)
     finally:
         load.stop()
+        if receiver.is_down:
+            receiver.up()
+            note("webhook receiver: up again")
     load_seconds = time.monotonic() - t0
     note(f"load stopped: {sum(load.stats.requests.values())} requests, "
          f"{len(load.stats.sagas)} purchases accepted")
@@ -195,16 +239,18 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     # then: everything settles, bounded
     db = chaos.Db(pg.url)
     settle_started = time.monotonic()
-    live = due = -1
+    live = due = pending = -1
     while time.monotonic() < settle_started + SETTLE_BOUND:
         for name in stack.supervise():
             note(f"{name} had exited: restarted (reported as a failure)")
         live, due = db.unsettled()
-        if live == 0 and due == 0:
+        pending = db.pending_deliveries()
+        if live == 0 and due == 0 and pending == 0:
             break
         time.sleep(1)
     settle_seconds = time.monotonic() - settle_started
-    note(f"settled after {settle_seconds:.1f}s (live sagas {live}, due outbox rows {due})")
+    note(f"settled after {settle_seconds:.1f}s (live sagas {live}, due outbox rows {due}, "
+         f"pending webhook deliveries {pending})")
 
     audit = stack.manage("audit_sagas", "--json", timeout=600, check=False)
     note(f"audit exited {audit.returncode}")
@@ -223,12 +269,19 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
             suspects.add(v["saga_id"])
     if audit.returncode != 0 and report["violations"] == [] and not failures:
         failures.append(f"audit_sagas exited {audit.returncode}: {audit.stderr[-2000:]}")
+    for f in report.get("findings", []):
+        failures.append(f"audit finding: {f['name']} saga {f['saga_id']}: {f['detail']}")
+        if f["saga_id"]:
+            suspects.add(f["saga_id"])
+    if report["counts"] and not {"webhook_missing", "webhook_contradicts"} <= set(report["counts"]):
+        failures.append(f"audit: the webhook check did not run (counts {report['counts']})")
 
     failures += [f"tables: {p}" for p in db.independent_checks()]
     states = db.states()
-    if live or due:
+    if live or due or pending:
         failures.append(f"not settled after {SETTLE_BOUND}s: {live} saga(s) neither terminal "
-                        f"nor escalated, {due} outbox row(s) due and not done")
+                        f"nor escalated, {due} outbox row(s) due and not done, {pending} "
+                        "webhook deliveries pending")
         suspects |= {s for s, st in states.items() if st not in chaos.TERMINAL + chaos.ESCALATED}
 
     # exactly one email per finished saga, of the right kind; none for the others
@@ -246,6 +299,11 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     ghosts = set(emails) - set(states)
     if ghosts:
         failures.append(f"email: about sagas that do not exist: {sorted(ghosts)}")
+
+    # webhooks: exactly what each saga owes, delivered, one webhook-id each
+    problems, blamed = chaos.webhook_problems(db, receiver)
+    failures += problems
+    suspects |= blamed
 
     missing = set(load.stats.sagas) - set(states)
     if missing:
@@ -279,7 +337,8 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
 
     summary = _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_times,
                        slow, slow_bound, load_seconds, settle_seconds,
-                       time.monotonic() - started, emails, rng_seed=seed_value)
+                       time.monotonic() - started, emails, rng_seed=seed_value,
+                       webhooks=chaos.webhook_summary(db, receiver))
     if failures:
         for saga_id in sorted(suspects)[:8]:
             failures.append(db.dossier(saga_id))
@@ -289,7 +348,7 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
 
 def _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_times, slow,
              slow_bound, load_seconds, settle_seconds, total_seconds, emails, *,
-             rng_seed) -> str:
+             rng_seed, webhooks: list[str]) -> str:
     outcomes = db.outcomes()
     states = sorted({s for c in outcomes.values() for s in c})
     width = max(len(m) for m in outcomes) if outcomes else 10
@@ -339,9 +398,10 @@ def _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_time
     lines.append(f"emails: {sum(len(v) for v in emails.values())} for {len(emails)} saga(s); "
                  f"resent after a crash with the same Message-ID: "
                  f"{getattr(stack, 'resends', 0)}")
+    lines += webhooks
     lines.append(f"audit: {report.get('sagas_checked')} checked, {report.get('sagas_skipped')} "
                  f"skipped, {report.get('intents_checked')} intents asked, counts "
-                 f"{report.get('counts')}")
+                 f"{report.get('counts')}, findings {len(report.get('findings', []))}")
     lines.append(f"durations: load {load_seconds:.0f}s, settle {settle_seconds:.1f}s, "
                  f"total {total_seconds:.0f}s; logs in {stack.workdir}")
     lines.append("timeline:")
@@ -349,17 +409,17 @@ def _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_time
     return "\n".join(lines)
 
 
-def _run(scenario, chaos_stack, capsys):
+def _run(scenario, chaos_stack, receiver, capsys):
     stack, pg, redis = chaos_stack
-    summary, failures = run_scenario(scenario, stack, pg, redis)
+    summary, failures = run_scenario(scenario, stack, pg, redis, receiver)
     with capsys.disabled():
         print("\n" + summary)
     assert not failures, "\n".join(failures)
 
 
 @pytest.mark.e2e
-def test_chaos_short(chaos_stack, capsys):
-    _run(SHORT, chaos_stack, capsys)
+def test_chaos_short(chaos_stack, webhook_receiver, capsys):
+    _run(SHORT, chaos_stack, webhook_receiver, capsys)
 
 
 @pytest.fixture
@@ -372,5 +432,5 @@ def long_run_selected(request):
 
 
 @pytest.mark.chaos
-def test_chaos_long(long_run_selected, chaos_stack, capsys):
-    _run(LONG, chaos_stack, capsys)
+def test_chaos_long(long_run_selected, chaos_stack, webhook_receiver, capsys):
+    _run(LONG, chaos_stack, webhook_receiver, capsys)

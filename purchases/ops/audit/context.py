@@ -10,7 +10,7 @@ from django.conf import settings
 
 from payments.interface import GatewayCharge, GatewayUnavailable, PaymentGateway
 
-from .report import AuditReport, Unverified, Violation
+from .report import AuditReport, Finding, Unverified, Violation
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class AuditContext:
         self.report.violations.append(
             Violation(invariant, str(saga_id) if saga_id else None, intent_id or None, detail)
         )
+
+    def note(self, name: str, saga_id, detail: str) -> None:
+        """A finding: reported, not a violation (report.py, ``FINDINGS``)."""
+        self.report.findings.append(Finding(name, str(saga_id) if saga_id else None, detail))
 
     def age(self, at: datetime) -> str:
         return f"{int((self.now - at).total_seconds())}s"

@@ -1,5 +1,5 @@
 """What the auditor reports: the invariants by name, violations, intents it
-could not verify, and the run's report."""
+could not verify, findings, and the run's report."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ UNKNOWN_NEVER_COMPENSATED_BLIND = "unknown_never_compensated_blind"
 # Money an operator wrote while the gateway could not be asked must match the
 # gateway's records once it can be.
 OVERRIDE_AGREES_WITH_GATEWAY = "override_agrees_with_gateway"
+# Outgoing webhooks (docs/api.md, "Webhooks"): a finished saga owes each
+# endpoint subscribed when it ended one delivery of the type its end calls
+# for, and no delivery announces another end.
+WEBHOOK_MISSING = "webhook_missing"
+WEBHOOK_CONTRADICTS = "webhook_contradicts"
+
+# --- finding names: reported, not violations ------------------------------------
+
+# A delivery that ran out of attempts: its own alert (``webhook_failed``) was
+# raised when the schedule ran out; the audit lists it until someone resends it.
+WEBHOOK_FAILED = "webhook_failed"
 
 INVARIANTS = (
     SEAT_SOLD_ONCE,
@@ -29,7 +40,10 @@ INVARIANTS = (
     NO_SILENT_STUCK,
     UNKNOWN_NEVER_COMPENSATED_BLIND,
     OVERRIDE_AGREES_WITH_GATEWAY,
+    WEBHOOK_MISSING,
+    WEBHOOK_CONTRADICTS,
 )
+FINDINGS = (WEBHOOK_FAILED,)
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,20 @@ class Unverified:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Finding:
+    """Something an operator should know that breaks no invariant (it was
+    alerted on when it happened): listed by the run, not counted as a
+    violation."""
+
+    name: str
+    saga_id: str | None
+    detail: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class AuditReport:
     started_at: datetime
@@ -68,6 +96,7 @@ class AuditReport:
     intents_checked: int = 0
     violations: list[Violation] = field(default_factory=list)
     unverified: list[Unverified] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     # Where the gateway was asked (its base URL), for "could not check".
     gateway_url: str = ""
     run_id: int | None = None
@@ -98,4 +127,5 @@ class AuditReport:
             "complete": self.complete,
             "gateway_url": self.gateway_url,
             "unverified": [u.as_dict() for u in self.unverified],
+            "findings": [f.as_dict() for f in self.findings],
         }

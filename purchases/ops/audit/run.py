@@ -42,6 +42,7 @@ from .liveness import COMPENSATION_STATES, check_stuck, compensated_blind, live_
 from .money import Ledger, check_entries, check_ledger_without_saga, check_money, ledger_for
 from .report import UNKNOWN_NEVER_COMPENSATED_BLIND, AuditReport
 from .seats import check_seats
+from .webhooks import Endpoint, check_webhooks, webhook_endpoints, webhook_facts
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ def audit_run(
             extra={"alert": "audit_violation", "invariant": v.invariant,
                    "saga_id": v.saga_id, "intent_id": v.intent_id},
         )
+    for f in report.findings:
+        logger.warning("audit finding %s: %s", f.name, f.detail,
+                       extra={"finding": f.name, "saga_id": f.saga_id})
     if report.unverified:
         logger.warning(
             "audit incomplete: the gateway at %s gave no answer about %d intent(s)",
@@ -109,29 +113,32 @@ def audit_run(
         "audit finished",
         extra={"audit_run": run.pk, "sagas_checked": report.sagas_checked,
                "sagas_skipped": report.sagas_skipped, "violations": len(report.violations),
-               "unverified": len(report.unverified)},
+               "unverified": len(report.unverified), "findings": len(report.findings)},
     )
     return report
 
 
 def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
+    endpoints = webhook_endpoints()
     sagas = (
         PurchaseSaga.objects.order_by("pk")
         .only("id", "intent_id", "state", "version", "updated_at", "compensation_started_at")
         .iterator(chunk_size=chunk_size)
     )
     for chunk in _batched(sagas, chunk_size):
-        check_chunk(ctx, chunk)
+        check_chunk(ctx, chunk, endpoints=endpoints)
 
 
 
-def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga]) -> None:
+def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga], *,
+                endpoints: list[Endpoint]) -> None:
     ids = [s.pk for s in chunk]
     ledger = ledger_for([s.intent_id for s in chunk])
     messages = email_messages(ids)
     live = [s.pk for s in chunk if s.state not in TERMINAL]
     alerts, driven = live_signals(ctx, live)
     blind = compensated_blind([s.pk for s in chunk if s.state in COMPENSATION_STATES])
+    webhooks = webhook_facts(chunk, endpoints)
 
     # The gateway, outside any transaction, after the database reads.
     charges: dict[str, list[GatewayCharge] | None] = {}
@@ -150,6 +157,7 @@ def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga]) -> None:
             check_money(ctx, saga, entries, charges[saga.intent_id])
         check_entries(ctx, saga, entries)
         check_emails(ctx, saga, messages.get(saga.pk, {}))
+        check_webhooks(ctx, saga, webhooks, entries)
         if saga.state not in TERMINAL:
             check_stuck(ctx, saga, alerts.get(saga.pk, []), saga.pk in driven)
         if saga.pk in blind:
