@@ -61,6 +61,14 @@ class Stack(ProcessGroup):
                                                  hostname=self.hostname,
                                                  extra=["--include=bench.tasks"]), self.base_env)
 
+    def start_webhook_worker(self) -> None:
+        """Webhook attempts' own pool, on their own queue (the settings derive
+        it from the stack's: ``<queue>-webhooks``), as in production."""
+        self._start("webhooks", celery_worker_argv(queue=f"{self.queue}-webhooks",
+                                                   concurrency=2,
+                                                   hostname=f"webhooks-{self.hostname}"),
+                    self.base_env)
+
     def start_relay(self) -> None:
         self._start("relay", relay_argv(), self.base_env)
 
@@ -68,6 +76,7 @@ class Stack(ProcessGroup):
         self.start_gateway()
         self.start_web()
         self.start_worker()
+        self.start_webhook_worker()
         self.start_relay()
         self.wait_web()
         self.wait_worker(app)
@@ -76,7 +85,8 @@ class Stack(ProcessGroup):
     def ensure_running(self, app) -> None:
         """A process that died in an earlier figure is restarted for the next."""
         starts = {"gateway": self.start_gateway, "web": self.start_web,
-                  "worker": self.start_worker, "relay": self.start_relay}
+                  "worker": self.start_worker, "webhooks": self.start_webhook_worker,
+                  "relay": self.start_relay}
         for name, code in self.dead().items():
             log(f"!! {name} had exited ({code}); restarting it")
             self.procs.pop(name)

@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 
 from purchases.saga.topics import ROUTING
+from webhooks.topics import DELIVERY as WEBHOOK_DELIVERY
 from webhooks.topics import ROUTING as WEBHOOK_ROUTING
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -282,6 +283,12 @@ else:
         "store_processed": False,
     }
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="boxoffice")
+# Webhook attempts have a queue of their own, consumed by their own worker
+# pool (the Procfile's and Compose's "webhooks"): a receiver that hangs for the
+# whole WEBHOOK_TIMEOUT_SECONDS occupies a webhook worker, never one that the
+# saga's steps need (docs/design.md, "The edges").
+CELERY_WEBHOOK_QUEUE = env.str("CELERY_WEBHOOK_QUEUE",
+                               default=f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -370,6 +377,8 @@ if not DEBUG:
 # the purchases app checks it at start-up.
 OUTBOX_CONSUMERS = {str(topic): list(consumers)
                     for topic, consumers in {**ROUTING, **WEBHOOK_ROUTING}.items()}
+# Topics whose rows the relay hands to a queue other than the default one.
+OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------
 # How often beat runs each sweep (seconds). A sweep that has not succeeded

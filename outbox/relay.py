@@ -64,19 +64,31 @@ def _chunks(ids: list[int], tasks: int) -> list[list[int]]:
     return [c for c in chunks if c]
 
 
-def _celery_hand_over(ids: list[int]) -> tuple[list[int], list[int]]:
-    """Publish the rows; returns (handed, failed)."""
+def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:
+    """``ids`` grouped by the queue their topic goes to (``OUTBOX_TOPIC_QUEUES``;
+    None: the default queue), each group in order."""
+    groups: dict[str | None, list[int]] = {}
+    for message_id in ids:
+        queue = settings.OUTBOX_TOPIC_QUEUES.get(topics.get(message_id, ""))
+        groups.setdefault(queue, []).append(message_id)
+    return groups
+
+
+def _celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int], list[int]]:
+    """Publish the rows, each to its topic's queue; returns (handed, failed)."""
     handed: list[int] = []
     failed: list[int] = []
-    chunks = _chunks(ids, settings.OUTBOX_DISPATCH_TASKS)
+    chunks = [(queue, chunk) for queue, group in _by_queue(ids, topics).items()
+              for chunk in _chunks(group, settings.OUTBOX_DISPATCH_TASKS)]
     try:
         with app.producer_or_acquire() as producer:
-            for chunk in chunks:
+            for queue, chunk in chunks:
+                routing = {"queue": queue} if queue else {}
                 try:
                     if len(chunk) == 1:
-                        deliver.apply_async(args=[chunk[0]], producer=producer)
+                        deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
                     else:
-                        deliver_many.apply_async(args=[chunk], producer=producer)
+                        deliver_many.apply_async(args=[chunk], producer=producer, **routing)
                 except Exception:
                     logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
                     failed.extend(chunk)
@@ -124,6 +136,7 @@ class _Claimed:
     ids: list[int]
     first_due: dict[int, datetime]  # rows never fired before -> their due time
     next_due_in: float | None  # seconds until the next row not claimed here
+    topics: dict[int, str]  # claimed row -> its topic (which queue it goes to)
 
 
 def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
@@ -137,10 +150,10 @@ def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
             due_rows(now)
             .select_for_update(skip_locked=True, of=("self",))
             .values_list("id", "available_at", "fired_at", "attempts", "processing_until",
-                         "completed_at", "cancelled_at", "dead_at")[:limit]
+                         "completed_at", "cancelled_at", "dead_at", "topic")[:limit]
         )
         ids, dead, settled = [], [], []
-        for message_id, _, _, attempts, processing, *ends in rows:
+        for message_id, _, _, attempts, processing, *ends, _ in rows:
             if any(ends):  # settled by a write that left due_at: nothing owed
                 settled.append(message_id)
             elif attempts <= spent:
@@ -157,8 +170,8 @@ def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
             _mark_dead(ids=dead, now=now)
     # (Dead letters were all fired: first_due holds claimed rows only.)
     return _Claimed(ids=ids, first_due={row[0]: row[1] for row in rows
-                                        if row[2] is None and not any(row[5:])},
-                    next_due_in=due)
+                                        if row[2] is None and not any(row[5:8])},
+                    next_due_in=due, topics={row[0]: row[8] for row in rows})
 
 
 def _mark_dead(*, ids: list[int], now: datetime) -> None:
@@ -260,7 +273,7 @@ def _pass(
     claimed = _claim(now=now, limit=limit or settings.OUTBOX_BATCH_SIZE, look_ahead=look_ahead)
     ids = claimed.ids
     if dispatch is None:
-        handed, failed = _celery_hand_over(ids) if ids else ([], [])
+        handed, failed = _celery_hand_over(ids, claimed.topics) if ids else ([], [])
     else:
         handed, failed = [], []
         for message_id in ids:

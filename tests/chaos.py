@@ -415,6 +415,7 @@ class ChaosStack(ProcessGroup):
         self.mail_dir.mkdir(parents=True, exist_ok=True)
         self.web_port = free_port()
         self.queue = f"boxoffice-chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.webhook_queue = f"{self.queue}-webhooks"
         self.base_url = f"http://127.0.0.1:{self.web_port}"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PYTEST", "DJANGO", "CELERY", "EMAIL", "CACHE"))}
@@ -429,6 +430,7 @@ class ChaosStack(ProcessGroup):
             "CELERY_BROKER_URL": redis.url,
             "REDIS_URL": redis.url,
             "CELERY_TASK_DEFAULT_QUEUE": self.queue,
+            "CELERY_WEBHOOK_QUEUE": self.webhook_queue,
             "PAYMENT_GATEWAY_URL": f"{self.base_url}/fake-gateway/v1",
             "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
             "EMAIL_FILE_PATH": str(self.mail_dir),
@@ -459,6 +461,11 @@ class ChaosStack(ProcessGroup):
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
         self.start(name, celery_worker_argv(queue=self.queue, concurrency=concurrency,
+                                            hostname=f"{name}@%h"))
+
+    def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
+        """The pool of webhook attempts (settings.CELERY_WEBHOOK_QUEUE)."""
+        self.start(name, celery_worker_argv(queue=self.webhook_queue, concurrency=concurrency,
                                             hostname=f"{name}@%h"))
 
     def start_relay(self) -> None:

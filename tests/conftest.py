@@ -117,13 +117,13 @@ def start_purchase(user, event, seats=("A1",), payment_method="pm_card_visa", ke
 class BrokerQueue:
     """The real Celery queue of this test session on Redis."""
 
-    def __init__(self):
+    def __init__(self, name: str | None = None):
         from django.conf import settings
 
         from config.celery import app
 
         self.app = app
-        self.name = settings.CELERY_TASK_DEFAULT_QUEUE
+        self.name = name or settings.CELERY_TASK_DEFAULT_QUEUE
 
     def purge(self) -> None:
         with self.app.connection_for_write() as conn:

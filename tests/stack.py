@@ -29,6 +29,7 @@ class Stack(ProcessGroup):
             ),
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+            "CELERY_WEBHOOK_QUEUE": settings.CELERY_WEBHOOK_QUEUE,
             "PAYMENT_GATEWAY_URL": gateway_url,
             "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
             "EMAIL_FILE_PATH": str(self.mail_dir),
@@ -40,6 +41,11 @@ class Stack(ProcessGroup):
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
         self.start(name, celery_worker_argv(queue=settings.CELERY_TASK_DEFAULT_QUEUE,
+                                            concurrency=concurrency, hostname=f"{name}@%h"))
+
+    def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
+        """The pool of webhook attempts (settings.CELERY_WEBHOOK_QUEUE)."""
+        self.start(name, celery_worker_argv(queue=settings.CELERY_WEBHOOK_QUEUE,
                                             concurrency=concurrency, hostname=f"{name}@%h"))
 
     def start_relay(self, name: str = "relay") -> None:

@@ -166,12 +166,11 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     stack.start_web()
     stack.start_worker("worker1")
     stack.start_worker("worker2")
-    # Webhook attempts run on the same workers as the saga's steps, and the
-    # flaky receiver's retries and hangs hold them about as long as the
-    # purchases do: a third worker keeps the purchases' share of the pool
-    # near what the scenario was tuned for, so the faults above still meet
-    # purchases in flight rather than a queue of expired holds.
-    stack.start_worker("worker3")
+    # Webhook attempts have their own queue and pool: the flaky receiver's
+    # retries and hangs hold these, never the saga's workers above. Its
+    # children are SIGKILLed like theirs (an attempt cut mid-POST is sent
+    # again with the same webhook-id).
+    stack.start_webhook_worker("worker-webhooks")  # killed like the others
     stack.start_relay()
     stack.start_beat()
     stack.wait_ready()

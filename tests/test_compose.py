@@ -31,7 +31,7 @@ from django.core.management import get_commands
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-APP_SERVICES = ("web", "worker", "relay", "beat")
+APP_SERVICES = ("web", "worker", "webhooks", "relay", "beat")
 IMAGE = SERVICES["web"]["image"]
 GATEWAY_PREFIX = "/fake-gateway/v1"
 
@@ -191,6 +191,25 @@ def test_celery_services_use_the_project_app_and_its_queue():
         assert words[:3] == ["celery", "-A", "config"], service
     queues = [w.split("=", 1)[1] for w in _words("worker") if w.startswith("--queues=")]
     assert queues == [_env("worker")["CELERY_TASK_DEFAULT_QUEUE"]]
+
+
+def test_webhook_attempts_have_their_own_worker_on_their_own_queue():
+    """The relay sends webhook attempts to CELERY_WEBHOOK_QUEUE
+    (OUTBOX_TOPIC_QUEUES): a service must consume it, and only it."""
+    words = _words("webhooks")
+    assert words[:4] == ["celery", "-A", "config", "worker"]
+    queues = [w.split("=", 1)[1] for w in words if w.startswith("--queues=")]
+    assert queues == [_env("webhooks")["CELERY_WEBHOOK_QUEUE"]]
+    assert queues != [_env("webhooks")["CELERY_TASK_DEFAULT_QUEUE"]]
+
+
+def test_make_run_starts_a_webhook_worker_on_the_default_webhook_queue():
+    procfile = dict(line.split(": ", 1) for line in
+                    (ROOT / "Procfile").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    default_queue = "boxoffice"  # config/settings.py's CELERY_TASK_DEFAULT_QUEUE default
+    assert f"--queues={default_queue} " in procfile["worker"]
+    assert f"--queues={default_queue}-webhooks " in procfile["webhooks"]
 
 
 SETTINGS_TEXT = (ROOT / "config" / "settings.py").read_text()

@@ -19,6 +19,8 @@ from outbox.services import (
     timer_schedule,
 )
 
+from .conftest import BrokerQueue
+
 T0 = "2026-12-02 12:00:00"
 
 
@@ -378,9 +380,9 @@ class _RelayProbe:
                 self.handed.set()
             return handed, due
 
-        def hand_over(ids):
+        def hand_over(ids, topics):
             self.handed_by.append((self._current.n, list(ids)))
-            return original_hand_over(ids)
+            return original_hand_over(ids, topics)
 
         monkeypatch.setattr(relay_module._Listener, "wait", wait)
         monkeypatch.setattr(relay_module, "_pass", a_pass)
@@ -490,6 +492,27 @@ def test_the_relay_hands_a_burst_to_celery_in_few_tasks_and_a_trickle_one_by_one
     assert sorted(sum((t["args"][0] for t in burst_tasks), [])) == burst
     assert single_tasks == [{"task": "outbox.deliver", "args": [single]}]
     assert OutboxMessage.objects.filter(fired_at__isnull=True).count() == 0
+
+
+@pytest.mark.django_db
+def test_webhook_attempts_go_to_their_own_queue_and_everything_else_to_the_default(
+        settings, broker_queue):
+    """A receiver that hangs holds a worker of the webhooks' pool for the whole
+    timeout; the saga's steps never wait behind it (docs/design.md, "The
+    edges")."""
+    webhooks = BrokerQueue(settings.CELERY_WEBHOOK_QUEUE)
+    webhooks.purge()
+    with transaction.atomic():
+        saga_row = outbox_publish(topic="test.event", payload={}).pk
+        attempts = [outbox_publish(topic="webhook.delivery",
+                                   payload={"delivery_id": 0, "attempt": n}).pk for n in (1, 2)]
+
+    assert relay_tick() == 3
+    default, own = broker_queue.messages(), webhooks.messages()
+
+    assert default == [{"task": "outbox.deliver", "args": [saga_row]}]
+    assert sorted(sum(([t["args"][0]] if t["task"] == "outbox.deliver" else t["args"][0]
+                       for t in own), [])) == attempts
 
 
 @pytest.mark.django_db

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 TIMEOUT = 1.0  # WEBHOOK_TIMEOUT_SECONDS of the worker
 HANG = 4.0  # how long the hanging receiver holds each request: past the timeout
+LONG_TIMEOUT = 20.0  # the narrow stack's WEBHOOK_TIMEOUT_SECONDS
 
 
 @pytest.fixture
@@ -39,6 +40,24 @@ def stack(live_server, tmp_path, broker_queue):
         "WEBHOOK_RETRY_SECONDS": "1,1",
     })
     s.start_worker()
+    s.start_webhook_worker()
+    s.start_relay()
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def narrow_stack(live_server, tmp_path, broker_queue):
+    """One saga worker process and one webhook worker process: were the
+    attempts on the saga's pool, one hanging attempt would stop every saga."""
+    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path, extra_env={
+        "WEBHOOK_ALLOW_LOCAL_URLS": "true",
+        "WEBHOOK_TIMEOUT_SECONDS": str(LONG_TIMEOUT),
+        "WEBHOOK_RETRY_SECONDS": "60",
+    })
+    s.start_worker(concurrency=1)
+    s.start_webhook_worker(concurrency=1)
     s.start_relay()
     s.wait_ready()
     yield s
@@ -160,3 +179,24 @@ def test_a_hanging_receiver_does_not_slow_the_purchase(stack, http, receiver):
           f"(each: without {[round(t * 1000, 1) for t in without]}, "
           f"hanging {[round(t * 1000, 1) for t in hanging]})")
     assert median_hanging < max(3 * median_without, median_without + 0.25), (without, hanging)
+
+
+def test_a_hanging_receiver_does_not_hold_up_the_sagas(narrow_stack, http, receiver):
+    """Each purchase's webhook hangs for the whole 20 s timeout on the one
+    webhook worker, while the one saga worker goes on: every purchase is
+    confirmed well before a single attempt could have let a shared pool go
+    (with attempts on the saga's pool, the second purchase would wait 20 s)."""
+    receiver.script = [("hang", 2 * LONG_TIMEOUT)] * 100
+    webhook_endpoint_create(url=receiver.url(), events=ALL)
+    event = EventFactory(seats=["A1", "A2", "A3"])
+    auth = _login(http, "carol")
+
+    for seat in ("A1", "A2", "A3"):
+        accepted, _ = _buy(http, auth, event, seat, "pm_card_visa", f"narrow-{seat}")
+        narrow_stack.wait_for(_settled(accepted["id"]), f"{seat}'s saga to settle",
+                              timeout=LONG_TIMEOUT / 2)
+        assert PurchaseSaga.objects.get(pk=accepted["id"]).state == "CONFIRMED"
+
+    # The attempts really were in flight: the receiver holds every one.
+    narrow_stack.wait_for(lambda: len(receiver.requests) >= 1, "an attempt at the receiver")
+    assert WebhookAttempt.objects.count() == 0  # none has come back yet
