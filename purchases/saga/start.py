@@ -286,13 +286,15 @@ def _hold_best_available(*, event_id: int, quantity: int, candidates: list[Seat]
     a lock; returns the seats held. ``NotEnoughSeats`` when no block is left.
 
     Each attempt holds one whole block or nothing
-    (``lock_objects.seats_hold_all_skip_locked``). The seats it could not
-    hold (sold, held, or locked by another buyer right now) are left out of
-    the next pick, so every failed attempt shrinks the candidates: at most
-    as many attempts as seats. When none is left and some seats were left
-    out, the candidates are read again once, fresh: two buyers that each
-    locked one seat of the same block at the same instant both gave it up,
-    and it is free again.
+    (``lock_objects.seats_hold_all_skip_locked``). After a failed one the
+    candidates are read again (in an on-sale, many seats were taken since
+    the last read, not only the ones just tried), and the seats it could not
+    hold (sold, held, or locked by another buyer right now) stay left out of
+    the next pick, so every failed attempt shrinks what is left: at most as
+    many attempts as seats, in practice one or two. When no block is left
+    and some seats were left out, the candidates are read once more with
+    nothing left out: two buyers that each locked one seat of the same block
+    at the same instant both gave it up, and it is free again.
     """
     block: list[Seat] | None = first
     excluded: set[int] = set()
@@ -309,6 +311,7 @@ def _hold_best_available(*, event_id: int, quantity: int, candidates: list[Seat]
             if not missing:
                 return block
             excluded |= missing
+            candidates = _best_available_candidates(event_id=event_id)
         block = _best_block(candidates, quantity=quantity, excluded=excluded)
 
 
