@@ -17,7 +17,9 @@ install: $(STAMP)
 run: install
 	scripts/run.sh
 
+# The browser tests need Debian's Chromium: found, installed, or one line naming it.
 test: install
+	scripts/ensure-chromium.sh
 	scripts/with-services.sh $(BIN)/pytest $(PYTEST_ARGS)
 
 # Any manage.py command with the environment of `make run` (scripts/env.sh),

@@ -47,6 +47,10 @@ INSTALLED_APPS = [
     "payments.fake_gateway",
     "purchases",
     "webhooks",
+    # htmx for the buyer pages, served from its static files (no CDN).
+    "django_htmx",
+    # The buyer pages: templates on the same services and selectors as the API.
+    "shop",
 ]
 
 MIDDLEWARE = [
@@ -58,6 +62,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.htmx: the purchase page's poll is told from a page load.
+    "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -116,6 +122,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 CACHES = {"default": env.cache_url("CACHE_URL", default=f"filecache://{VAR_DIR / 'cache'}")}
 
 # --- auth, i18n, static -----------------------------------------------------
+# The buyer pages' session login (shop/): every page but the login asks for it.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

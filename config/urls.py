@@ -12,9 +12,8 @@ from drf_spectacular.views import (
 from purchases.apis import TokenApi
 from purchases.ops.metrics import metrics_view
 
-# The admin's "View site" link: the API's docs, until there are buyer pages
-# (docs/api.md, "Not built yet"); Django's default "/" is a 404 here.
-admin.site.site_url = "/api/docs/"
+# The admin's "View site" link: the buyer pages (shop/, docs/api.md "Pages for buyers").
+admin.site.site_url = "/"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -32,6 +31,7 @@ urlpatterns = [
     path("api/", include("purchases.urls")),
     path("api/", include("webhooks.urls")),
     path("metrics", metrics_view, name="metrics"),
+    path("", include("shop.urls")),
 ]
 
 if settings.FAKE_GATEWAY_ENABLED:

@@ -29,7 +29,7 @@ from common.api import PAYLOAD_TOO_LARGE as _TOO_LARGE
 from common.api import error
 from common.api import error_response as _errors
 
-from . import availability, selectors, services
+from . import availability, catalog_answers, selectors, services
 from .errors import (
     IdempotencyKeyReused,
     NotEnoughSeats,
@@ -211,16 +211,6 @@ def _catalog_answer(request, catalog: availability.Catalog):
     return response
 
 
-def _event_list() -> bytes:
-    return JSONRenderer().render(EventSerializer(selectors.event_list(), many=True).data)
-
-
-def _event_seats(event_id: int) -> bytes | None:
-    seats = selectors.event_seats(event_id=event_id)
-    return None if seats is None else JSONRenderer().render(
-        SeatSerializer(seats, many=True).data)
-
-
 class EventListApi(APIView):
     permission_classes = [AllowAny]
 
@@ -230,8 +220,7 @@ class EventListApi(APIView):
                    401: _INVALID_CREDENTIALS},
         auth=[], summary="List events")
     def get(self, request):
-        return _catalog_answer(request, availability.cached_event_list(
-            build=_event_list, held=_held_etags(request)))
+        return _catalog_answer(request, catalog_answers.event_list(held=_held_etags(request)))
 
 
 class EventSeatsApi(APIView):
@@ -251,8 +240,8 @@ class EventSeatsApi(APIView):
     )
     def get(self, request, event_id: str):
         event_pk = _event_id(event_id)
-        catalog = None if event_pk is None else availability.cached_event_seats(
-            event_id=event_pk, build=lambda: _event_seats(event_pk), held=_held_etags(request))
+        catalog = None if event_pk is None else catalog_answers.event_seats(
+            event_id=event_pk, held=_held_etags(request))
         if catalog is None:
             return error(404, "not_found", "no such event")
         return _catalog_answer(request, catalog)

@@ -64,6 +64,15 @@ def purchase_get(*, user, saga_id) -> PurchaseSaga | None:
     )
 
 
+def purchase_version(*, user, saga_id) -> tuple[int, str] | None:
+    """The version and state of the caller's purchase, or None (another
+    user's is as missing as a missing one). One indexed query: what the
+    purchase page's poll compares its ETag with before anything is rendered
+    (docs/api.md, "Pages for buyers")."""
+    return (PurchaseSaga.objects.filter(buyer=user, pk=saga_id)
+            .values_list("version", "state").first())
+
+
 def saga_seat_refs(saga: PurchaseSaga) -> list[str]:
     links = getattr(saga.reservation, "links", None)
     if links is None:

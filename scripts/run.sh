@@ -17,6 +17,7 @@ broker="$(boxoffice_broker)"
 cat <<MSG
 
   boxoffice is starting
+    shop     http://127.0.0.1:$PORT/
     swagger  http://127.0.0.1:$PORT/api/docs/
     redoc    http://127.0.0.1:$PORT/api/redoc/
     schema   http://127.0.0.1:$PORT/api/schema/

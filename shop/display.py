@@ -1,0 +1,200 @@
+"""What the buyer pages show, in words and pictures: a purchase's status as a
+buyer reads it, the hall laid out from the catalog's answer, the tickets'
+QR codes. Reads nothing: the views hand it what the selectors and the
+catalog answered."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import groupby
+
+import segno
+from django.utils.dateparse import parse_datetime
+from django.utils.safestring import SafeString, mark_safe
+
+from common.money import format_money
+from purchases.saga.states import TERMINAL, SagaState
+
+S = SagaState
+
+# --- a purchase's status ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    """A state as a buyer reads it: a headline, a sentence, and the kind of
+    news it is (``progress``, ``success``, ``failure``, ``waiting``: the
+    page's style, always beside the words, never instead of them)."""
+
+    headline: str
+    sentence: str
+    tone: str
+
+
+# While the seats are held and the outcome is open, the page counts the hold down.
+HOLDING = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED})
+
+_CONFIRMING = "We are confirming with your bank"
+_WORDS: dict[SagaState, Status] = {
+    S.PENDING: Status("Seats held", "Your seats are held while we take the payment.",
+                      "progress"),
+    S.CHARGING: Status("Taking the payment", "We are taking the payment; this takes a "
+                       "few seconds.", "progress"),
+    S.UNKNOWN: Status(_CONFIRMING, "The bank has not told us yet whether the payment went "
+                      "through. Your seats stay held meanwhile, and you are never charged "
+                      "twice.", "waiting"),
+    S.UNKNOWN_EXPIRED: Status(_CONFIRMING, "This is taking longer than usual; our team is "
+                              "checking it with the bank. Your seats stay held, and you are "
+                              "never charged twice.", "waiting"),
+    S.CONFIRMED: Status("Confirmed", "Payment received; your seats are booked. Your tickets "
+                        "are below.", "success"),
+    S.PAYMENT_FAILED: Status("Payment declined", "Your payment was declined; we are "
+                             "cancelling the purchase.", "failure"),
+    S.EXPIRED: Status("Hold ran out", "The hold on your seats ran out before the payment "
+                      "went through; we are cancelling the purchase.", "failure"),
+    S.COMPENSATING: Status("Cancelling", "We are cancelling the purchase.", "failure"),
+    S.COMPENSATION_PENDING: Status("Refund on its way", "Your refund is taking longer than "
+                                   "usual; we keep trying.", "waiting"),
+}
+# The end of a cancelled purchase: the ledger says whether money came back.
+_REFUNDED = Status("Cancelled and refunded", "Your payment was refunded and the purchase "
+                   "cancelled.", "failure")
+
+
+def _not_charged(seat_count: int) -> Status:
+    released = "the seat was released" if seat_count == 1 else "the seats were released"
+    return Status("Not booked", f"The payment did not go through: nothing was charged and "
+                  f"{released}.", "failure")
+
+
+def _state(state: str) -> SagaState | None:
+    try:
+        return S(state)
+    except ValueError:
+        return None
+
+
+def status_of(state: str, *, refunded: bool, seat_count: int) -> Status:
+    if _state(state) is S.COMPENSATED:
+        return _REFUNDED if refunded else _not_charged(seat_count)
+    return _WORDS.get(_state(state), Status("Updated", "Your purchase was updated.", "progress"))
+
+
+def list_headline(state: str) -> str:
+    """A state in a list of purchases, where the ledger is not read: a
+    cancelled purchase is "Cancelled", refunded or not."""
+    if _state(state) is S.COMPENSATED:
+        return "Cancelled"
+    return status_of(state, refunded=False, seat_count=1).headline
+
+
+def is_terminal(state: str) -> bool:
+    return _state(state) in TERMINAL
+
+
+def is_holding(state: str) -> bool:
+    return _state(state) in HOLDING
+
+
+def purchase_etag(version: int) -> str:
+    """The purchase fragment's ETag: the saga's version, which every move
+    increments (docs/design.md, "A transition")."""
+    return f'W/"v{version}"'
+
+
+def poll_headers(version: int) -> str:
+    """``hx-headers`` of the polling element: the version it shows, sent back."""
+    return json.dumps({"If-None-Match": purchase_etag(version)})
+
+
+# --- the hall ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeatView:
+    ref: str
+    row: str
+    number: int
+    status: str
+    price: str
+    band: int  # the price band's number in the legend, from 1
+
+
+@dataclass(frozen=True)
+class PriceBand:
+    number: int
+    price: str
+    rows: str  # "A–E", or "A, C"
+    count: int
+
+
+def hall(seats_json: bytes) -> tuple[list[tuple[str, list[SeatView]]], list[PriceBand]]:
+    """The catalog's seats (the API's JSON, as cached) as rows of seats in
+    order, and the price legend (one band per price)."""
+    seats = json.loads(seats_json)
+    prices = sorted({(s["price"]["currency"], s["price"]["amount"]) for s in seats})
+    band_of = {price: n for n, price in enumerate(prices, start=1)}
+    views = [
+        SeatView(ref=s["ref"], row=s["row"], number=s["number"], status=s["status"],
+                 price=format_money(s["price"]["amount"], s["price"]["currency"]),
+                 band=band_of[(s["price"]["currency"], s["price"]["amount"])])
+        for s in seats
+    ]
+    views.sort(key=lambda v: (v.row, v.number))
+    rows = [(row, list(group)) for row, group in groupby(views, key=lambda v: v.row)]
+    bands = []
+    for (currency, amount), number in band_of.items():
+        in_band = [v for v in views if v.band == number]
+        band_rows = sorted({v.row for v in in_band})
+        bands.append(PriceBand(number=number, price=format_money(amount, currency),
+                               rows=_rows_text(band_rows, [r for r, _ in rows]),
+                               count=len(in_band)))
+    return rows, bands
+
+
+def _rows_text(band_rows: list[str], all_rows: list[str]) -> str:
+    if len(band_rows) > 2 and all_rows[all_rows.index(band_rows[0]):
+                                        all_rows.index(band_rows[-1]) + 1] == band_rows:
+        return f"{band_rows[0]}–{band_rows[-1]}"
+    return ", ".join(band_rows)
+
+
+# --- the catalog's events -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventView:
+    id: int
+    name: str
+    starts_at: datetime | None
+    seats_available: int
+
+
+def events(events_json: bytes) -> list[EventView]:
+    return [EventView(id=e["id"], name=e["name"], starts_at=parse_datetime(e["starts_at"]),
+                      seats_available=e["seats_available"]) for e in json.loads(events_json)]
+
+
+# --- tickets ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ticket:
+    seat: str
+    code: str  # what the QR code says: "<reservation ref>/<seat ref>"
+    qr_svg: SafeString
+
+
+def tickets(reservation_ref: str, seat_refs: list[str]) -> list[Ticket]:
+    made = []
+    for seat in seat_refs:
+        code = f"{reservation_ref}/{seat}"
+        # segno writes the SVG itself (no user input reaches it but the two
+        # refs, which the service drew): safe to inline.
+        # A full QR code (make_qr), never a Micro QR, which most phones cannot read.
+        svg = segno.make_qr(code, error="m").svg_inline(scale=5, border=2, title=code,
+                                                      svgclass="qr", lineclass=None)
+        made.append(Ticket(seat=seat, code=code, qr_svg=mark_safe(svg)))
+    return made

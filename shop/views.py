@@ -1,0 +1,261 @@
+"""The buyer pages (docs/api.md, "Pages for buyers"): Django templates on the
+same services, selectors and catalog cache as the API, and no second path to
+the saga. A purchase starts through ``purchases.services.purchase_start``,
+called as ``POST /api/purchases/`` calls it, with the same errors and the same
+throttle; the purchase page reads what ``GET /api/purchases/{id}/`` reads and
+follows the saga with a light poll that costs a 304 while nothing moves."""
+
+from __future__ import annotations
+
+import math
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.core.paginator import EmptyPage, PageNotAnInteger, Paginator
+from django.http import Http404, HttpResponseNotModified, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import parse_etags
+from django.views.decorators.http import require_GET, require_http_methods
+from django_htmx.http import HttpResponseClientRefresh
+
+from common.money import format_money
+
+# The catalog's bodies come from purchases/catalog_answers.py, as the API's
+# do: both read one cache entry per event.
+from purchases import catalog_answers, selectors, services
+from purchases.buyer_history import buyer_history
+from purchases.errors import (
+    IdempotencyKeyReused,
+    NotEnoughSeats,
+    SeatUnavailable,
+    UnknownEvent,
+    UnknownSeats,
+)
+from purchases.throttling import PurchaseStartThrottle
+
+from . import display
+from .forms import PurchaseForm, new_idempotency_key
+
+# How often a waiting purchase page asks whether its purchase moved (the
+# fragment's poll; docs/api.md, "Pages for buyers", measures its cost).
+POLL_EVERY = "500ms"
+PAGE_SIZE = 20
+
+
+# --- the catalog --------------------------------------------------------------------
+
+
+def _events() -> list[display.EventView]:
+    return display.events(catalog_answers.event_list().body)
+
+
+def _event_names() -> dict[int, str]:
+    return {event.id: event.name for event in _events()}
+
+
+@login_required
+@require_GET
+def event_list(request):
+    return render(request, "shop/event_list.html", {"events": _events(), "nav": "events"})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def event_seat_map(request, event_id: int):
+    if request.method == "POST":
+        return _purchase_post(request, event_id)
+    initial = {"payment_method": "pm_card_visa"} if settings.FAKE_GATEWAY_ENABLED else {}
+    return _seat_map(request, event_id, PurchaseForm(initial=initial))
+
+
+def _seat_map(request, event_id: int, form: PurchaseForm, *, status: int = 200,
+              problem: dict | None = None, chosen: list[str] = ()):
+    """The seat map, from the catalog's cache, with the form, a fresh key
+    and, after a refusal, the problem in words."""
+    seats = catalog_answers.event_seats(event_id=event_id)
+    if seats is None:
+        raise Http404("no such event")
+    rows, bands = display.hall(seats.body)
+    return render(request, "shop/seat_map.html", {
+        "event": next((e for e in _events() if e.id == event_id), None),
+        "event_id": event_id,
+        "nav": "events",
+        "rows": rows,
+        "bands": bands,
+        "form": form,
+        # A new key for every form drawn; a reload of a refused POST sends
+        # the old one again, which the service refuses (or replays) the same way.
+        "idempotency_key": new_idempotency_key(),
+        "problem": problem,
+        "chosen": set(chosen),
+        "any_available": any(s.status == "available" for _, row in rows for s in row),
+    }, status=status)
+
+
+def _purchase_post(request, event_id: int):
+    # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE): a page
+    # and the API count one user's starts together.
+    throttle = PurchaseStartThrottle()
+    if not throttle.allow_request(request, None):
+        wait = throttle.wait()
+        retry_after = max(1, math.ceil(wait)) if wait is not None else None
+        response = render(request, "shop/throttled.html",
+                          {"retry_after": retry_after, "event_id": event_id}, status=429)
+        if retry_after is not None:
+            response["Retry-After"] = str(retry_after)
+        return response
+
+    form = PurchaseForm(request.POST)
+    chosen = request.POST.getlist("seats")
+    if not form.is_valid():
+        return _seat_map(request, event_id, form, status=400, chosen=chosen,
+                         problem={"code": "invalid", "text": _form_problem(form)})
+    data = form.cleaned_data
+    try:
+        if data["seats"]:
+            started = services.purchase_start(
+                user=request.user, idempotency_key=data["idempotency_key"], event_id=event_id,
+                seat_refs=data["seats"], payment_method=data["payment_method"])
+        else:
+            # Best available (docs/api.md, "Best available"): N adjacent seats the
+            # service chooses; exclusive with seat_refs.
+            started = services.purchase_start(
+                user=request.user, idempotency_key=data["idempotency_key"], event_id=event_id,
+                seat_refs=None, quantity=data["quantity"],
+                payment_method=data["payment_method"])
+    except SeatUnavailable as exc:
+        taken = ", ".join(exc.seats)
+        return _seat_map(request, event_id, form, status=409, chosen=chosen, problem={
+            "code": exc.code, "seats": exc.seats,
+            "text": f"Sorry, {_seat_words(exc.seats)} {taken} "
+                    f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
+                    f"Nothing was charged. The map below is up to date: choose again."})
+    except IdempotencyKeyReused as exc:
+        return _seat_map(request, event_id, form, status=422, chosen=chosen, problem={
+            "code": exc.code,
+            "text": "This form was already used for another purchase (see your purchases). "
+                    "Nothing new was bought; choose again below to make a new purchase."})
+    except (UnknownSeats, UnknownEvent) as exc:
+        return _seat_map(request, event_id, form, status=400, chosen=chosen, problem={
+            "code": "invalid", "text": f"Those seats are not in this hall ({exc}). "
+                                       f"Choose seats on the map."})
+    except NotEnoughSeats as exc:
+        return _seat_map(request, event_id, form, status=409, chosen=chosen, problem={
+            "code": exc.code,
+            "text": f"No row has {data['quantity']} free seats side by side "
+                    f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
+                    f"in all). Nothing was charged. Choose seats on the map, or ask for fewer."})
+    response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
+    # 303: the browser GETs the purchase; a reload there cannot POST again.
+    response.status_code = 303
+    return response
+
+
+def _seat_words(seats: list[str]) -> str:
+    return "seat" if len(seats) == 1 else "seats"
+
+
+def _form_problem(form: PurchaseForm) -> str:
+    messages = [str(m) for m in form.non_field_errors()]
+    for name, errors in form.errors.items():
+        if name != "__all__":
+            label = form.fields[name].label or name.replace("_", " ").capitalize()
+            messages += [f"{label}: {m}" for m in errors]
+    return " ".join(messages)
+
+
+# --- purchases ----------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def purchase_list(request):
+    paginator = Paginator(selectors.purchase_list(user=request.user), PAGE_SIZE)
+    try:
+        page = paginator.page(request.GET.get("page", 1))
+    except (EmptyPage, PageNotAnInteger) as exc:
+        raise Http404("no such page") from exc
+    names = _event_names()
+    rows = [{
+        "id": saga.pk,
+        "event": names.get(saga.event_id, f"event {saga.event_id}"),
+        "seats": selectors.saga_seat_refs(saga),
+        "total": format_money(saga.amount, saga.currency),
+        "created_at": saga.created_at,
+        "state": saga.state,
+        "status": display.list_headline(saga.state),
+    } for saga in page.object_list]
+    return render(request, "shop/purchase_list.html", {"page": page, "purchases": rows,
+                                                        "nav": "purchases"})
+
+
+def _purchase_context(saga) -> dict:
+    """What the purchase page and its fragment show: what GET /api/purchases/{id}/
+    answers (the same selector and the same buyer history), in words."""
+    seats = selectors.saga_seat_refs(saga)
+    refunded = bool(getattr(saga, "has_refund", False))
+    terminal = display.is_terminal(saga.state)
+    return {
+        "saga": saga,
+        "state": saga.state,
+        "version": saga.version,
+        "status": display.status_of(saga.state, refunded=refunded, seat_count=len(seats)),
+        "seats": seats,
+        "total": format_money(saga.amount, saga.currency),
+        "history": buyer_history(saga),
+        "holding": display.is_holding(saga.state),
+        "hold_expires_at": saga.reservation.hold_expires_at,
+        "tickets": (display.tickets(saga.reservation.ref, seats)
+                    if saga.state == "CONFIRMED" else []),
+        "reservation": saga.reservation.ref,
+        "terminal": terminal,
+        "poll_every": POLL_EVERY,
+        "poll_headers": display.poll_headers(saga.version),
+        "live_url": reverse("shop-purchase-live", args=[saga.pk]),
+    }
+
+
+@login_required
+@require_GET
+def purchase_detail(request, saga_id):
+    saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+    if saga is None:
+        raise Http404("no such purchase")  # another user's too, exactly alike
+    context = _purchase_context(saga)
+    context["event_name"] = _event_names().get(saga.event_id, f"event {saga.event_id}")
+    return render(request, "shop/purchase_detail.html", context)
+
+
+@require_GET
+def purchase_live(request, saga_id):
+    """The purchase page's live part, polled by htmx with the version it shows
+    as ``If-None-Match``: ``304`` (htmx leaves the page alone) after one
+    indexed query while the purchase has not moved, else the part anew with
+    its ETag. A terminal purchase's part polls no more."""
+    if not request.user.is_authenticated:
+        # Logged out meanwhile: reload the page, which goes to the login
+        # page and back (a redirect would swap the login form into the page).
+        if request.htmx:
+            return HttpResponseClientRefresh()
+        return redirect_to_login(request.get_full_path())
+    found = selectors.purchase_version(user=request.user, saga_id=saga_id)
+    if found is None:
+        raise Http404("no such purchase")
+    version, _state = found
+    etag = display.purchase_etag(version)
+    held = {tag.removeprefix("W/") for tag in parse_etags(request.headers.get("If-None-Match",
+                                                                                 ""))}
+    if etag.removeprefix("W/") in held or "*" in held:
+        response = HttpResponseNotModified()
+    else:
+        saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+        if saga is None:
+            raise Http404("no such purchase")
+        response = render(request, "shop/_purchase_live.html", _purchase_context(saga))
+        etag = display.purchase_etag(saga.version)  # what was rendered, if it moved since
+    response["ETag"] = etag
+    response["Cache-Control"] = "private, no-cache"
+    response["Vary"] = "Cookie"
+    return response
