@@ -99,17 +99,56 @@ class BenchDB:
             raise PhaseFailed("user ids are not contiguous")
         return users
 
-    def make_event(self, name: str, nseats: int, prefix: str = "S") -> tuple[int, int]:
-        """An event with seats prefix1..prefixN, inserted in one statement so
-        that their ids are contiguous; returns (event id, id offset)."""
+    def ensure_users(self, n: int) -> list[int]:
+        """At least ``n`` bench users with their tokens (``seed`` makes
+        ``USERS``; the others are added as ``seed`` names them, bench-0257...);
+        returns the ids of the first ``n`` by name."""
+        if n > 9999:
+            raise ValueError("bench user names have four digits")
+        with self.conn.transaction():
+            self.q(
+                "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name,"
+                " email, is_staff, is_active, date_joined)"
+                " SELECT '!', false, name, '', '', '', false, true, now()"
+                " FROM (SELECT g, 'bench-' || lpad(g::text, 4, '0') AS name"
+                "       FROM generate_series(1, %s) g) n"
+                " WHERE NOT EXISTS (SELECT 1 FROM auth_user u WHERE u.username = n.name)"
+                " ORDER BY g", [n])
+            self.q(
+                "INSERT INTO authtoken_token (key, created, user_id)"
+                " SELECT md5('bench-token-' || id), now(), id FROM auth_user u"
+                " WHERE username LIKE 'bench-%%'"
+                " AND NOT EXISTS (SELECT 1 FROM authtoken_token t WHERE t.user_id = u.id)")
+        return [r[0] for r in self.q("SELECT id FROM auth_user WHERE username LIKE 'bench-%%'"
+                                     " ORDER BY username LIMIT %s", [n])]
+
+    def make_event(self, name: str, nseats: int, prefix: str = "S",
+                   row_size: int | None = None) -> tuple[int, int]:
+        """An event with seats prefix1..prefixN (all in row ``prefix``), or
+        with ``row_size``, in rows of that many seats labelled A, B, ... Z,
+        AA, AB... (refs A1..A<row_size>, B1...; ``prefix`` unused), as best
+        available needs them; inserted in one statement so that their ids are
+        contiguous, row after row; returns (event id, id offset)."""
+        if row_size is not None and -(-nseats // row_size) > 26 * 27:
+            raise ValueError("at most 702 rows (A..ZZ)")
         with self.conn.transaction():
             (event_id,) = self.q1(
                 "INSERT INTO purchases_event (name, starts_at)"
                 " VALUES (%s, now() + interval '30 days') RETURNING id", [name])
-            self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
-                   " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
-                   " FROM generate_series(1, %s) g ORDER BY g",
-                   [event_id, prefix, prefix, nseats])
+            if row_size is None:
+                self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
+                       " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
+                       " FROM generate_series(1, %s) g ORDER BY g",
+                       [event_id, prefix, prefix, nseats])
+            else:
+                self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
+                       " currency, status) SELECT %s, label || num, label, num, 5000, 'EUR',"
+                       " 'available' FROM (SELECT g, (g - 1) %% %s + 1 AS num,"
+                       "   CASE WHEN r < 26 THEN chr(65 + r)"
+                       "   ELSE chr(64 + r / 26) || chr(65 + r %% 26) END AS label"
+                       "   FROM generate_series(1, %s) g, LATERAL (SELECT (g - 1) / %s AS r) x)"
+                       " AS s ORDER BY g",
+                       [event_id, row_size, nseats, row_size])
         lo, hi, n = self.q1("SELECT min(id), max(id), count(*) FROM purchases_seat"
                             " WHERE event_id = %s", [event_id])
         if hi - lo + 1 != n:

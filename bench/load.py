@@ -17,11 +17,12 @@ from bench.machine import machine_busy_seconds, tree_cpu_seconds
 from bench.stack import Stack
 
 
-def http_client(base_url: str, user_id: int) -> httpx.Client:
-    """A client authenticated as the bench user ``user_id``, one connection."""
+def http_client(base_url: str, user_id: int | None) -> httpx.Client:
+    """A client authenticated as the bench user ``user_id``, one connection
+    (``None``: anonymous; a request may still carry ``auth_headers``)."""
     return httpx.Client(
         base_url=base_url,
-        headers={"Authorization": f"Token {token(user_id)}"},
+        headers=auth_headers(user_id) if user_id is not None else {},
         timeout=httpx.Timeout(60.0),
         trust_env=False,  # 127.0.0.1 only, never through a proxy
         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
@@ -43,6 +44,32 @@ def post_purchase(client: httpx.Client, *, event_id: int, ref: str) -> tuple[int
         except httpx.TransportError as exc:
             if attempt == 2:
                 return -1, time.perf_counter() - started, f"{type(exc).__name__}: {exc}"
+    raise AssertionError("unreachable")
+
+
+def auth_headers(user_id: int) -> dict[str, str]:
+    return {"Authorization": f"Token {token(user_id)}"}
+
+
+def start_purchase(client: httpx.Client, body: dict, *,
+                   headers: dict | None = None) -> tuple[int, float, dict]:
+    """One purchase start with ``body`` (named ``seats`` or a ``quantity``);
+    (status, seconds, the answer's JSON for a 202 or a 409, else
+    ``{"head": ...}``). A dropped connection is retried once with the same
+    Idempotency-Key, as in ``post_purchase``."""
+    key = uuid.uuid4().hex
+    started = time.perf_counter()
+    for attempt in (1, 2):
+        try:
+            r = client.post("/api/purchases/", json=body,
+                            headers={**(headers or {}), "Idempotency-Key": key})
+            secs = time.perf_counter() - started
+            if r.status_code in (202, 409):
+                return r.status_code, secs, r.json()
+            return r.status_code, secs, {"head": r.text[:300]}
+        except httpx.TransportError as exc:
+            if attempt == 2:
+                return -1, time.perf_counter() - started, {"head": f"{type(exc).__name__}: {exc}"}
     raise AssertionError("unreachable")
 
 

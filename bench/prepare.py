@@ -44,7 +44,10 @@ def stack_env(*, pg: PG, broker_url: str, queue: str, gateway_port: int,
         "EMAIL_BACKEND": "django.core.mail.backends.dummy.EmailBackend",
         "PYTHONUNBUFFERED": "1",
     }
-    base_env.pop("CACHE_URL", None)  # per-process throttle counts; the rate is huge anyway
+    # The catalog's cache and the throttles' counts on the bench's own Redis
+    # database, as in production (not the checkout's var/cache files, which
+    # make run shares).
+    base_env["CACHE_URL"] = broker_url.replace("redis://", "rediscache://", 1)
     return base_env, {**base_env, "DATABASE_URL": pg.url(GATEWAY_DB)}
 
 

@@ -25,7 +25,9 @@ bench/figures/:
 8. catalog: the seats served from the cache vs the database; reserve with
    the cache's invalidation vs without;
 9. webhooks: e2e with one endpoint vs none; reserve with a receiver that
-   hangs past the timeout vs no endpoint.
+   hangs past the timeout vs no endpoint;
+10. on-sale: 2,000 buyers for 1,000 seats (quantities and named seats), time
+   to sold out, 202/409, double sales (must be 0), vs the reserve rate.
 
 This file is the runner: the arguments, the setup and teardown of the
 stack, the phase loop, the JSON and the table.
@@ -315,7 +317,7 @@ def main() -> int:
                              "30k timers, c=4 and 16 for the gateway figure")
     parser.add_argument("--phases", default="",
                         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-                             "gateway,catalog,webhooks,sweeps (default: all)")
+                             "gateway,catalog,webhooks,onsale,sweeps (default: all)")
     parser.add_argument("--duration", type=float, default=0,
                         help="seconds per throughput measurement (default 12, --full 60)")
     parser.add_argument("--redis-db", type=int, default=14,

@@ -16,6 +16,7 @@ from bench.figures import (
     e2e,
     gateway_latency,
     hot_seat,
+    onsale,
     reserve,
     sweeps,
     timers,
@@ -23,5 +24,5 @@ from bench.figures import (
 )
 
 WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog,
-              webhooks)
+              webhooks, onsale)
 WITHOUT_STACK = (sweeps,)

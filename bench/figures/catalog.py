@@ -4,10 +4,9 @@ view reading the database (``AVAILABILITY_CACHE=off``), a ``304`` against a
 cached ``200``; and what the invalidation costs a purchase: reserve
 throughput with the on-commit bump against without it.
 
-The bench's stack runs without ``CACHE_URL`` (each gunicorn worker would have
-its own cache), so for this figure gunicorn is restarted on Redis (the bench's
-own database, ``--redis-db``), once with the cache on and once off, then
-restarted as it was. The worker's consumer is paused while purchases are
+The bench's stack caches on Redis (the bench's own database, ``--redis-db``:
+bench/prepare.py); for this figure gunicorn is restarted once with the cache
+on and once off, then as it was. The worker's consumer is paused while purchases are
 measured, as in figure 1: the reserve is the request path alone.
 """
 
