@@ -4,7 +4,9 @@ fake gateway over HTTP on pytest-django's live server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -38,6 +40,25 @@ class Stack(ProcessGroup):
             "LOG_LEVEL": "INFO",
             **(extra_env or {}),
         }, tail_chars=6000)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, live_server, workdir: Path, *, extra_env: dict | None = None,
+                concurrency: int = 2, webhooks: bool = False) -> Iterator[Stack]:
+        """A worker (and, with ``webhooks``, a webhook worker) and a relay,
+        started and ready, calling the fake gateway on ``live_server``;
+        stopped on the way out."""
+        stack = cls(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=workdir,
+                    extra_env=extra_env)
+        try:
+            stack.start_worker(concurrency=concurrency)
+            if webhooks:
+                stack.start_webhook_worker(concurrency=concurrency)
+            stack.start_relay()
+            stack.wait_ready()
+            yield stack
+        finally:
+            stack.stop()
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
         self.start(name, celery_worker_argv(queue=settings.CELERY_TASK_DEFAULT_QUEUE,

@@ -12,10 +12,8 @@ a receiver on 127.0.0.1 that answers 204.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import StringIO
 
 import pytest
@@ -33,6 +31,7 @@ from webhooks.services import webhook_endpoint_create, webhook_endpoint_update
 from . import test_audit as base
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory
+from .webhook_receiver import Receiver
 
 ALL = ["purchase.confirmed", "purchase.failed", "purchase.refunded", "purchase.needs_attention"]
 BEFORE = datetime(2026, 12, 2, 11, 0, tzinfo=UTC)  # an hour before the story (T0)
@@ -42,41 +41,11 @@ AFTER = datetime(2026, 12, 2, 13, 0, tzinfo=UTC)  # after every saga of the stor
 story = base.story
 
 
-class _Receiver:
-    """Answers 204 to every POST, on 127.0.0.1, in a thread."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                self.rfile.read(int(self.headers.get("content-length") or 0))
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            block_on_close = False
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver_url(settings):
     settings.WEBHOOK_ALLOW_LOCAL_URLS = True
-    receiver = _Receiver()
-    yield receiver.url
+    receiver = Receiver()  # answers 200 to every POST
+    yield receiver.url()
     receiver.close()
 
 

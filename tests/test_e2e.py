@@ -19,13 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def stack(live_server, tmp_path, broker_queue):
-    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path,
-              extra_env={"RECONCILE_BACKOFF_SECONDS": "1,1,1,1,1,1"})
-    s.start_worker()
-    s.start_relay()
-    s.wait_ready()
-    yield s
-    s.stop()
+    with Stack.running(live_server, tmp_path,
+                       extra_env={"RECONCILE_BACKOFF_SECONDS": "1,1,1,1,1,1"}) as s:
+        yield s
 
 
 @pytest.fixture

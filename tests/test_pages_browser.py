@@ -63,13 +63,9 @@ def browser():
 def stack(live_server, tmp_path, broker_queue):
     # The first reconcile probe 3 s after a lost answer: long enough to see
     # "confirming with your bank" on the page, short enough for a test.
-    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path,
-              extra_env={"RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1"})
-    s.start_worker()
-    s.start_relay()
-    s.wait_ready()
-    yield s
-    s.stop()
+    with Stack.running(live_server, tmp_path,
+                       extra_env={"RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1"}) as s:
+        yield s
 
 
 @pytest.fixture

@@ -34,34 +34,24 @@ LONG_TIMEOUT = 20.0  # the narrow stack's WEBHOOK_TIMEOUT_SECONDS
 
 @pytest.fixture
 def stack(live_server, tmp_path, broker_queue):
-    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path, extra_env={
+    with Stack.running(live_server, tmp_path, webhooks=True, extra_env={
         "WEBHOOK_ALLOW_LOCAL_URLS": "true",
         "WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT),
         "WEBHOOK_RETRY_SECONDS": "1,1",
-    })
-    s.start_worker()
-    s.start_webhook_worker()
-    s.start_relay()
-    s.wait_ready()
-    yield s
-    s.stop()
+    }) as s:
+        yield s
 
 
 @pytest.fixture
 def narrow_stack(live_server, tmp_path, broker_queue):
     """One saga worker process and one webhook worker process: were the
     attempts on the saga's pool, one hanging attempt would stop every saga."""
-    s = Stack(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=tmp_path, extra_env={
+    with Stack.running(live_server, tmp_path, concurrency=1, webhooks=True, extra_env={
         "WEBHOOK_ALLOW_LOCAL_URLS": "true",
         "WEBHOOK_TIMEOUT_SECONDS": str(LONG_TIMEOUT),
         "WEBHOOK_RETRY_SECONDS": "60",
-    })
-    s.start_worker(concurrency=1)
-    s.start_webhook_worker(concurrency=1)
-    s.start_relay()
-    s.wait_ready()
-    yield s
-    s.stop()
+    }) as s:
+        yield s
 
 
 @pytest.fixture
