@@ -120,6 +120,7 @@ def _cached(scope: int | str, build: Callable[[], bytes | None],
         return _from_database(build)
     try:
         found = cache.get_many([_version_key(scope), _tag_key(scope)])
+        drawn = found.get(_version_key(scope)) is None
         version = found.get(_version_key(scope)) or _draw_version(_version_key(scope))
         tag = found.get(_tag_key(scope))
         if tag is not None and tag["version"] == version:
@@ -135,6 +136,10 @@ def _cached(scope: int | str, build: Callable[[], bytes | None],
     # read moves the version, so this entry cannot hide it past the move.
     body = build()
     if body is None:
+        if drawn:
+            # No such event: keep no version for it (versions never expire,
+            # and anyone may ask about any id).
+            _forget_version(_version_key(scope))
         return None
     etag = f'W/"{version}.{hashlib.blake2b(body, digest_size=8).hexdigest()}"'
     try:
@@ -155,6 +160,13 @@ def _names(held: Collection[str], etag: str) -> bool:
 def _from_database(build: Callable[[], bytes | None]) -> Catalog | None:
     body = build()
     return None if body is None else Catalog(etag=None, body=body)
+
+
+def _forget_version(version_key: str) -> None:
+    try:
+        cache.delete(version_key)
+    except Exception:  # whatever the backend raises: a stray key, nothing worse
+        logger.warning("availability cache unreachable", exc_info=True)
 
 
 def _draw_version(version_key: str) -> str:

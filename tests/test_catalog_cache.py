@@ -356,6 +356,19 @@ def test_a_cached_catalog_read_sends_no_query(anon_api, event):
     assert [q["sql"] for q in queries.captured_queries] == []
 
 
+def test_asking_for_events_that_do_not_exist_leaves_nothing_in_the_cache(
+        anon_api, cache_of_this_test):
+    """The catalog is public: a version drawn for every id anyone asks about
+    would be a key that never expires, per id."""
+    client = caches["default"]._cache.get_client(write=True)
+
+    answers = [anon_api.get(f"{EVENTS}{n}/seats/").status_code
+               for n in range(900_000, 900_020)]
+
+    assert set(answers) == {404}
+    assert list(client.scan_iter(match=f"{cache_of_this_test}:*", count=1000)) == []
+
+
 def test_the_seats_show_their_row_and_number(anon_api):
     event = EventFactory(seats=["B2", "A10", "A1"], seats__price=3100)
 
