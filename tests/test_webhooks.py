@@ -12,9 +12,12 @@ run``), except where a test checks the rules for public URLs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import socket
 import ssl
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -582,6 +585,40 @@ def test_the_connection_goes_to_the_address_that_was_checked(alice, event, gatew
     [got] = receiver.requests
     assert got.headers["host"] == f"hooks.boxoffice.test:{receiver.port}"
     assert resolver.calls == 1  # one resolution per attempt: the checked one
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_timeout():
+    """httpx's timeouts are per read: a receiver that sends a byte every
+    0.2 s never trips a 1 s timeout. The attempt has one deadline for the
+    whole answer, so it cannot hold a webhook worker past it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(40):  # 8 s of one header byte at a time
+                if stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"X")
+                time.sleep(0.2)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    target = url_safety.check_url(f"http://127.0.0.1:{server.getsockname()[1]}/hook")
+    started = time.monotonic()
+    try:
+        answer = post(target, headers={}, body=b"{}", timeout=1.0)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.close()
+
+    assert answer.status_code is None
+    assert "timeout" in answer.error
+    assert took < 4, f"the attempt took {took:.1f}s: no deadline on the whole answer"
 
 
 def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):

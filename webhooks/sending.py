@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ from config.transactions import open_atomic_blocks
 from .url_safety import DEFAULT_PORTS, Target
 
 EXCERPT_CHARS = 500
+# The whole exchange's deadline is the timeout and this: httpx's own timeouts
+# (per connect, write, read) answer first whenever they can say which.
+_DEADLINE_SLACK_SECONDS = 0.5
 _READ_AT_MOST = 4096  # bytes of the answer's body read at all
 USER_AGENT = "boxoffice-webhooks/1"
 
@@ -77,31 +81,53 @@ def build_request(target: Target, *, headers: dict[str, str], body: bytes) -> ht
 
 def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float) -> Answer:
     """POST ``body`` to ``target``; never raises for what the network or the
-    receiver does."""
+    receiver does.
+
+    ``timeout`` bounds each connect, write and read (httpx's timeouts) and
+    also the whole exchange: a receiver that trickles its answer a byte at a
+    time never trips a per-read timeout, so the exchange runs in a thread of
+    its own and the attempt ends at the deadline whatever it is doing. The
+    connection is then closed, which ends that thread at its next read."""
     assert_no_transaction("webhook POST")
-    request = build_request(target, headers=headers, body=body)
+    request = build_request(target, headers={**headers, "Accept-Encoding": "identity"},
+                            body=body)
     started = time.monotonic()
+    client = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False,
+                          verify=_tls())
+    outcome: list[Answer] = []
+    exchange = threading.Thread(target=lambda: outcome.append(_exchange(client, request,
+                                                                          started, timeout)),
+                                name="webhook-post", daemon=True)
+    exchange.start()
+    exchange.join(timeout + _DEADLINE_SLACK_SECONDS)
+    if outcome:
+        client.close()
+        return outcome[0]
+    client.close()  # the abandoned exchange fails at its next read and ends
+    return Answer(latency_ms=_ms_since(started),
+                  error=f"timeout after {timeout:g}s (no complete answer)")
 
-    def took() -> float:
-        return round((time.monotonic() - started) * 1000, 1)
 
+def _exchange(client: httpx.Client, request: httpx.Request, started: float,
+              timeout: float) -> Answer:
     try:
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False,
-                          verify=_tls()) as client:
-            response = client.send(request, stream=True)
-            try:
-                latency = took()
-                head = b""
-                for chunk in response.iter_bytes():
-                    head += chunk
-                    if len(head) >= _READ_AT_MOST:
-                        break
-            finally:
-                response.close()
+        response = client.send(request, stream=True)
+        try:
+            latency = _ms_since(started)
+            head = b""
+            # Raw bytes: a compressed answer is not inflated here.
+            for chunk in response.iter_raw():
+                head += chunk
+                if len(head) >= _READ_AT_MOST:
+                    break
+        finally:
+            response.close()
     except httpx.TimeoutException as exc:
-        return Answer(latency_ms=took(), error=f"timeout after {timeout:g}s ({type(exc).__name__})")
+        return Answer(latency_ms=_ms_since(started),
+                      error=f"timeout after {timeout:g}s ({type(exc).__name__})")
     except httpx.HTTPError as exc:
-        return Answer(latency_ms=took(), error=_short(f"{type(exc).__name__}: {exc}"))
+        return Answer(latency_ms=_ms_since(started),
+                      error=_short(f"{type(exc).__name__}: {exc}"))
     excerpt = head.decode("utf-8", errors="replace")[:EXCERPT_CHARS]
     code = response.status_code
     if 200 <= code < 300:
@@ -112,6 +138,10 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     else:
         error = f"HTTP {code}"
     return Answer(status_code=code, latency_ms=latency, error=error, excerpt=excerpt)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 def _short(text: str) -> str:
