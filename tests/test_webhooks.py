@@ -18,6 +18,7 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -41,6 +42,7 @@ from webhooks.services import (
     WebhookOutsideTransaction,
     WebhookResendRefused,
     webhook_endpoint_create,
+    webhook_endpoint_delete,
     webhook_endpoint_rotate_secret,
     webhook_endpoint_update,
     webhook_publish,
@@ -385,6 +387,46 @@ def test_an_endpoint_subscribed_to_other_types_receives_nothing(alice, event, ga
 
 
 # --- in the saga's commit, never before it --------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_an_endpoint_while_a_saga_commits_its_webhook_breaks_neither(receiver):
+    """The saga's commit reads the endpoints it writes deliveries for under a
+    key-share lock: a delete waits for that commit (and then deletes the new
+    delivery too) instead of making the saga's commit fail on the foreign
+    key (PostgreSQL checks it at COMMIT)."""
+    endpoint = _endpoint(receiver)
+    saga_id = uuid.uuid4()
+    published, deleted = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    def delete_meanwhile():
+        published.wait(10)
+        try:
+            webhook_endpoint_delete(endpoint_id=endpoint.pk)
+        except Exception as exc:  # noqa: BLE001 - the failure is the result
+            errors.append(f"delete: {type(exc).__name__}: {exc}")
+        finally:
+            deleted.set()
+            connection.close()
+
+    other = threading.Thread(target=delete_meanwhile)
+    other.start()
+    try:
+        with transaction.atomic():
+            written = webhook_publish(event_type="purchase.confirmed", saga_id=saga_id,
+                                      event_id=None, data={"x": 1}, now=None)
+            published.set()
+            # The delete runs now: it must wait for this commit, not pass it.
+            assert not deleted.wait(1.0), "the delete did not wait for the saga's commit"
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"saga commit: {type(exc).__name__}: {exc}")
+    other.join(20)
+
+    assert errors == []
+    assert len(written) == 1
+    assert not WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
+    assert not WebhookDelivery.objects.filter(saga_id=saga_id).exists()
 
 
 @pytest.mark.django_db

@@ -198,7 +198,7 @@ def webhook_endpoint_delete(*, endpoint_id: int) -> None:
     """Delete an endpoint with its deliveries and their attempts. An attempt
     still armed in the outbox finds no delivery and does nothing."""
     with transaction.atomic(durable=True):
-        endpoint = lock_objects.endpoint_for_update(endpoint_id=endpoint_id)
+        endpoint = lock_objects.endpoint_for_update(endpoint_id=endpoint_id, delete=True)
         if endpoint is None:
             raise WebhookNotFound(f"no webhook endpoint {endpoint_id}")
         endpoint.delete()
@@ -244,8 +244,8 @@ def webhook_publish(*, event_type: str, saga_id, event_id: int | None,
     now = now or timezone.now()
     # A handful of endpoints: filtered here, so that SQLite (the embedded
     # mode, no JSON containment) reads them the same way.
-    endpoint_ids = [pk for pk, events in WebhookEndpoint.objects.filter(enabled=True)
-                    .values_list("pk", "events") if event_type in events]
+    endpoint_ids = [pk for pk, events in lock_objects.enabled_endpoints_key_share()
+                    if event_type in events]
     if not endpoint_ids:
         return []
     body = json.dumps({"type": str(event_type), "timestamp": iso_z(now),
