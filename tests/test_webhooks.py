@@ -527,6 +527,9 @@ def public_only(settings):
     ("https://10.1.2.3/x", [], "not public"),
     ("https://169.254.169.254/latest/meta-data", [], "not public"),
     ("https://[::ffff:192.168.0.1]/x", [], "not public"),
+    # Deprecated site-local IPv6 (fec0::/10): Python 3.11 calls it global.
+    ("https://[fec0::1]/x", [], "not public"),
+    ("https://site.example.com/x", ["fec0:0:0:1::5"], "not public"),
     ("https://localhost/x", ["127.0.0.1"], "not public"),
     ("https://intranet.example.com/x", ["192.168.1.10"], "not public"),
     # Every address the name resolves to must be public, not only the first.

@@ -79,6 +79,8 @@ class WebhookDelivery(models.Model):
             # An endpoint's deliveries, newest first (the API's list).
             models.Index(fields=["endpoint", "-created_at", "-id"],
                          name="webhook_delivery_by_endpoint"),
+            # An endpoint's deliveries counted by status (its list, the admin).
+            models.Index(fields=["endpoint", "status"], name="webhook_delivery_by_status"),
         ]
         permissions = [
             ("resend_webhookdelivery", "Can resend a webhook delivery"),

@@ -79,6 +79,8 @@ def why_not_allowed(address: str, *, allow_local: bool) -> str:
         return "unspecified"
     if ip.is_link_local:
         return "link-local"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "site-local"  # fec0::/10: deprecated, never public (3.11 calls it global)
     if ip.is_multicast:
         return "multicast"
     if ip.is_loopback:
