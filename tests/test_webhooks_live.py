@@ -190,3 +190,44 @@ def test_a_hanging_receiver_does_not_hold_up_the_sagas(narrow_stack, http, recei
     # The attempts really were in flight: the receiver holds every one.
     narrow_stack.wait_for(lambda: len(receiver.requests) >= 1, "an attempt at the receiver")
     assert WebhookAttempt.objects.count() == 0  # none has come back yet
+
+
+def test_a_real_worker_retries_with_the_same_webhook_id_fails_after_the_schedule_and_resends(
+        stack, http, receiver):
+    """The worker's schedule here is two retries 1 s apart (WEBHOOK_RETRY_SECONDS
+    "1,1"). First purchase: 500, then 200 -> delivered on the retry, one
+    webhook-id. Second: 500 three times -> failed; a resend through the staff
+    API is one more attempt with the same webhook-id, answered 200."""
+    endpoint = webhook_endpoint_create(url=receiver.url(), events=["purchase.confirmed"])
+    event = EventFactory(seats=["A1", "A2"])
+    auth = _login(http, "dave")
+
+    receiver.script = [500]
+    retried, _ = _buy(http, auth, event, "A1", "pm_card_visa", "live-retry")
+    stack.wait_for(lambda: WebhookDelivery.objects.filter(
+        saga_id=retried["id"], status="delivered").exists(), "the retry to be delivered")
+    receiver.script = [500, 500, 500]
+    failing, _ = _buy(http, auth, event, "A2", "pm_card_visa", "live-fail")
+    stack.wait_for(lambda: WebhookDelivery.objects.filter(
+        saga_id=failing["id"], status="failed").exists(), "the schedule to run out")
+    failed = WebhookDelivery.objects.get(saga_id=failing["id"])
+    staff = UserFactory(username="ops", password="pw-ops", is_staff=True)
+    token = http.post("/api/auth/token/", json={"username": staff.username,
+                                                "password": "pw-ops"}).json()["token"]
+    resent = http.post(f"/api/webhook-endpoints/{endpoint.pk}/deliveries/{failed.pk}/resend/",
+                       headers={"Authorization": f"Token {token}"}, json={})
+    assert resent.status_code == 202, resent.text
+    stack.wait_for(lambda: WebhookDelivery.objects.get(pk=failed.pk).status == "delivered",
+                   "the resend to be delivered")
+
+    ids = {}
+    for request in receiver.requests:
+        payload = request.verify(endpoint.secret)
+        ids.setdefault(payload["data"]["purchase"]["id"], set()).add(
+            request.headers["webhook-id"])
+    assert {saga: len(found) for saga, found in ids.items()} == {retried["id"]: 1,
+                                                                failing["id"]: 1}
+    codes = {d.saga_id.hex: [a.status_code for a in d.attempts.order_by("number")]
+             for d in WebhookDelivery.objects.filter(endpoint=endpoint)}
+    assert codes == {retried["id"].replace("-", ""): [500, 200],
+                     failing["id"].replace("-", ""): [500, 500, 500, 200]}
