@@ -116,10 +116,13 @@ def test_adding_an_endpoint_creates_it_and_shows_its_secret_once(admin_client):
     # The service's atomic(durable=True) raises if it runs inside the atomic
     # block Django's admin opens around a POST (see the next test): that it
     # created the endpoint is the proof that the admin does not open one.
-    response = admin_client.post(ADD, {
+    posted = admin_client.post(ADD, {
         "url": URL, "events": ["purchase.confirmed", "purchase.refunded"],
         "description": "the ERP"})
 
+    # Post/redirect/get: a reload of the page that shows the secret is a GET.
+    assert posted.status_code == 303
+    response = admin_client.get(posted["Location"])
     assert response.status_code == 200
     endpoint = WebhookEndpoint.objects.get()
     assert (endpoint.url, endpoint.events, endpoint.description, endpoint.enabled) == (
@@ -127,6 +130,9 @@ def test_adding_an_endpoint_creates_it_and_shows_its_secret_once(admin_client):
     html = response.content.decode()
     assert endpoint.secret.startswith("whsec_") and endpoint.secret in html
     assert "it is not shown again" in html
+    reload = admin_client.get(posted["Location"]).content.decode()
+    assert endpoint.secret.removeprefix("whsec_") not in reload
+    assert WebhookEndpoint.objects.count() == 1
     [entry] = _log(endpoint, ADDITION)
     assert entry.user.username == "admin"
 
@@ -226,14 +232,16 @@ def test_rotating_shows_the_new_secret_once_and_the_old_one_is_gone(admin_client
     assert WebhookEndpoint.objects.get().secret == endpoint.secret  # a GET changes nothing
     assert endpoint.secret not in confirm.content.decode()
 
-    rotated = admin_client.post(_rotate(endpoint))
+    posted = admin_client.post(_rotate(endpoint))
 
-    assert rotated.status_code == 200
+    assert posted.status_code == 303
+    rotated = admin_client.get(posted["Location"])
     new = WebhookEndpoint.objects.get().secret
     assert new != endpoint.secret and new.startswith("whsec_")
     html = rotated.content.decode()
     assert new in html and endpoint.secret not in html
     assert "it is not shown again" in html
+    assert new.removeprefix("whsec_") not in admin_client.get(posted["Location"]).content.decode()
     assert new.removeprefix("whsec_") not in admin_client.get(_change(endpoint)).content.decode()
     [entry] = _log(endpoint, CHANGE)
     assert "Rotated the secret" in entry.get_change_message()
@@ -314,7 +322,9 @@ def test_changing_lets_staff_rotate_but_not_delete(staff):
     editor = staff(*VIEW, "change_webhookendpoint")
 
     assert editor.get(ADD).status_code == 403
-    assert editor.post(_rotate(endpoint)).status_code == 200
+    rotated = editor.post(_rotate(endpoint))
+    assert rotated.status_code == 303
+    assert editor.get(rotated["Location"]).status_code == 200
     assert editor.post(_delete(endpoint), {"post": "yes"}).status_code == 403
     assert WebhookEndpoint.objects.get().secret != endpoint.secret
 

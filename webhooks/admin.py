@@ -33,7 +33,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
-from django.http import Http404, HttpResponseNotAllowed
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.decorators import method_decorator
@@ -59,6 +59,9 @@ from .services import (
     webhook_endpoint_update,
     webhook_resend,
 )
+
+# Where a new secret waits for the one page that shows it (_show_once).
+_SECRET_SESSION_KEY = "webhooks:secret-shown-once"
 
 # A resend is one POST each: more than this at once is a job for a script.
 RESEND_MAX_DELIVERIES = 100
@@ -142,7 +145,10 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         rotate = path("<path:object_id>/rotate-secret/",
                       self.admin_site.admin_view(self.rotate_secret_view),
                       name=f"{self.opts.app_label}_{self.opts.model_name}_rotate_secret")
-        return [rotate, *super().get_urls()]
+        shown = path("<path:object_id>/secret/",
+                     self.admin_site.admin_view(self.secret_view),
+                     name=f"{self.opts.app_label}_{self.opts.model_name}_secret")
+        return [rotate, shown, *super().get_urls()]
 
     # --- columns ------------------------------------------------------------------
 
@@ -193,8 +199,8 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         pass  # saved by its service while the form was validated (EndpointForm)
 
     def response_add(self, request, obj, post_url_continue=None):
-        return self._secret_page(request, obj, secret=obj.secret,
-                                 done="The endpoint was added, enabled.")
+        return self._show_once(request, obj, secret=obj.secret,
+                               done="The endpoint was added, enabled.")
 
     # --- the secret: shown once ------------------------------------------------------
 
@@ -215,9 +221,33 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         except WebhookNotFound as exc:
             raise Http404("No such webhook endpoint.") from exc
         self.log_change(request, endpoint, "Rotated the secret (the old one stopped working).")
-        return self._secret_page(request, endpoint, secret=secret,
-                                 done="The secret was rotated: the old one no longer signs "
-                                      "anything, retries of older deliveries included.")
+        return self._show_once(request, endpoint, secret=secret,
+                               done="The secret was rotated: the old one no longer signs "
+                                    "anything, retries of older deliveries included.")
+
+    def _show_once(self, request, endpoint, *, secret: str, done: str):
+        """Post/redirect/get: the secret waits in the session for the one GET
+        that shows it, so a reload neither repeats the POST (a second
+        endpoint, another rotation) nor shows the secret again."""
+        request.session[_SECRET_SESSION_KEY] = {"endpoint": endpoint.pk, "secret": secret,
+                                                "done": done}
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_secret",
+                      args=[endpoint.pk])
+        return HttpResponseRedirect(url, status=303)
+
+    def secret_view(self, request, object_id):
+        endpoint = self.get_object(request, unquote(object_id))
+        if endpoint is None:
+            raise Http404("No such webhook endpoint.")
+        if not self.has_view_permission(request, endpoint):
+            raise PermissionDenied
+        waiting = request.session.pop(_SECRET_SESSION_KEY, None)
+        if not waiting or waiting.get("endpoint") != endpoint.pk:
+            if waiting:
+                request.session[_SECRET_SESSION_KEY] = waiting  # another endpoint's
+            return self._secret_page(request, endpoint)
+        return self._secret_page(request, endpoint, secret=waiting["secret"],
+                                 done=waiting["done"])
 
     def _change_url(self, endpoint) -> str:
         return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
