@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django import forms
+from django.db.models import QuerySet
 
 REASON_MAX_LENGTH = 300
 
@@ -39,3 +42,21 @@ class ReadOnlyAdminMixin:
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+def exact_search(queryset: QuerySet, search_term: str, *, field: str) -> tuple[QuerySet, bool]:
+    """An admin search that finds rows exactly, through their indexes: a
+    saga id (``saga_id``), a primary key, or ``field`` (unique, compared as
+    typed). What ``get_search_results`` returns: no duplicates possible."""
+    term = search_term.strip()
+    if not term:
+        return queryset, False
+    try:
+        return queryset.filter(saga_id=uuid.UUID(term)), False
+    except ValueError:
+        pass
+    exact = queryset.filter(**{field: term})
+    if term.isdigit():
+        return queryset.filter(pk=int(term)) | exact, False
+    return exact, False
+

@@ -10,7 +10,6 @@ calls the same service as ``manage.py outbox_replay``
 from __future__ import annotations
 
 import json
-import uuid
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -19,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from config.admin import ReasonForm
+from config.admin import ReasonForm, exact_search
 
 from .models import InboxEntry, OutboxMessage
 from .services import outbox_replay
@@ -157,17 +156,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                                                        default=str))
 
     def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(saga_id=uuid.UUID(term)), False
-        except ValueError:
-            pass
-        if term.isdigit():
-            return queryset.filter(pk=int(term)) | queryset.filter(key=term), False
-        # Exact and case-sensitive: the unique index answers it.
-        return queryset.filter(key=term), False
+        return exact_search(queryset, search_term, field="key")
 
     # --- the replay action ------------------------------------------------------
 

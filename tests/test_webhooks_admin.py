@@ -393,3 +393,20 @@ def test_staff_who_may_not_read_deliveries_do_not_see_them_on_the_endpoint_page(
     html = staff("view_webhookendpoint").get(_change(endpoint)).content.decode()
 
     assert delivery.message_id not in html and 'id="endpoint-deliveries"' not in html
+
+
+def test_the_delivery_list_finds_a_saga_id_a_delivery_id_or_a_webhook_id_exactly(
+        admin_client):
+    endpoint = _endpoint()
+    one, other = _delivery(endpoint), _delivery(endpoint, message_id="msg_wanted")
+
+    def found(term) -> set[int]:
+        page = admin_client.get(DELIVERIES, {"q": term})
+        assert page.status_code == 200
+        return set(page.context["cl"].queryset.values_list("pk", flat=True))
+
+    assert found(str(one.saga_id)) == {one.pk}
+    assert found(f"  {other.pk} ") == {other.pk}
+    assert found("msg_wanted") == {other.pk}
+    assert found("msg_want") == set()  # exact: the unique index answers it
+    assert found("") == {one.pk, other.pk}

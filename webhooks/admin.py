@@ -24,7 +24,6 @@ writes the admin log.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from django import forms
@@ -41,7 +40,7 @@ from django.utils.html import format_html
 from django.views.decorators.csrf import csrf_protect
 
 from common.time import format_utc_seconds
-from config.admin import ReadOnlyAdminMixin, ReasonForm
+from config.admin import ReadOnlyAdminMixin, ReasonForm, exact_search
 
 from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
 from .models import (
@@ -403,16 +402,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return format_html("<pre style=\"white-space: pre-wrap\">{}</pre>", obj.body)
 
     def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(saga_id=uuid.UUID(term)), False
-        except ValueError:
-            pass
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
-        return queryset.filter(message_id=term), False
+        return exact_search(queryset, search_term, field="message_id")
 
     # --- the resend action ----------------------------------------------------------
 
