@@ -3,9 +3,11 @@ synchronous outbox drain that runs the whole story without sleeping."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -152,3 +154,36 @@ def work_callbacks(callbacks: list) -> list:
     moves (purchases/availability.py): what is left is the work it hands on
     (the charge's enqueue)."""
     return [c for c in callbacks if getattr(c, "func", None) is not availability_bump]
+
+
+def race(n, attempt, *, lock_timeout=None):
+    """Run ``attempt(i)`` on n threads released together by a barrier; each
+    thread has its own database connection (with ``lock_timeout`` set on it
+    when given). Returns the results (or exceptions) by index."""
+    barrier = threading.Barrier(n, timeout=60)
+    results = [None] * n
+
+    def run(i):
+        try:
+            if lock_timeout is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET lock_timeout = '{lock_timeout}'")
+            barrier.wait()
+            results[i] = attempt(i)
+            if lock_timeout is not None:
+                # The request ran on this very connection, with the timeout.
+                with connection.cursor() as cursor:
+                    cursor.execute("SHOW lock_timeout")
+                    assert cursor.fetchone()[0] == lock_timeout
+        except Exception as exc:  # noqa: BLE001 - the verdict is the result
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a buyer is still waiting"
+    return results

@@ -9,7 +9,6 @@ deadlock with named-seat buyers."""
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import pytest
 from django.db import connection, transaction
@@ -29,7 +28,7 @@ from purchases.models import (
 from purchases.saga import start
 from purchases.services import purchase_start, request_fingerprint, saga_charge
 
-from .conftest import new_key
+from .conftest import new_key, race
 from .factories import EventFactory, UserFactory
 
 PURCHASES = "/api/purchases/"
@@ -354,39 +353,6 @@ def test_the_fingerprint_of_a_named_seats_body_did_not_change():
 # --- concurrency, on real connections ----------------------------------------------------
 
 
-def _race(n, attempt, *, lock_timeout=None):
-    """Run ``attempt(i)`` on n threads released together by a barrier; each
-    thread has its own database connection (with ``lock_timeout`` set on it
-    when given). Returns the results (or exceptions) by index."""
-    barrier = threading.Barrier(n, timeout=60)
-    results = [None] * n
-
-    def run(i):
-        try:
-            if lock_timeout is not None:
-                with connection.cursor() as cursor:
-                    cursor.execute(f"SET lock_timeout = '{lock_timeout}'")
-            barrier.wait()
-            results[i] = attempt(i)
-            if lock_timeout is not None:
-                # The request ran on this very connection, with the timeout.
-                with connection.cursor() as cursor:
-                    cursor.execute("SHOW lock_timeout")
-                    assert cursor.fetchone()[0] == lock_timeout
-        except Exception as exc:  # noqa: BLE001 - the verdict is the result
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a buyer is still waiting"
-    return results
-
-
 def _client(user) -> APIClient:
     client = APIClient()
     client.force_authenticate(user)
@@ -428,7 +394,7 @@ def test_fifty_best_available_buyers_never_wait_and_never_share_a_seat():
     quantities = [i % 4 + 1 for i in range(50)]
 
     # when: all at once, each with lock_timeout set
-    results = _race(50, lambda i: _answer(post(_client(buyers[i]),
+    results = race(50, lambda i: _answer(post(_client(buyers[i]),
                                                best_body(event, quantities[i]))),
                     lock_timeout=LOCK_TIMEOUT)
 
@@ -480,7 +446,7 @@ def test_best_available_beside_named_seat_buyers_no_double_sale_no_deadlock():
         return None
 
     # when
-    results = _race(n, attempt)
+    results = race(n, attempt)
 
     # then
     allowed = {(202, None), (409, "not_enough_seats"), (409, "seat_unavailable")}
@@ -515,7 +481,7 @@ def test_a_seat_locked_by_another_transaction_is_skipped_not_waited_on():
                            [seat.pk])
 
         # when: a best-available buyer on its own connection, lock_timeout set
-        [result] = _race(1, lambda i: _answer(post(_client(buyer), best_body(event, 2),
+        [result] = race(1, lambda i: _answer(post(_client(buyer), best_body(event, 2),
                                                    key="skip-1")),
                          lock_timeout=LOCK_TIMEOUT)
 
@@ -546,7 +512,7 @@ def test_seats_being_taken_are_not_counted_as_available():
             cursor.execute(f"SELECT id FROM {Seat._meta.db_table} WHERE id = %s FOR UPDATE",
                            [seat.pk])
 
-        [result] = _race(1, lambda i: purchase_start(
+        [result] = race(1, lambda i: purchase_start(
             user=buyer, idempotency_key=new_key(), event_id=event.pk, quantity=2,
             payment_method="pm_card_visa"), lock_timeout=LOCK_TIMEOUT)
 

@@ -1,10 +1,8 @@
 """The start transaction: seats locked on real concurrent connections, and a
 failed start leaves nothing behind (no saga, timer, outbox row or task)."""
 
-import threading
 
 import pytest
-from django.db import connection
 
 from outbox.models import OutboxMessage
 from purchases.errors import SeatUnavailable
@@ -18,7 +16,7 @@ from purchases.models import (
 )
 from purchases.services import purchase_start
 
-from .conftest import new_key, start_purchase, work_callbacks
+from .conftest import new_key, race, start_purchase, work_callbacks
 from .factories import EventFactory, UserFactory
 
 
@@ -30,29 +28,6 @@ def _counts():
     }
 
 
-def _race(n, attempt):
-    """Run ``attempt(i)`` on n threads released together; each thread has its
-    own database connection. Returns the results (or exceptions) by index."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = attempt(i)
-        except Exception as exc:  # noqa: BLE001 - the verdict is the result
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 def test_two_connections_race_for_one_seat_one_wins():
     # given: one seat, two buyers on two real connections
@@ -60,7 +35,7 @@ def test_two_connections_race_for_one_seat_one_wins():
     buyers = [UserFactory(username="racer0"), UserFactory(username="racer1")]
 
     # when
-    results = _race(2, lambda i: purchase_start(
+    results = race(2, lambda i: purchase_start(
         user=buyers[i], idempotency_key=new_key(), event_id=event.pk, seat_refs=["A1"],
         payment_method="pm_card_visa"))
 
@@ -84,7 +59,7 @@ def test_many_buyers_overlapping_seats_never_share_a_seat():
     wanted = [[f"A{(i % 6) + 1}", f"A{((i + 1) % 6) + 1}"][:: 1 if i % 2 else -1]
               for i in range(12)]
 
-    results = _race(12, lambda i: purchase_start(
+    results = race(12, lambda i: purchase_start(
         user=buyers[i], idempotency_key=new_key(), event_id=event.pk, seat_refs=wanted[i],
         payment_method="pm_card_visa"))
 
