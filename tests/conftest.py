@@ -18,6 +18,13 @@ from outbox.relay import relay_tick
 from payments.fake_gateway.inprocess import InProcessFakeGateway
 from payments.registry import override_gateway
 from purchases.availability import availability_bump
+from purchases.models import (
+    IdempotencyRecord,
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    SagaHistory,
+)
 
 from .factories import EventFactory, UserFactory
 
@@ -187,3 +194,16 @@ def race(n, attempt, *, lock_timeout=None):
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a buyer is still waiting"
     return results
+
+
+def row_counts() -> dict[str, int]:
+    """The rows a purchase's start writes, counted: a refused or replayed
+    start must leave them as they were."""
+    return {
+        "sagas": PurchaseSaga.objects.count(),
+        "reservations": Reservation.objects.count(),
+        "reservation_seats": ReservationSeat.objects.count(),
+        "history": SagaHistory.objects.count(),
+        "outbox": OutboxMessage.objects.count(),
+        "idempotency": IdempotencyRecord.objects.count(),
+    }

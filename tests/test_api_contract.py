@@ -12,18 +12,15 @@ from freezegun import freeze_time
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from outbox.models import OutboxMessage
 from purchases import services
 from purchases.models import (
     IdempotencyRecord,
     PurchaseSaga,
-    Reservation,
-    SagaHistory,
     Seat,
     SeatStatus,
 )
 
-from .conftest import new_key, purchase_body
+from .conftest import new_key, purchase_body, row_counts
 from .factories import EventFactory, SeatFactory
 
 pytestmark = pytest.mark.django_db
@@ -45,16 +42,6 @@ def assert_error(response, status_code: int, code: str) -> dict:
     assert data["code"] == code
     assert isinstance(data["detail"], str) and data["detail"]
     return data
-
-
-def row_counts() -> dict[str, int]:
-    return {
-        "sagas": PurchaseSaga.objects.count(),
-        "reservations": Reservation.objects.count(),
-        "outbox": OutboxMessage.objects.count(),
-        "idempotency": IdempotencyRecord.objects.count(),
-        "history": SagaHistory.objects.count(),
-    }
 
 
 def seat_statuses(event) -> dict[str, str]:
@@ -306,7 +293,8 @@ def test_post_purchase_with_taken_seat_is_409_and_writes_nothing(alice_api, bob_
     data = assert_error(response, 409, "seat_unavailable")
     assert data["seats"] == ["A1", "A3"]
     assert row_counts() == before
-    assert before == {"sagas": 1, "reservations": 1, "outbox": 1, "idempotency": 1, "history": 1}
+    assert before == {"sagas": 1, "reservations": 1, "reservation_seats": 2, "outbox": 1,
+                      "idempotency": 1, "history": 1}
     assert seat_statuses(event) == statuses_before
     assert statuses_before["A2"] == SeatStatus.AVAILABLE
 

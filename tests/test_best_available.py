@@ -20,15 +20,13 @@ from purchases.errors import NotEnoughSeats
 from purchases.models import (
     IdempotencyRecord,
     PurchaseSaga,
-    Reservation,
     ReservationSeat,
-    SagaHistory,
     Seat,
 )
 from purchases.saga import start
 from purchases.services import purchase_start, request_fingerprint, saga_charge
 
-from .conftest import new_key, race
+from .conftest import new_key, race, row_counts
 from .factories import EventFactory, UserFactory
 
 PURCHASES = "/api/purchases/"
@@ -54,17 +52,6 @@ def best_body(event, quantity, payment_method="pm_card_visa") -> dict:
 def post(client, body, *, key=None):
     return client.post(PURCHASES, body, format="json",
                        headers={"Idempotency-Key": key or new_key()})
-
-
-def row_counts() -> dict[str, int]:
-    return {
-        "sagas": PurchaseSaga.objects.count(),
-        "reservations": Reservation.objects.count(),
-        "reservation_seats": ReservationSeat.objects.count(),
-        "history": SagaHistory.objects.count(),
-        "outbox": OutboxMessage.objects.count(),
-        "idempotency": IdempotencyRecord.objects.count(),
-    }
 
 
 def seat_statuses(event) -> dict[str, str]:

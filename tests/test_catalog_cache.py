@@ -31,11 +31,10 @@ from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from outbox.models import OutboxMessage
 from purchases import availability, services
-from purchases.models import IdempotencyRecord, PurchaseSaga, Reservation, SagaHistory, Seat
+from purchases.models import Seat
 
-from .conftest import new_key, purchase_body
+from .conftest import new_key, purchase_body, row_counts
 from .factories import EventFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,12 +94,6 @@ def available(response, event) -> int:
     assert response.status_code == 200, response.content
     [listed] = [e for e in response.json() if e["id"] == event.pk]
     return listed["seats_available"]
-
-
-def row_counts() -> dict[str, int]:
-    return {model.__name__: model.objects.count()
-            for model in (PurchaseSaga, Reservation, SagaHistory, OutboxMessage,
-                          IdempotencyRecord)}
 
 
 # --- on commit, and only on commit ---------------------------------------------------------

@@ -23,7 +23,7 @@ from purchases.models import (
     Seat,
 )
 
-from .conftest import new_key, purchase_body, work_callbacks
+from .conftest import new_key, purchase_body, row_counts, work_callbacks
 from .factories import EventFactory, UserFactory
 
 PURCHASES = "/api/purchases/"
@@ -32,17 +32,6 @@ THREADS = 8
 
 def post_purchase(client, body, *, key):
     return client.post(PURCHASES, body, format="json", headers={"Idempotency-Key": key})
-
-
-def row_counts() -> dict[str, int]:
-    return {
-        "sagas": PurchaseSaga.objects.count(),
-        "reservations": Reservation.objects.count(),
-        "reservation_seats": ReservationSeat.objects.count(),
-        "outbox": OutboxMessage.objects.count(),
-        "idempotency": IdempotencyRecord.objects.count(),
-        "history": SagaHistory.objects.count(),
-    }
 
 
 def hold_timers(saga_id) -> int:
