@@ -13,10 +13,10 @@ from datetime import datetime
 from config import metrics
 from outbox.models import OutboxMessage
 from outbox.services import outbox_publish
-from webhooks.services import WebhookEvent, purchase_data, webhook_publish
+from webhooks.services import WebhookEvent
 
 from ..models import PurchaseSaga
-from .confirm import purchase_facts
+from .confirm import announce
 from .topics import Topic
 from .transition import log_extra
 
@@ -47,8 +47,5 @@ def raise_operator_alert(
         saga_id=saga.pk,
         now=now,
     )
-    webhook_publish(
-        event_type=WebhookEvent.NEEDS_ATTENTION, saga_id=saga.pk, event_id=saga.event_id, now=now,
-        data=lambda: purchase_data(purchase_facts(saga), status=saga.state, version=saga.version),
-    )
+    announce(saga, WebhookEvent.NEEDS_ATTENTION, at=now)
     return True

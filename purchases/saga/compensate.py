@@ -20,7 +20,7 @@ from ledger.models import EntryKind, LedgerEntry
 from ledger.services import ledger_has_charge, ledger_record
 from outbox.services import outbox_publish, timer_cancel, timer_schedule
 from payments.interface import PaymentGateway, RefundOutcome
-from webhooks.services import WebhookEvent, purchase_data, webhook_publish
+from webhooks.services import WebhookEvent
 
 from .. import lock_objects
 from ..availability import availability_changed
@@ -36,7 +36,7 @@ from ..models import (
     SeatStatus,
 )
 from .alerts import raise_operator_alert
-from .confirm import purchase_facts
+from .confirm import announce, purchase_facts
 from .states import SagaState
 from .step import Ask, Next, gateway_or_default, gateway_step
 from .topics import Topic
@@ -161,20 +161,18 @@ def finish_compensation(
     _release_seats(saga, at=at)
     Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CANCELLED)
     timer_cancel(key=saga.hold_timer_key, now=at)
+    facts = purchase_facts(saga)
     outbox_publish(
         topic=Topic.CANCELLED,
-        payload={**purchase_facts(saga), "was_confirmed": was_confirmed, "refunded": refunded},
+        payload={**facts, "was_confirmed": was_confirmed, "refunded": refunded},
         key=f"cancelled:{saga.pk}",
         event_id=saga.event_id,
         saga_id=saga.pk,
         now=at,
     )
     move(saga, S.COMPENSATED, reason=reason, at=at, by=by)
-    webhook_publish(
-        event_type=WebhookEvent.REFUNDED if refunded else WebhookEvent.FAILED,
-        saga_id=saga.pk, event_id=saga.event_id, now=at,
-        data=lambda: purchase_data(purchase_facts(saga), status=saga.state, version=saga.version),
-    )
+    announce(saga, WebhookEvent.REFUNDED if refunded else WebhookEvent.FAILED, at=at,
+             facts=facts)
 
 
 def refunded(saga: PurchaseSaga) -> bool:

@@ -80,17 +80,27 @@ def confirm(
     Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CONFIRMED)
     cancel = timer_cancel(key=saga.hold_timer_key, now=at)
     logger.info("hold timer %s", cancel.status, **log_extra(saga))
+    facts = purchase_facts(saga)
     outbox_publish(
         topic=Topic.CONFIRMED,
-        payload=purchase_facts(saga),
+        payload=facts,
         key=f"confirmed:{saga.pk}",
         event_id=saga.event_id,
         saga_id=saga.pk,
         now=at,
     )
+    announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
+
+
+def announce(saga: PurchaseSaga, event_type: WebhookEvent, *, at: datetime,
+             facts: dict | None = None) -> None:
+    """The move's webhooks, in its commit (docs/design.md, "The edges"): the
+    purchase after the move, from ``facts`` when the caller has read them
+    already (read only if an endpoint listens, otherwise)."""
     webhook_publish(
-        event_type=WebhookEvent.CONFIRMED, saga_id=saga.pk, event_id=saga.event_id, now=at,
-        data=lambda: purchase_data(purchase_facts(saga), status=saga.state, version=saga.version),
+        event_type=event_type, saga_id=saga.pk, event_id=saga.event_id, now=at,
+        data=lambda: purchase_data(facts or purchase_facts(saga), status=saga.state,
+                                   version=saga.version),
     )
 
 
