@@ -251,6 +251,17 @@ OUTBOX_BATCH_SIZE = env.int("OUTBOX_BATCH_SIZE", default=100)
 # A relay pass publishes its rows as at most this many Celery tasks (a few
 # rows: one task each; a burst: spread evenly over these).
 OUTBOX_DISPATCH_TASKS = env.int("OUTBOX_DISPATCH_TASKS", default=16)
+# A row due when it is written is handed to Celery by the process that wrote
+# it, right after its commit; the relay takes it only if its consumers have not
+# all run this long after (a crash between the commit and the publish, a
+# broker that refused it, a worker that lost it). Off: every row waits for a
+# relay pass (the unit tests' setting: tests/settings.py).
+OUTBOX_HAND_OVER_ON_COMMIT = env.bool("OUTBOX_HAND_OVER_ON_COMMIT", default=True)
+OUTBOX_HAND_OVER_GRACE_SECONDS = env.float("OUTBOX_HAND_OVER_GRACE_SECONDS", default=30.0)
+if OUTBOX_HAND_OVER_GRACE_SECONDS < 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("OUTBOX_HAND_OVER_GRACE_SECONDS takes 0 or more seconds")
 # A claimed row whose hand-off did not complete within the lease is claimed
 # again by any relay; also the lease of one delivery.
 OUTBOX_CLAIM_LEASE_SECONDS = env.int("OUTBOX_CLAIM_LEASE_SECONDS", default=30)

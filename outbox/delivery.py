@@ -2,26 +2,32 @@
 
 Consumers are listed per topic in ``settings.OUTBOX_CONSUMERS`` (one visible
 routing table instead of registrations hidden in signals). Each consumer is a
-function ``handle(message) -> None`` that must be idempotent; the inbox
-records that it ran, so redelivery skips it.
+function ``handle(message)`` that must be idempotent; the inbox records that
+it ran, so redelivery skips it.
 
 Two kinds of consumer:
 
-- ordinary ones may call out (a mail server, the gateway through a service
-  that owns its transactions); they run first, outside any transaction, and
-  their inbox entries are written in the delivery's closing transaction (a
-  crash in between runs them again: at least once);
+- ordinary ones may call out (a mail server, a webhook receiver, the gateway
+  through a service that owns its transactions); they run first, outside any
+  transaction, and their inbox entries are written in the delivery's closing
+  transaction (a crash in between runs them again: at least once). One may
+  return a function: the rest of its work, which only touches the database
+  and runs *inside* the closing transaction (a webhook attempt's record), so
+  that what it did, its inbox entry and the message's completion commit
+  together;
 - :func:`transactional` ones only touch the database; they run *inside* the
   closing transaction, so their effect, their inbox entry and the message's
   completion commit together: exactly once.
 
 A delivery is two commits whatever the consumers: one statement that takes
-the lease and reads the message with what already ran, and the closing
-transaction. A delivery that fails says why on the row (``last_error``), in
-the commit that gives the row back; the relay hands it over again on the
-``OUTBOX_REDELIVER_SECONDS`` schedule. A dead letter is not delivered (an
-operator replays it first), and a row reopened for a backfill runs only the
-consumers it names (``only_consumers``).
+the lease and reads the message with what already ran (and stamps
+``fired_at`` on a row handed over on commit, which no relay marked), and the
+closing transaction. A delivery that fails says why on the row
+(``last_error``), in the commit that gives the row back; the relay hands it
+over again when it is due (``outbox.handover``, ``OUTBOX_REDELIVER_SECONDS``).
+A dead letter is not delivered (an operator replays it first), and a row
+reopened for a backfill runs only the consumers it names
+(``only_consumers``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -73,7 +80,7 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
 
 
 _LEASE_SQL = """
-UPDATE {outbox} SET processing_until = %s
+UPDATE {outbox} SET processing_until = %s, fired_at = COALESCE(fired_at, %s)
  WHERE id = %s AND completed_at IS NULL AND cancelled_at IS NULL AND dead_at IS NULL
    AND (processing_until IS NULL OR processing_until < %s)
 RETURNING *, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id) AS already_ran
@@ -94,7 +101,7 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
                 dead_at__isnull=True,
             )
             .filter(_free_of_processing(now))
-            .update(processing_until=lease)
+            .update(processing_until=lease, fired_at=Coalesce(F("fired_at"), Value(now)))
         )
         if not owned:
             return None
@@ -105,7 +112,7 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
         return message
     sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table,
                             inbox=InboxEntry._meta.db_table)
-    return next(iter(OutboxMessage.objects.raw(sql, [lease, message_id, now])), None)
+    return next(iter(OutboxMessage.objects.raw(sql, [lease, now, message_id, now])), None)
 
 
 def _record(message: OutboxMessage, names: list[str]) -> None:
@@ -125,6 +132,7 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
         return "skipped"
     ran: list[str] = []
     running = ""  # who failed, for last_error
+    finishing: list[tuple[str, Callable]] = []  # the inside halves of ordinary consumers
     try:
         pending = []
         for running in consumers_owed(message.topic, already_ran=message.already_ran,
@@ -134,9 +142,14 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
         inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
         for name, handle in outside:
             running = name
-            handle(message)
+            rest = handle(message)
             ran.append(name)
+            if rest is not None:
+                finishing.append((name, rest))
         with transaction.atomic(durable=True):
+            for name, rest in finishing:
+                running = name
+                rest()
             for name, handle in inside:
                 running = name
                 handle(message)
@@ -147,11 +160,13 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
             )
     except Exception as exc:
         # What ran did happen: record it, so a redelivery does not run it
-        # again, say why the rest failed, and give the message back at once
-        # instead of at lease end.
+        # again (but a consumer whose inside half did not commit: it has not
+        # finished), say why the rest failed, and give the message back at
+        # once instead of at lease end.
         error = _error_text(running, exc)
+        unfinished = {name for name, _ in finishing}
         with transaction.atomic(durable=True):
-            _record(message, ran)
+            _record(message, [name for name in ran if name not in unfinished])
             OutboxMessage.objects.filter(pk=message.pk).update(
                 processing_until=None, last_error=error, last_error_at=timezone.now()
             )

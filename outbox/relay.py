@@ -37,68 +37,19 @@ import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Min, Q, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
-from config.celery import app
 from config.metrics import ALERTS, TIMER_FIRE_LAG
 
+from .handover import NOTIFY_CHANNEL
+from .handover import celery_hand_over as _celery_hand_over
+from .handover import chunks as _chunks  # noqa: F401 - tests import it from here
 from .models import OutboxMessage
-from .services import NOTIFY_CHANNEL
-from .tasks import deliver, deliver_many
 
 logger = logging.getLogger(__name__)
 
 Dispatch = Callable[[int], None]
-
-
-def _chunks(ids: list[int], tasks: int) -> list[list[int]]:
-    """``ids`` in order, spread evenly over at most ``tasks`` chunks."""
-    n = max(1, min(tasks, len(ids)))
-    size, extra = divmod(len(ids), n)
-    chunks, at = [], 0
-    for i in range(n):
-        step = size + (1 if i < extra else 0)
-        chunks.append(ids[at:at + step])
-        at += step
-    return [c for c in chunks if c]
-
-
-def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:
-    """``ids`` grouped by the queue their topic goes to (``OUTBOX_TOPIC_QUEUES``;
-    None: the default queue), each group in order."""
-    groups: dict[str | None, list[int]] = {}
-    for message_id in ids:
-        queue = settings.OUTBOX_TOPIC_QUEUES.get(topics.get(message_id, ""))
-        groups.setdefault(queue, []).append(message_id)
-    return groups
-
-
-def _celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int], list[int]]:
-    """Publish the rows, each to its topic's queue; returns (handed, failed)."""
-    handed: list[int] = []
-    failed: list[int] = []
-    chunks = [(queue, chunk) for queue, group in _by_queue(ids, topics).items()
-              for chunk in _chunks(group, settings.OUTBOX_DISPATCH_TASKS)]
-    try:
-        with app.producer_or_acquire() as producer:
-            for queue, chunk in chunks:
-                routing = {"queue": queue} if queue else {}
-                try:
-                    if len(chunk) == 1:
-                        deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
-                    else:
-                        deliver_many.apply_async(args=[chunk], producer=producer, **routing)
-                except Exception:
-                    logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
-                    failed.extend(chunk)
-                else:
-                    handed.extend(chunk)
-    except Exception:  # no broker connection at all
-        logger.exception("outbox hand-off failed: no broker connection")
-    done = set(handed) | set(failed)
-    failed.extend(i for i in ids if i not in done)
-    return handed, failed
 
 
 def redeliver_schedule() -> list[int]:
@@ -165,7 +116,7 @@ def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
             OutboxMessage.objects.filter(id__in=ids).update(claimed_until=lease)
         if settled:
             OutboxMessage.objects.filter(id__in=settled).update(due_at=None)
-        due = _next_due_in(now=now, exclude=ids) if look_ahead else None
+        due = next_due_in(now=now) if look_ahead else None
         if dead:
             _mark_dead(ids=dead, now=now)
     # (Dead letters were all fired: first_due holds claimed rows only.)
@@ -232,7 +183,9 @@ def relay_mark_fired(
         # A timer cancelled while we were handing it over stays cancelled and
         # is not marked fired; the delivery task skips it.
         marked = OutboxMessage.objects.filter(id__in=ids, cancelled_at__isnull=True).update(
-            fired_at=Coalesce(F("fired_at"), now),
+            # The earliest hand-over: a worker's lease may have stamped the
+            # row (outbox.delivery) between this relay's publish and now.
+            fired_at=Least(Coalesce(F("fired_at"), Value(now)), Value(now)),
             handed_over_at=now,
             claimed_until=None,
             deliveries=F("deliveries") + 1,
@@ -292,18 +245,14 @@ def _pass(
 
 
 def next_due_in(*, now: datetime) -> float | None:
-    """Seconds until the next pending row is due (None when nothing waits)."""
-    return _next_due_in(now=now, exclude=())
+    """Seconds until the next row is due (None when nothing waits).
 
-
-def _next_due_in(*, now: datetime, exclude: Iterable[int]) -> float | None:
-    pending = OutboxMessage.objects.filter(
-        completed_at__isnull=True, cancelled_at__isnull=True, fired_at__isnull=True
-    )
-    exclude = list(exclude)
-    if exclude:
-        pending = pending.exclude(pk__in=exclude)
-    nxt = pending.aggregate(at=Min("available_at"))["at"]
+    Only rows due *after* ``now``: a row due already that a pass did not
+    claim (another relay holds it, or its last delivery is still running)
+    waits for the next poll instead of waking the loop at once, over and
+    over. One step into ``outbox_claim_idx``.
+    """
+    nxt = OutboxMessage.objects.filter(due_at__gt=now).aggregate(at=Min("due_at"))["at"]
     if nxt is None:
         return None
     return max(0.0, (nxt - now).total_seconds())

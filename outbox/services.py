@@ -17,22 +17,21 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from config.transactions import in_transaction
 
 from .delivery import consumers_owed
+from .handover import hand_over_on_commit, notify_relays
 from .models import InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
-
-NOTIFY_CHANNEL = "boxoffice_outbox"
-
 
 class OutboxOutsideTransaction(RuntimeError):
     pass
@@ -41,16 +40,6 @@ class OutboxOutsideTransaction(RuntimeError):
 def _require_atomic(what: str) -> None:
     if not in_transaction():
         raise OutboxOutsideTransaction(f"{what} must run inside the transaction it belongs to")
-
-
-def _notify() -> None:
-    # NOTIFY is transactional: relays listening hear it when (and only if) the
-    # transaction commits, and PostgreSQL folds identical notifications of one
-    # transaction into one.
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
 
 
 def outbox_publish(
@@ -63,9 +52,22 @@ def outbox_publish(
     saga_id=None,
     now: datetime | None = None,
 ) -> OutboxMessage:
-    """Record a message to be delivered after commit (or at ``available_at``)."""
+    """Record a message to be delivered after commit (or at ``available_at``).
+
+    A message due now is handed to Celery by this process right after the
+    commit (``OUTBOX_HAND_OVER_ON_COMMIT``), and is the relay's only if its
+    consumers have not all run a grace later (``outbox.handover``): the relay
+    is the safety net, not a step every message waits for. A message due
+    later is a timer, the relay's (woken by NOTIFY when it is due now and
+    not handed over on commit).
+    """
     _require_atomic("outbox_publish")
     now = now or timezone.now()
+    available_at = available_at or now
+    on_commit = settings.OUTBOX_HAND_OVER_ON_COMMIT and available_at <= now
+    due_at = available_at
+    if on_commit:
+        due_at += timedelta(seconds=settings.OUTBOX_HAND_OVER_GRACE_SECONDS)
     message = OutboxMessage.objects.create(
         topic=topic,
         payload=payload,
@@ -73,11 +75,13 @@ def outbox_publish(
         event_id=event_id,
         saga_id=saga_id,
         created_at=now,
-        available_at=available_at or now,
-        due_at=available_at or now,
+        available_at=available_at,
+        due_at=due_at,
     )
-    if message.available_at <= now:
-        _notify()
+    if on_commit:
+        transaction.on_commit(partial(hand_over_on_commit, message.pk, topic), robust=True)
+    elif available_at <= now:
+        notify_relays()
     return message
 
 
@@ -323,7 +327,7 @@ def _replay_rows(lines: list[ReplayLine], *, consumer: str | None, now: datetime
         OutboxMessage.objects.filter(pk__in=backfill, completed_at__isnull=False).update(
             completed_at=None, only_consumers=[consumer], **restart)
     if dead or backfill:
-        _notify()  # the relays hear it on commit
+        notify_relays()  # the relays hear it on commit
 
 
 def _refused_lines(ids, *, selected, consumer, topic, since, until) -> list[ReplayLine]:

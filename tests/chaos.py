@@ -77,6 +77,9 @@ SETTINGS = {
     "OUTBOX_REDELIVER_SECONDS": ",".join(["5"] * 19),
     # A delivery killed with its worker is retried once its lease runs out.
     "OUTBOX_CLAIM_LEASE_SECONDS": 10,
+    # An event whose hand-over on commit was lost with a killed process (or
+    # its message with a killed worker) is the relay's after this.
+    "OUTBOX_HAND_OVER_GRACE_SECONDS": 5,
     "COMPENSATION_DEADLINE_SECONDS": 30,
     "FAKE_GATEWAY_CHAOS_TIMEOUT_RATE": 0.3,
     "RESUME_SWEEP_SECONDS": 2,

@@ -41,3 +41,8 @@ LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 for _logger in LOGGING["loggers"].values():  # noqa: F405
     _logger["propagate"] = True
     _logger["handlers"] = []
+
+# Unit tests deliver the outbox through the relay (``drain_outbox``), one
+# pass at a time; the stack's processes (tests/stack.py) hand rows over on
+# commit as production does, and the tests of that path turn it on.
+OUTBOX_HAND_OVER_ON_COMMIT = os.environ.get("OUTBOX_HAND_OVER_ON_COMMIT", "false") == "true"

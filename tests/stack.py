@@ -36,6 +36,7 @@ class Stack(ProcessGroup):
             "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
             "EMAIL_FILE_PATH": str(self.mail_dir),
             "OUTBOX_POLL_SECONDS": "0.2",
+            "OUTBOX_HAND_OVER_ON_COMMIT": "true",
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
             **(extra_env or {}),

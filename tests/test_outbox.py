@@ -391,7 +391,7 @@ class _RelayProbe:
 
 def _wake_listeners() -> None:
     """A bare NOTIFY on the relay's channel, whatever the product's _notify does."""
-    from outbox.services import NOTIFY_CHANNEL
+    from outbox.handover import NOTIFY_CHANNEL
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])

@@ -14,7 +14,9 @@ import time
 
 import httpx
 import pytest
+from django.db.models import F
 
+from outbox.models import OutboxMessage
 from purchases.models import PurchaseSaga
 from purchases.saga.states import TERMINAL
 from webhooks.models import WebhookAttempt, WebhookDelivery
@@ -124,6 +126,31 @@ def test_signed_webhooks_reach_a_real_receiver_for_a_visa_and_a_declined_purchas
         d.message_id for d in deliveries)
     assert list(WebhookAttempt.objects.values_list("number", "status_code").distinct()) == [
         (1, 200)]
+
+
+def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
+        stack, http, receiver):
+    # Rows due when they are written are handed to Celery on the commit that
+    # writes them (outbox/handover.py): the relay is the safety net, not a
+    # step. With it stopped, nothing waits for it.
+    stack.stop("relay")
+    endpoint = webhook_endpoint_create(url=receiver.url(), events=ALL)
+    event = EventFactory(seats=["A1"])
+    auth = _login(http, "alice")
+
+    visa, _ = _buy(http, auth, event, "A1", "pm_card_visa", "live-webhook-no-relay")
+    stack.wait_for(_settled(visa["id"]), "the saga to settle")
+    stack.wait_for(lambda: WebhookDelivery.objects.filter(status="delivered").exists(),
+                   "the webhook, delivered without a relay")
+    stack.wait_for(lambda: len(stack.emails()) == 1, "the confirmation email")
+
+    [request] = receiver.requests
+    assert request.verify(endpoint.secret)["type"] == "purchase.confirmed"
+    rows = OutboxMessage.objects.filter(saga_id=visa["id"], available_at__lte=F("created_at"))
+    assert {r.topic for r in rows} == {"purchase.confirmed", "webhook.delivery"}
+    # Completed by the worker the commit handed them to; no relay pass.
+    assert all(r.completed_at and r.fired_at and r.deliveries == 0 for r in rows), [
+        (r.topic, r.completed_at, r.fired_at, r.deliveries) for r in rows]
 
 
 def test_a_hanging_receiver_does_not_slow_the_purchase(stack, http, receiver):

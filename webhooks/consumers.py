@@ -9,12 +9,16 @@ failure of the consumer: the attempt is recorded and the next one armed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from outbox.models import OutboxMessage
 
-from .services import webhook_attempt
+from .services import webhook_attempt_send
 
 
-def deliver(message: OutboxMessage) -> None:
+def deliver(message: OutboxMessage) -> Callable[[], str] | None:
     payload = message.payload
-    webhook_attempt(delivery_id=payload["delivery_id"], attempt=payload["attempt"],
-                    resend=bool(payload.get("resend")))
+    outcome = webhook_attempt_send(delivery_id=payload["delivery_id"],
+                                   attempt=payload["attempt"],
+                                   resend=bool(payload.get("resend")))
+    return None if isinstance(outcome, str) else outcome

@@ -8,12 +8,15 @@
   endpoint) and an outbox timer row ``webhook:<delivery id>:1`` due now. So a
   webhook is decided with the move it announces and never sent before it
   commits, and the purchase's request never waits on one.
-- :func:`webhook_attempt` (the consumer's) makes one attempt: re-read the
-  delivery, check the URL again, POST outside any transaction with the
-  Standard Webhooks headers, then one short commit records the attempt and
-  the outcome (delivered; the next attempt armed after
-  ``WEBHOOK_RETRY_SECONDS[n-1]``; or failed, with one alert). Every attempt
-  of a delivery carries its ``webhook-id``.
+- :func:`webhook_attempt_send` (the consumer's) makes one attempt: re-read
+  the delivery, check the URL again, POST outside any transaction with the
+  Standard Webhooks headers. It returns the record of the attempt and its
+  outcome (delivered; the next attempt armed after
+  ``WEBHOOK_RETRY_SECONDS[n-1]``; or failed, with one alert), which the
+  outbox delivery runs in its closing commit: one commit for the attempt
+  and the outbox row's completion. (:func:`webhook_attempt` runs both
+  halves with a commit of its own.) Every attempt of a delivery carries its
+  ``webhook-id``.
 - :func:`webhook_resend`: one more attempt of a delivered or failed delivery,
   same ``webhook-id``.
 - Endpoints are created, changed, re-keyed and deleted through
@@ -24,6 +27,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import secrets
@@ -33,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -68,6 +73,7 @@ __all__ = [
     "WebhookResendRefused",
     "purchase_data",
     "webhook_attempt",
+    "webhook_attempt_send",
     "webhook_endpoint_create",
     "webhook_endpoint_delete",
     "webhook_endpoint_rotate_secret",
@@ -279,17 +285,36 @@ def _arm(delivery: WebhookDelivery, *, attempt: int, due_at: datetime, now: date
 
 def webhook_attempt(*, delivery_id: int, attempt: int, resend: bool = False,
                     now: datetime | None = None) -> str:
-    """Make attempt ``attempt`` of a delivery, if it is still owed; returns
-    ``delivered``, ``retry``, ``failed`` or ``skipped: <why>``.
+    """Make attempt ``attempt`` of a delivery, if it is still owed, and record
+    it in a commit of its own; returns ``delivered``, ``retry``, ``failed``
+    or ``skipped: <why>``."""
+    outcome = webhook_attempt_send(delivery_id=delivery_id, attempt=attempt, resend=resend,
+                                   now=now)
+    if isinstance(outcome, str):
+        return outcome
+    with transaction.atomic(durable=True):
+        return outcome()
 
-    At least once: a worker that dies between the POST and its record sends
-    the attempt again when the outbox redelivers it (same ``webhook-id``).
-    Once recorded, a redelivered attempt sends nothing and arms nothing.
+
+def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False,
+                         now: datetime | None = None) -> str | Callable[[], str]:
+    """The half of an attempt that calls out: read the delivery, POST it
+    (outside any transaction). Returns the other half, the record of the
+    attempt and of what the delivery owes next, to run inside a transaction
+    (the outbox delivery's closing one: one commit for both); or a verdict
+    (``skipped: <why>``) when nothing is owed.
+
+    At least once: a worker that dies between the POST and the commit of its
+    record sends the attempt again when the outbox redelivers it (same
+    ``webhook-id``). Once recorded, a redelivered attempt sends nothing and
+    arms nothing.
     """
-    delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
+    made = WebhookAttempt.objects.filter(delivery_id=OuterRef("pk"), number=attempt)
+    delivery = (WebhookDelivery.objects.select_related("endpoint")
+                .annotate(attempt_made=Exists(made)).filter(pk=delivery_id).first())
     if delivery is None:
         return "skipped: no such delivery (its endpoint was deleted)"
-    if WebhookAttempt.objects.filter(delivery_id=delivery_id, number=attempt).exists():
+    if delivery.attempt_made:
         return "skipped: this attempt was made already"
     if delivery.status != PENDING or delivery.armed_attempt != attempt:
         return f"skipped: the delivery is {delivery.status}, attempt {delivery.armed_attempt}"
@@ -302,8 +327,8 @@ def webhook_attempt(*, delivery_id: int, attempt: int, resend: bool = False,
         # to it, and a delivery left owing fails now (no alert; a resend once
         # it is enabled again), rather than waiting with nothing to wake it.
         answer, final = Answer(error="endpoint disabled: not sent"), True
-    return _record(delivery_id=delivery_id, attempt=attempt, resend=resend, at=at,
-                   answer=answer, final=final, now=now)
+    return functools.partial(_record, delivery_id=delivery_id, attempt=attempt, resend=resend,
+                             at=at, answer=answer, final=final, now=now)
 
 
 def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime) -> Answer:
@@ -326,39 +351,47 @@ def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime)
 
 def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answer: Answer,
             final: bool, now: datetime | None) -> str:
-    """One commit: the attempt, and what the delivery owes next."""
+    """Inside the caller's transaction: the attempt, and what the delivery
+    owes next; the log line (and any alert) is the last thing before the
+    commit, so only a commit that then fails repeats it, when the attempt is
+    made again."""
     done_at = now or timezone.now()
     schedule = settings.WEBHOOK_RETRY_SECONDS
+    delivery = lock_objects.delivery_for_update(delivery_id=delivery_id)
+    if delivery is None:
+        return "skipped: no such delivery (its endpoint was deleted)"
+    if WebhookAttempt.objects.filter(delivery=delivery, number=attempt).exists():
+        return "skipped: this attempt was recorded by another worker"
+    WebhookAttempt.objects.create(
+        delivery=delivery, number=attempt, resend=resend, at=at,
+        status_code=answer.status_code, latency_ms=answer.latency_ms,
+        error=answer.error[:500], response_excerpt=answer.excerpt[:500])
     alert = False
-    with transaction.atomic(durable=True):
-        delivery = lock_objects.delivery_for_update(delivery_id=delivery_id)
-        if delivery is None:
-            return "skipped: no such delivery (its endpoint was deleted)"
-        if WebhookAttempt.objects.filter(delivery=delivery, number=attempt).exists():
-            return "skipped: this attempt was recorded by another worker"
-        WebhookAttempt.objects.create(
-            delivery=delivery, number=attempt, resend=resend, at=at,
-            status_code=answer.status_code, latency_ms=answer.latency_ms,
-            error=answer.error[:500], response_excerpt=answer.excerpt[:500])
-        if delivery.status != PENDING or delivery.armed_attempt != attempt:
-            verdict = "recorded"  # evidence only: the delivery moved meanwhile
-        elif answer.ok:
-            verdict = "delivered"
-            delivery.status, delivery.delivered_at = DELIVERED, done_at
-            delivery.next_attempt_at = None
-        elif final or attempt > len(schedule):
-            verdict = "failed"
-            delivery.status, delivery.failed_at = FAILED, done_at
-            delivery.next_attempt_at = None
-            alert = not final  # the schedule ran out: someone must look
-        else:
-            verdict = "retry"
-            due = done_at + timedelta(seconds=schedule[attempt - 1])
-            delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
-            # if_absent: a second arming of the same attempt is the same row.
-            _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
-        delivery.save(update_fields=["status", "delivered_at", "failed_at", "armed_attempt",
-                                     "next_attempt_at"])
+    if delivery.status != PENDING or delivery.armed_attempt != attempt:
+        verdict = "recorded"  # evidence only: the delivery moved meanwhile
+    elif answer.ok:
+        verdict = "delivered"
+        delivery.status, delivery.delivered_at = DELIVERED, done_at
+        delivery.next_attempt_at = None
+    elif final or attempt > len(schedule):
+        verdict = "failed"
+        delivery.status, delivery.failed_at = FAILED, done_at
+        delivery.next_attempt_at = None
+        alert = not final  # the schedule ran out: someone must look
+    else:
+        verdict = "retry"
+        due = done_at + timedelta(seconds=schedule[attempt - 1])
+        delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
+        # if_absent: a second arming of the same attempt is the same row.
+        _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
+    delivery.save(update_fields=["status", "delivered_at", "failed_at", "armed_attempt",
+                                 "next_attempt_at"])
+    _log_attempt(delivery, attempt=attempt, verdict=verdict, answer=answer, alert=alert)
+    return verdict
+
+
+def _log_attempt(delivery: WebhookDelivery, *, attempt: int, verdict: str, answer: Answer,
+                 alert: bool) -> None:
     extra = {"delivery_id": delivery.pk, "endpoint_id": delivery.endpoint_id,
              "endpoint": delivery.endpoint.url, "saga_id": str(delivery.saga_id),
              "type": delivery.event_type, "message_id": delivery.message_id,
@@ -367,11 +400,9 @@ def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answe
     logger.info("webhook attempt %s: %s%s", attempt, verdict,
                 f" ({answer.error})" if answer.error else "", extra=extra)
     if alert:
-        # After the commit: the alert names a failure that is on record.
         logger.error("webhook failed after %s attempts: %s", attempt, answer.error,
                      extra={**extra, "alert": "webhook_failed"})
         metrics.ALERTS.labels(kind="webhook_failed").inc()
-    return verdict
 
 
 def webhook_resend(delivery_id: int, *, now: datetime | None = None, by: str = "",

@@ -1,0 +1,127 @@
+"""Handing outbox rows to Celery: the relay's way, and on commit.
+
+Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
+
+- **on commit** (:func:`hand_over_on_commit`): a row due when it is written
+  is published by the process that wrote it, right after its commit, with no
+  transaction of its own. The row was written due a grace later
+  (``OUTBOX_HAND_OVER_GRACE_SECONDS``): if its consumers have not all run by
+  then (the process died between the commit and the publish, the broker
+  refused it, the worker lost it), the relay hands it over as it would any
+  due row. A publish that fails makes the row due now, so the relay does not
+  wait out the grace;
+- **by the relay** (:func:`celery_hand_over`): the rows a pass claimed, a few
+  as one task each, a burst spread over at most ``OUTBOX_DISPATCH_TASKS``
+  tasks, all on one broker connection.
+
+Either way a row may reach a worker twice; the delivery's lease and the
+consumers' inbox make the second one harmless (``outbox.delivery``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from config.celery import app
+
+from .models import OutboxMessage
+from .tasks import deliver, deliver_many
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "boxoffice_outbox"
+
+
+def notify_relays() -> None:
+    """Wake the relays: NOTIFY is transactional, so relays listening hear
+    it when (and only if) the transaction commits (at once in autocommit),
+    and PostgreSQL folds identical notifications of one transaction into
+    one."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+
+
+def chunks(ids: list[int], tasks: int) -> list[list[int]]:
+    """``ids`` in order, spread evenly over at most ``tasks`` chunks."""
+    n = max(1, min(tasks, len(ids)))
+    size, extra = divmod(len(ids), n)
+    out, at = [], 0
+    for i in range(n):
+        step = size + (1 if i < extra else 0)
+        out.append(ids[at:at + step])
+        at += step
+    return [c for c in out if c]
+
+
+def queue_of(topic: str) -> str | None:
+    """The queue a topic's rows go to (None: the default queue)."""
+    return settings.OUTBOX_TOPIC_QUEUES.get(topic)
+
+
+def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:
+    """``ids`` grouped by the queue their topic goes to, each group in order."""
+    groups: dict[str | None, list[int]] = {}
+    for message_id in ids:
+        groups.setdefault(queue_of(topics.get(message_id, "")), []).append(message_id)
+    return groups
+
+
+def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int], list[int]]:
+    """Publish the rows, each to its topic's queue; returns (handed, failed)."""
+    handed: list[int] = []
+    failed: list[int] = []
+    groups = [(queue, chunk) for queue, group in _by_queue(ids, topics).items()
+              for chunk in chunks(group, settings.OUTBOX_DISPATCH_TASKS)]
+    try:
+        with app.producer_or_acquire() as producer:
+            for queue, chunk in groups:
+                routing = {"queue": queue} if queue else {}
+                try:
+                    if len(chunk) == 1:
+                        deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
+                    else:
+                        deliver_many.apply_async(args=[chunk], producer=producer, **routing)
+                except Exception:
+                    logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
+                    failed.extend(chunk)
+                else:
+                    handed.extend(chunk)
+    except Exception:  # no broker connection at all
+        logger.exception("outbox hand-off failed: no broker connection")
+    done = set(handed) | set(failed)
+    failed.extend(i for i in ids if i not in done)
+    return handed, failed
+
+
+def hand_over_on_commit(message_id: int, topic: str) -> None:
+    """After the commit that wrote the row: publish it (see the module's
+    docstring). Never raises: the row is the obligation, this is the fast
+    way to it."""
+    try:
+        routing = {"queue": queue} if (queue := queue_of(topic)) else {}
+        deliver.apply_async(args=[message_id], **routing)
+    except Exception:
+        logger.exception("outbox hand-off on commit failed; the relay takes the row",
+                         extra={"message_id": message_id, "topic": topic})
+        _due_now(message_id)
+
+
+def _due_now(message_id: int) -> None:
+    """The relay's at once: one statement, in autocommit (this runs after
+    the commit that wrote the row). If even this fails the row stays due at
+    the end of its grace, and the relay takes it then."""
+    try:
+        OutboxMessage.objects.filter(
+            pk=message_id, completed_at__isnull=True, fired_at__isnull=True,
+            due_at__isnull=False,
+        ).update(due_at=timezone.now())
+        notify_relays()
+    except Exception:
+        logger.exception("outbox row left to the end of its grace",
+                         extra={"message_id": message_id})
