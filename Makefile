@@ -17,9 +17,11 @@ install: $(STAMP)
 run: install
 	scripts/run.sh
 
-# The browser tests need Debian's Chromium: found, installed, or one line naming it.
+# The browser tests need Debian's Chromium, the alert rules' tests promtool
+# (Debian's prometheus): each found, installed, or one line naming it.
 test: install
 	scripts/ensure-chromium.sh
+	scripts/ensure-promtool.sh
 	scripts/with-services.sh $(BIN)/pytest $(PYTEST_ARGS)
 
 # Any manage.py command with the environment of `make run` (scripts/env.sh),

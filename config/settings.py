@@ -424,3 +424,37 @@ CELERY_BEAT_SCHEDULE = {
     }
     for name, every in SWEEP_INTERVALS.items()
 }
+
+# --- health checks (purchases/ops/health.py; docs/operations.md, "Health checks") ----
+# /readyz and `manage.py probe` ask the database and the broker at once, each
+# on a connection of its own; a check that has not answered within this many
+# seconds has failed, so a probe answers in about this time whatever hangs.
+HEALTH_CHECK_TIMEOUT_SECONDS = env.float("HEALTH_CHECK_TIMEOUT_SECONDS", default=2.0)
+# The relay records its pulse (one UPDATE) after a pass, at most this often.
+OUTBOX_RELAY_PULSE_SECONDS = env.float("OUTBOX_RELAY_PULSE_SECONDS", default=10.0)
+# Who records it: the purchases app's heartbeats (outbox/pulse.py calls it by
+# name; the outbox imports nothing of the apps above it).
+OUTBOX_RELAY_PULSE = "purchases.ops.health.relay_pulse_record"
+# The relay is not ready once its last pulse is older than this: by default
+# three pulses, or three polls when the poll is longer (an idle relay passes
+# once per poll).
+HEALTH_RELAY_MAX_AGE_SECONDS = env.float(
+    "HEALTH_RELAY_MAX_AGE_SECONDS",
+    default=3 * max(OUTBOX_RELAY_PULSE_SECONDS, OUTBOX_POLL_SECONDS),
+)
+# Beat is judged by the sweep it runs most often (the resumer by default): not
+# ready once that sweep has not started for this long, three of its intervals
+# by default. A worker must run the sweep, so this also fails with no worker.
+HEALTH_BEAT_MAX_AGE_SECONDS = env.float(
+    "HEALTH_BEAT_MAX_AGE_SECONDS", default=3 * min(SWEEP_INTERVALS.values())
+)
+if min(HEALTH_CHECK_TIMEOUT_SECONDS, OUTBOX_RELAY_PULSE_SECONDS, HEALTH_RELAY_MAX_AGE_SECONDS,
+       HEALTH_BEAT_MAX_AGE_SECONDS) <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "HEALTH_CHECK_TIMEOUT_SECONDS, OUTBOX_RELAY_PULSE_SECONDS, HEALTH_RELAY_MAX_AGE_SECONDS "
+        "and HEALTH_BEAT_MAX_AGE_SECONDS take positive seconds"
+    )
+# Probes speak plain HTTP to the process: no redirect to https for them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]

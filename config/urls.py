@@ -10,6 +10,7 @@ from drf_spectacular.views import (
 )
 
 from purchases.apis import TokenApi
+from purchases.ops.health import healthz_view, readyz_view
 from purchases.ops.metrics import metrics_view
 
 # The admin's "View site" link: the buyer pages (shop/, docs/api.md "Pages for buyers").
@@ -31,6 +32,10 @@ urlpatterns = [
     path("api/", include("purchases.urls")),
     path("api/", include("webhooks.urls")),
     path("metrics", metrics_view, name="metrics"),
+    # Liveness (no I/O) and readiness (database, broker, relay and beat
+    # heartbeats): docs/operations.md, "Health checks".
+    path("healthz", healthz_view, name="healthz"),
+    path("readyz", readyz_view, name="readyz"),
     path("", include("shop.urls")),
 ]
 

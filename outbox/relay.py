@@ -46,6 +46,7 @@ from .handover import NOTIFY_CHANNEL
 from .handover import celery_hand_over as _celery_hand_over
 from .handover import chunks as _chunks  # noqa: F401 - tests import it from here
 from .models import OutboxMessage
+from .pulse import relay_pulse
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +305,9 @@ def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = 
                     listener = _Listener()
                 handed, due = _pass(now=timezone.now(), dispatch=None, limit=None,
                                     look_ahead=True)
+                # What readiness judges a relay by (/readyz; one UPDATE
+                # every OUTBOX_RELAY_PULSE_SECONDS at most).
+                relay_pulse()
                 if handed >= settings.OUTBOX_BATCH_SIZE:
                     continue  # more are due: no waiting
                 listener.wait(poll if due is None else min(poll, due))

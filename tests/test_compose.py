@@ -21,12 +21,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import environ
 import pytest
 import yaml
 from django.core.management import get_commands
+from django.urls import resolve
+
+from purchases.ops.health import CHECKS, readyz_view
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -378,3 +381,112 @@ def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path
     # and the healthcheck fails once it is gone
     assert subprocess.run(health, cwd=ROOT, env=env, capture_output=True,
                           timeout=30).returncode != 0
+
+
+# --- health checks: /readyz for web, `manage.py probe` for the others ------------
+
+# The services that serve no HTTP: their healthcheck is `manage.py probe`.
+PROBE_SERVICES = ("worker", "webhooks", "relay", "beat")
+HEALTH_URL = re.compile(r"https?://(?:127\.0\.0\.1|localhost):8000(/[^'\"\s]*)")
+
+
+def _health_test(service: str) -> list[str]:
+    """The healthcheck's command, as words (after CMD / CMD-SHELL)."""
+    test = SERVICES[service]["healthcheck"]["test"]
+    if isinstance(test, str):
+        return shlex.split(test)
+    kind, *argv = test
+    return shlex.split(argv[0]) if kind == "CMD-SHELL" else [str(a) for a in argv]
+
+
+def _probe_checks(service: str) -> list[str]:
+    words = _health_test(service)
+    at = words.index("manage.py")
+    assert words[at + 1] == "probe", words
+    return words[at + 2:]
+
+
+@pytest.mark.parametrize("service", APP_SERVICES)
+def test_every_app_service_has_a_healthcheck(service):
+    check = SERVICES[service].get("healthcheck") or {}
+    assert check.get("test") and not check.get("disable"), service
+
+
+def test_web_is_healthy_when_its_readyz_answers_200_without_the_heartbeats():
+    text = " ".join(_health_test("web"))
+    (path,) = HEALTH_URL.findall(text)
+    url = urlsplit(path)
+    assert resolve(url.path).func is readyz_view
+    excluded = parse_qs(url.query).get("exclude", [])
+    assert set(excluded) <= set(CHECKS)
+    # The relay and beat start once web is healthy: web's readiness must not
+    # wait for their heartbeats (nor go down when the relay stops).
+    assert {"relay", "beat"} <= set(excluded)
+    waiting = [name for name, s in SERVICES.items()
+               if (s.get("depends_on") or {}).get("web", {}).get("condition") == "service_healthy"]
+    assert {"relay", "beat"} <= set(waiting)
+
+
+@pytest.mark.parametrize("service", PROBE_SERVICES)
+def test_each_back_office_service_probes_its_dependencies_and_its_own_heartbeat(service):
+    assert "probe" in get_commands()
+    checks = _probe_checks(service)
+    assert set(checks) <= set(CHECKS), checks
+    assert {"database", "broker"} <= set(checks)
+    # Its own heartbeat, never another process's (a stopped beat must not
+    # mark the relay unhealthy).
+    own = {"relay": {"relay"}, "beat": {"beat"}}.get(service, set())
+    assert set(checks) & {"relay", "beat"} == own
+
+
+@pytest.mark.parametrize("service", PROBE_SERVICES)
+def test_probe_healthchecks_leave_no_metrics_file_behind(service):
+    """A probe is a new process every interval; with PROMETHEUS_MULTIPROC_DIR
+    set it would leave a file there each time, read by /metrics forever."""
+    if "PROMETHEUS_MULTIPROC_DIR" in _env(service):
+        assert _health_test(service)[:3] == ["env", "-u", "PROMETHEUS_MULTIPROC_DIR"]
+
+
+@pytest.mark.parametrize("service", PROBE_SERVICES)
+def test_the_probe_healthchecks_run(service, tmp_path):
+    # given the service's environment, on a fresh SQLite database (no
+    # migrations: no heartbeat table) and the test session's Redis
+    argv = _health_test(service)
+    metrics_dir = tmp_path / "metrics"
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        **_env(service),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'app.sqlite3'}",
+        "CELERY_BROKER_URL": os.environ["CELERY_BROKER_URL"],
+        "BOXOFFICE_VAR_DIR": str(tmp_path / "var"),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    }
+    metrics_dir.mkdir()
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    body = json.loads(result.stdout)
+    checks = _probe_checks(service)
+    assert list(body["checks"]) == checks
+    assert body["checks"]["database"]["ok"] and body["checks"]["broker"]["ok"], body
+    heartbeats = [c for c in checks if c in ("relay", "beat")]
+    # then it exits 0 when every check passes, 1 when one fails (here: the
+    # heartbeats, which a database without migrations cannot hold)
+    assert body["failed"] == heartbeats
+    assert result.returncode == (1 if heartbeats else 0), result.stderr
+    assert list(metrics_dir.iterdir()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_healthcheck_passes_on_200_and_fails_on_503(live_server, monkeypatch):
+    port = urlsplit(live_server.url).port
+    health = _healthcheck_argv("web", port)
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    # No heartbeat anywhere: web's check excludes them.
+    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=30)
+    assert check.returncode == 0, check.stderr
+    # A broker that does not answer: /readyz answers 503, the check fails.
+    monkeypatch.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{_free_port()}/0")
+    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=30)
+    assert check.returncode != 0 and "503" in check.stderr, check.stderr

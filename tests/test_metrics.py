@@ -98,3 +98,27 @@ def test_transitions_and_fire_lag_are_counted_on_commit(gateway, client):
 
     assert transitions() == before + 1
     assert lag_count() >= lag_before + 1  # the purchase.confirmed row was handed over
+
+
+def test_every_alert_kind_is_exposed_at_zero_before_its_first_alert():
+    # A fresh process: nothing has been raised yet. A series that first
+    # appears at 1 would hide the first alert from PromQL's increase().
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from config.metrics import ALERT_KINDS
+
+    root = Path(__file__).resolve().parent.parent
+    raised = set()
+    for path in root.glob("[a-z]*/**/*.py"):
+        if ".venv" not in path.parts and "tests" not in path.parts:
+            raised |= set(re.findall(r'ALERTS\.labels\(kind="([a-z_]+)"\)', path.read_text()))
+    assert raised and raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
+
+    text = subprocess.run(
+        [sys.executable, "-c", "from prometheus_client import REGISTRY, generate_latest; "
+         "import config.metrics; print(generate_latest(REGISTRY).decode())"],
+        cwd=root, capture_output=True, text=True, check=True).stdout
+    for kind in ALERT_KINDS:
+        assert _value(text, "boxoffice_alerts_total", kind=kind) == 0
