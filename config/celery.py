@@ -52,18 +52,18 @@ def _db_reuse(sender, **kwargs):
     sender.conf["CELERY_DB_REUSE_MAX"] = settings.CELERY_DB_REUSE_MAX
 
 
-# A pool process idle for longer than this checks its database connections
-# before its next task (one SELECT 1): a PostgreSQL restart while it waited
-# must not fail that task. A busy process skips the check, so a purchase's
-# tasks cost no extra query; a restart in mid-stream fails at most the task
-# that meets it, which is retried (and its connection closed, below).
-IDLE_CHECK_AFTER_SECONDS = 5.0
+# A pool process idle for longer than DB_IDLE_CHECK_AFTER_SECONDS checks its
+# database connections before its next task (one SELECT 1): a PostgreSQL
+# restart while it waited must not fail that task. A busy process skips the
+# check, so a purchase's tasks cost no extra query; a restart in mid-stream
+# fails at most the task that meets it, which is retried (and its connection
+# closed, below). The web does the same (config/middleware.py).
 _last_task_ended = time.monotonic()
 
 
 @signals.task_prerun.connect
 def _check_connections_after_idle(**kwargs):
-    if time.monotonic() - _last_task_ended > IDLE_CHECK_AFTER_SECONDS:
+    if time.monotonic() - _last_task_ended > settings.DB_IDLE_CHECK_AFTER_SECONDS:
         # Django's own check around each request: a connection that errored
         # or outlived CONN_MAX_AGE is closed, and with CONN_HEALTH_CHECKS the
         # next query first makes sure the connection is alive.

@@ -54,6 +54,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: it decides whether this request checks its connection.
+    "config.middleware.BusyConnectionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.middleware.RequestSizeLimitMiddleware",
     # Serves the admin's static files under gunicorn (collectstatic first).
@@ -113,6 +115,9 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# ... but only for a connection idle for this long (or one that errored): a
+# busy one is taken as alive (config/middleware.py, config/celery.py).
+DB_IDLE_CHECK_AFTER_SECONDS = env.float("DB_IDLE_CHECK_AFTER_SECONDS", default=5.0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- cache: the throttles' counts and the catalog (purchases/availability.py) ------
@@ -137,9 +142,14 @@ STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles"))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
 
 # --- REST API ---------------------------------------------------------------
+# How long a token that authenticated is remembered with its user in the cache
+# (purchases/authentication.py): deleting the token or saving its user forgets
+# it at once; this bounds what no signal sees (a bulk UPDATE). 0: no cache.
+AUTH_TOKEN_CACHE_SECONDS = env.int("AUTH_TOKEN_CACHE_SECONDS", default=60)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's, with the token's user remembered in the cache (below).
+        "purchases.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -11,7 +11,10 @@ class PurchasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from . import authentication  # it imports models: not before the registry is ready
+
         register(check_outbox_routing)
+        authentication.connect()
 
 
 def check_outbox_routing(app_configs=None, **kwargs) -> list[Error]:

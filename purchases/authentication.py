@@ -1,0 +1,68 @@
+"""The API's token authentication, with the token's user kept in the cache.
+
+DRF's ``TokenAuthentication`` reads the token and its user on every request:
+a query, and a transaction of its own, about one in seven of a purchase's
+(docs/performance.md). Here a token that authenticated is remembered in
+Django's cache (Redis on the real stack) for ``AUTH_TOKEN_CACHE_SECONDS``,
+keyed by a hash of the token (the cache never holds a usable credential),
+with the few fields of the user a request reads; the others load from the
+database if something asks for them.
+
+What stops a remembered token at once: deleting it (the admin, a rotation)
+and saving its user (deactivated, made staff or not) clear it, in the
+process that makes the change (signals, connected by ``PurchasesConfig``).
+What a signal cannot see (a bulk ``UPDATE`` of users, a token deleted by
+SQL) is bounded by ``AUTH_TOKEN_CACHE_SECONDS``. A token that fails is never
+remembered. ``0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models.signals import post_delete, post_save
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.authtoken.models import Token
+
+# What a request reads of its user (permissions: is_active, is_staff,
+# is_superuser); never the password.
+USER_FIELDS = ("id", "username", "email", "is_active", "is_staff", "is_superuser")
+
+
+def cache_key(token_key: str) -> str:
+    return "authtoken:" + hashlib.sha256(token_key.encode()).hexdigest()
+
+
+class CachedTokenAuthentication(TokenAuthentication):
+    def authenticate_credentials(self, key):
+        seconds = settings.AUTH_TOKEN_CACHE_SECONDS
+        if seconds <= 0:
+            return super().authenticate_credentials(key)
+        remembered = cache.get(cache_key(key))
+        if remembered is not None:
+            user = get_user_model().from_db(DEFAULT_DB_ALIAS, USER_FIELDS, remembered)
+            return user, Token(key=key, user=user)
+        user, token = super().authenticate_credentials(key)  # refuses what it must
+        cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
+        return user, token
+
+
+def forget_token(sender, instance: Token, **kwargs) -> None:
+    cache.delete(cache_key(instance.key))
+
+
+def forget_tokens_of_user(sender, instance, **kwargs) -> None:
+    keys = Token.objects.filter(user_id=instance.pk).values_list("key", flat=True)
+    cache.delete_many([cache_key(key) for key in keys])
+
+
+def connect() -> None:
+    """Called once by ``PurchasesConfig.ready``."""
+    # (A user deleted takes its tokens with it: each one's post_delete.)
+    post_delete.connect(forget_token, sender=Token, dispatch_uid="authtoken-forget")
+    post_save.connect(forget_tokens_of_user, sender=get_user_model(),
+                      dispatch_uid="authtoken-forget-user-saved")
