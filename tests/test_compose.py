@@ -490,3 +490,41 @@ def test_the_web_healthcheck_passes_on_200_and_fails_on_503(live_server, monkeyp
     check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=30)
     assert check.returncode != 0 and "503" in check.stderr, check.stderr
+
+
+def _image_files(tmp_path: Path) -> Path:
+    """The source tree as the Dockerfile copies it into /app: its COPY lines
+    (but the dependency layer's), applied to an empty folder."""
+    app = tmp_path / "app"
+    app.mkdir()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if not words or words[0] != "COPY" or "pyproject.toml" in words:
+            continue
+        *sources, target = words[1:]
+        for source in sources:
+            src = ROOT / source.rstrip("/")
+            dest = app / target.rstrip("/") if target not in ("./", ".") else app / src.name
+            if src.is_dir():
+                subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+            else:
+                subprocess.run(["cp", str(src), str(dest)], check=True)
+    return app
+
+
+def test_the_image_holds_every_package_the_app_imports(tmp_path):
+    # The image's code is what its COPY lines name, folder by folder: a new
+    # app (or a package the apps import) without its line breaks every
+    # container at start-up. What the Dockerfile itself runs next
+    # (collectstatic) must work from that tree alone, and so must a check.
+    app = _image_files(tmp_path)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_", "PYTHON"))}
+    env.update(DEBUG="false", SECRET_KEY="image-check-only",
+               DATABASE_URL=f"sqlite:///{tmp_path}/x.sqlite3",
+               STATIC_ROOT=str(tmp_path / "static"), BOXOFFICE_VAR_DIR=str(tmp_path / "var"),
+               DJANGO_SETTINGS_MODULE="config.settings")
+    for argv in (["check"], ["collectstatic", "--no-input"]):
+        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=app, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"manage.py {argv[0]} in the image's tree:\n{done.stderr}"
