@@ -5,14 +5,17 @@
 -- see bench/figures/reserve.py: check_script; the run compares the shapes
 -- and warns when the product's transaction changes):
 --
---   1    SELECT 1                      Django's CONN_HEALTH_CHECKS probe on a
---                                      reused connection (not in connection.queries)
---   2    token + user                  DRF TokenAuthentication
---   3-12 BEGIN .. COMMIT               purchase_start's durable atomic block:
+--   1-10 BEGIN .. COMMIT               purchase_start's durable atomic block:
 --                                      seats by ref (no lock), the idempotency
 --                                      record (ON CONFLICT DO NOTHING), the seats
 --                                      locked and held in one UPDATE, four
 --                                      inserts, the hold timer
+--
+-- Under load nothing else reaches the database: the connection health check
+-- runs only on a connection idle for DB_IDLE_CHECK_AFTER_SECONDS
+-- (config/middleware.py), and the token's user is remembered in the cache
+-- (purchases/authentication.py). Until issue 15 both were here, as a
+-- SELECT 1 and the token + user look-up, each in autocommit.
 --
 -- (Before the reserve was profiled it was 17 round trips and 4 commits: an
 -- event check, an idempotency look-up and the seat read each in autocommit,
@@ -45,10 +48,6 @@
 \set seat :idoff + :n
 \set uid :ubase + :client_id
 
-SELECT 1;
-
-SELECT "authtoken_token"."key", "authtoken_token"."user_id", "authtoken_token"."created", "auth_user"."id", "auth_user"."password", "auth_user"."last_login", "auth_user"."is_superuser", "auth_user"."username", "auth_user"."first_name", "auth_user"."last_name", "auth_user"."email", "auth_user"."is_staff", "auth_user"."is_active", "auth_user"."date_joined" FROM "authtoken_token" INNER JOIN "auth_user" ON ("authtoken_token"."user_id" = "auth_user"."id") WHERE "authtoken_token"."key" = md5('bench-token-' || :uid) LIMIT 21;
-
 BEGIN;
 
 SELECT "purchases_seat"."id", "purchases_seat"."ref", "purchases_seat"."price_amount", "purchases_seat"."currency" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S:n')) ORDER BY "purchases_seat"."id" ASC;
@@ -61,10 +60,10 @@ INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "h
 
 INSERT INTO "purchases_reservationseat" ("reservation_id", "seat_id", "event_id", "released_at") VALUES (:res_id, :seat, :ev, NULL) RETURNING "purchases_reservationseat"."id";
 
-INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at", "compensation_started_at", "awaiting_operator_since") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now(), NULL, NULL);
+INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at", "compensation_started_at", "awaiting_operator_since", "trace_context") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now(), NULL, NULL, '');
 
-INSERT INTO "purchases_sagahistory" ("saga_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-:run-:client_id-:i')::uuid, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
+INSERT INTO "purchases_sagahistory" ("saga_id", "event_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :ev, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
 
-INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, now() + interval ':hold seconds', 0, 0, '', NULL, NULL, NULL, NULL) RETURNING "outbox_outboxmessage"."id", "outbox_outboxmessage"."attempts", "outbox_outboxmessage"."last_error";
+INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers", "trace_context") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, now() + interval ':hold seconds', 0, 0, '', NULL, NULL, NULL, NULL, '') RETURNING "outbox_outboxmessage"."id", "outbox_outboxmessage"."attempts", "outbox_outboxmessage"."last_error";
 
 COMMIT;

@@ -5,10 +5,12 @@ import os
 import time
 import warnings
 
-from celery import Celery, signals
+from celery import Celery, concurrency, signals
 from celery.exceptions import SecurityWarning
 from django.conf import settings
 from django.db import close_old_connections, connections
+
+from config import tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -30,6 +32,35 @@ def _pool_process_out_of_the_group(**kwargs):
     # (Celery sets their parent-death signal to SIGKILL).
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+
+
+# Tracing (config/tracing.py) is set up where tasks run: in each pool process
+# after the fork (a provider's export thread and an instrumented connection
+# do not survive one), or in the worker itself when its pool does not fork.
+# Beat only publishes. With no OTEL_* variable set, each call does nothing.
+
+
+@signals.worker_init.connect
+def _tracing_in_a_worker_that_does_not_fork(sender=None, **kwargs):
+    pool = concurrency.get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    if "prefork" not in pool.__module__:
+        tracing.tracing_init(instrument=tracing.WORKER)
+
+
+@signals.worker_process_init.connect
+def _tracing_in_a_pool_process(**kwargs):
+    tracing.tracing_init(instrument=tracing.WORKER)
+
+
+@signals.worker_process_shutdown.connect
+def _spans_out_before_a_pool_process_exits(**kwargs):
+    # A pool process leaves with os._exit: no atexit hook exports its last batch.
+    tracing.tracing_flush()
+
+
+@signals.beat_init.connect
+def _tracing_in_beat(**kwargs):
+    tracing.tracing_init(instrument=tracing.PUBLISHER)
 
 
 @signals.celeryd_init.connect

@@ -113,6 +113,17 @@ if EMBEDDED:
 else:
     DATABASES = {"default": env.db("DATABASE_URL")}
     DATABASES["default"].setdefault("OPTIONS", {})
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's, without GROUP BY the primary key alone (config/postgresql).
+        DATABASES["default"]["ENGINE"] = "config.postgresql"
+    # psycopg 3's protocol mode (make bench measures both, docs/performance.md):
+    # parameters bound by the client into the SQL text (Django's default), or
+    # sent apart and bound by the server, with statements prepared after
+    # DB_PREPARE_THRESHOLD executions on a connection.
+    if env.bool("DB_SERVER_SIDE_BINDING", default=False):
+        DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
+        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
+            "DB_PREPARE_THRESHOLD", default=5)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # ... but only for a connection idle for this long (or one that errored): a
@@ -351,11 +362,19 @@ if env.str("PROMETHEUS_MULTIPROC_DIR", default=""):
 
 # --- logging ------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+# kv: "<time> <LEVEL> <logger> <message> key=value ..."; json: one JSON object
+# per line, for log shippers (config/logging.py).
+LOG_FORMAT = env.str("LOG_FORMAT", default="kv")
+if LOG_FORMAT not in ("kv", "json"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("LOG_FORMAT is kv or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "kv": {"()": "config.logging.KeyValueFormatter"},
+        "json": {"()": "config.logging.JsonFormatter"},
         # runserver's access log, in Django's format: one line per request,
         # without the level (runserver logs each 5xx it serves at ERROR, the
         # fake gateway's deliberate 504s too; django.request tells errors).
@@ -372,8 +391,9 @@ LOGGING = {
         },
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "kv"},
-        "django.server": {"class": "logging.StreamHandler", "formatter": "django.server"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
+        "django.server": {"class": "logging.StreamHandler",
+                          "formatter": "json" if LOG_FORMAT == "json" else "django.server"},
     },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {

@@ -30,7 +30,10 @@ class LedgerEntry(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["intent_id", "kind"], name="ledger_one_entry_per_kind"),
+            # With the event, the distribution column; the intent id names its
+            # event, so this is still one entry per (intent, kind).
+            models.UniqueConstraint(fields=["intent_id", "kind", "event_id"],
+                                    name="ledger_one_entry_per_kind"),
         ]
         ordering = ["created_at", "id"]
 

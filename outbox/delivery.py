@@ -42,6 +42,9 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from opentelemetry.trace import SpanKind
+
+from config import tracing
 
 from .models import LAST_ERROR_MAX_CHARS, InboxEntry, OutboxMessage
 
@@ -72,7 +75,8 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
     try:
         with transaction.atomic():
             InboxEntry.objects.create(
-                consumer=consumer, message=message, processed_at=now or timezone.now()
+                consumer=consumer, message=message, event_id=message.event_id,
+                processed_at=now or timezone.now()
             )
     except IntegrityError:
         return False
@@ -119,7 +123,8 @@ def _record(message: OutboxMessage, names: list[str]) -> None:
     if names:
         at = timezone.now()
         InboxEntry.objects.bulk_create(
-            [InboxEntry(consumer=name, message=message, processed_at=at) for name in names],
+            [InboxEntry(consumer=name, message=message, event_id=message.event_id,
+                        processed_at=at) for name in names],
             ignore_conflicts=True,
         )
 
@@ -130,6 +135,26 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
     message = _lease(message_id=message_id, now=now)
     if message is None:
         return "skipped"
+    # The trace of whoever wrote the row, from the row itself: a redelivery,
+    # a relay's hand-over or a lost message's replacement continues it.
+    with _delivery_span(message):
+        return _run_consumers(message)
+
+
+def _delivery_span(message: OutboxMessage):
+    if not tracing.enabled():
+        return tracing.NOOP
+    return tracing.continue_from(
+        message.trace_context, f"process {message.topic}", kind=SpanKind.CONSUMER,
+        link=tracing.is_late(message.created_at, message.available_at),
+        saga_id=message.saga_id,
+        attributes={"messaging.system": "outbox", "messaging.operation.type": "process",
+                    "messaging.destination.name": message.topic,
+                    "messaging.message.id": message.pk, "saga.id": message.saga_id,
+                    "outbox.deliveries": message.deliveries})
+
+
+def _run_consumers(message: OutboxMessage) -> str:
     ran: list[str] = []
     running = ""  # who failed, for last_error
     finishing: list[tuple[str, Callable]] = []  # the inside halves of ordinary consumers
@@ -142,7 +167,8 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
         inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
         for name, handle in outside:
             running = name
-            rest = handle(message)
+            with tracing.span(name):
+                rest = handle(message)
             ran.append(name)
             if rest is not None:
                 finishing.append((name, rest))
@@ -152,7 +178,8 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
                 rest()
             for name, handle in inside:
                 running = name
-                handle(message)
+                with tracing.span(name):
+                    handle(message)
             running = "(closing the delivery)"
             _record(message, ran + [name for name, _ in inside])
             OutboxMessage.objects.filter(pk=message.pk).update(

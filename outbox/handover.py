@@ -16,6 +16,11 @@ Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
 
 Either way a row may reach a worker twice; the delivery's lease and the
 consumers' inbox make the second one harmless (``outbox.delivery``).
+
+With tracing on, a row the relay hands over alone is published inside the
+trace stored on it (unless it was armed for much later: its delivery starts
+a trace of its own), so the worker's task continues the purchase's trace;
+the delivery reads the row's context in any case (``config/tracing.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from config import tracing
 from config.celery import app
 
 from .models import OutboxMessage
@@ -78,13 +84,15 @@ def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int],
     failed: list[int] = []
     groups = [(queue, chunk) for queue, group in _by_queue(ids, topics).items()
               for chunk in chunks(group, settings.OUTBOX_DISPATCH_TASKS)]
+    parents = _trace_parents([c[0] for _, c in groups if len(c) == 1])
     try:
         with app.producer_or_acquire() as producer:
             for queue, chunk in groups:
                 routing = {"queue": queue} if queue else {}
                 try:
                     if len(chunk) == 1:
-                        deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
+                        with tracing.use_context(parents.get(chunk[0], "")):
+                            deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
                     else:
                         deliver_many.apply_async(args=[chunk], producer=producer, **routing)
                 except Exception:
@@ -97,6 +105,17 @@ def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int],
     done = set(handed) | set(failed)
     failed.extend(i for i in ids if i not in done)
     return handed, failed
+
+
+def _trace_parents(ids: list[int]) -> dict[int, str]:
+    """The stored trace of each row to be published alone, when its delivery
+    continues it (one query, only with tracing on)."""
+    if not ids or not tracing.enabled():
+        return {}
+    rows = OutboxMessage.objects.filter(pk__in=ids).exclude(trace_context="").values_list(
+        "pk", "trace_context", "created_at", "available_at")
+    return {pk: context for pk, context, created_at, available_at in rows
+            if not tracing.is_late(created_at, available_at)}
 
 
 def hand_over_on_commit(message_id: int, topic: str) -> None:

@@ -15,6 +15,8 @@ replay (``outbox.services.outbox_replay``).
 from django.db import models
 from django.db.models import Q
 
+from config.distribution import NO_EVENT
+
 LAST_ERROR_MAX_CHARS = 1000
 
 
@@ -22,10 +24,13 @@ class OutboxMessage(models.Model):
     topic = models.CharField(max_length=100)
     payload = models.JSONField(default=dict)
     # Unique when set: a timer's name ("hold:<saga>"), or a once-only event.
-    key = models.CharField(max_length=200, null=True, blank=True, unique=True)
+    # Unique per event in the database (``Meta``); the product's keys name
+    # their saga (or delivery), so they are unique everywhere.
+    key = models.CharField(max_length=200, null=True, blank=True)
     # The event id this row belongs to, so that the row lives on the same
-    # shard as the purchase that wrote it (docs/design.md, "Running").
-    event_id = models.BigIntegerField(null=True, blank=True)
+    # shard as the purchase that wrote it (docs/design.md, "Running"). Never
+    # NULL (a distribution column): NO_EVENT for a row of no event.
+    event_id = models.BigIntegerField(default=NO_EVENT)
     saga_id = models.UUIDField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField()
     available_at = models.DateTimeField()
@@ -61,6 +66,10 @@ class OutboxMessage(models.Model):
     # the replay runs (null: every consumer of the topic that has not run).
     replayed_at = models.DateTimeField(null=True, blank=True)
     only_consumers = models.JSONField(null=True, blank=True)
+    # The W3C traceparent of the span that wrote the row (empty when tracing
+    # is off): its delivery continues that trace, or links to it when the row
+    # was armed for much later (config/tracing.py).
+    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         indexes = [
@@ -88,6 +97,9 @@ class OutboxMessage(models.Model):
                             cancelled_at__isnull=True),
             ),
         ]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "event_id"], name="outbox_key_once_per_event"),
+        ]
         permissions = [
             ("replay_outboxmessage", "Can replay dead letters and backfill a consumer"),
         ]
@@ -108,10 +120,22 @@ class InboxEntry(models.Model):
     """What a consumer has processed: redelivery of a message is harmless."""
 
     consumer = models.CharField(max_length=100)
-    message = models.ForeignKey(OutboxMessage, on_delete=models.PROTECT, related_name="inbox")
+    # The database's key is (event_id, message_id) -> the message's
+    # (event_id, id) (outbox/migrations/0004_citus_distribution.py).
+    message = models.ForeignKey(OutboxMessage, on_delete=models.PROTECT, related_name="inbox",
+                                db_constraint=False)
+    # The message's event: the entry lives on the message's shard.
+    event_id = models.BigIntegerField()
     processed_at = models.DateTimeField()
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["consumer", "message"], name="inbox_once_per_consumer"),
+            models.UniqueConstraint(fields=["consumer", "message", "event_id"],
+                                    name="inbox_once_per_consumer"),
         ]
+
+    def save(self, *args, **kwargs):
+        # An entry written without its event (by hand) takes its message's.
+        if self.event_id is None and self.message_id is not None:
+            self.event_id = self.message.event_id
+        super().save(*args, **kwargs)

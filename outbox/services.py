@@ -25,6 +25,8 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from config import tracing
+from config.distribution import NO_EVENT
 from config.transactions import in_transaction
 
 from .delivery import consumers_owed
@@ -59,7 +61,8 @@ def outbox_publish(
     consumers have not all run a grace later (``outbox.handover``): the relay
     is the safety net, not a step every message waits for. A message due
     later is a timer, the relay's (woken by NOTIFY when it is due now and
-    not handed over on commit).
+    not handed over on commit). The row keeps the context of the span that
+    wrote it (empty with tracing off): its delivery continues that trace.
     """
     _require_atomic("outbox_publish")
     now = now or timezone.now()
@@ -72,11 +75,14 @@ def outbox_publish(
         topic=topic,
         payload=payload,
         key=key,
-        event_id=event_id,
+        # Never NULL, the shard key (config/distribution.py); the product
+        # always names the event (tests/test_citus_rules.py).
+        event_id=NO_EVENT if event_id is None else event_id,
         saga_id=saga_id,
         created_at=now,
         available_at=available_at,
         due_at=due_at,
+        trace_context=tracing.traceparent(),
     )
     if on_commit:
         transaction.on_commit(partial(hand_over_on_commit, message.pk, topic), robust=True)
@@ -98,14 +104,16 @@ def timer_schedule(
 ) -> OutboxMessage:
     """Arm a durable timer: a row the relay hands over at ``due_at``.
 
-    The key is unique: arming the same timer twice is an IntegrityError, which
-    is what a caller that thinks it is arming a fresh timer wants to hear.
-    With ``if_absent`` an existing row of that key is returned instead (the
-    caller holds the lock of the thing the timer belongs to, so no one else
-    arms it meanwhile).
+    The key is unique (per event, the shard key: the product's keys name
+    their saga, so everywhere): arming the same timer twice is an
+    IntegrityError, which is what a caller that thinks it is arming a fresh
+    timer wants to hear. With ``if_absent`` an existing row of that key is
+    returned instead (the caller holds the lock of the thing the timer
+    belongs to, so no one else arms it meanwhile).
     """
     if if_absent:
-        existing = OutboxMessage.objects.filter(key=key).first()
+        existing = OutboxMessage.objects.filter(
+            key=key, event_id=NO_EVENT if event_id is None else event_id).first()
         if existing is not None:
             return existing
     return outbox_publish(

@@ -58,7 +58,11 @@ class ReservationStatus(models.TextChoices):
 
 
 class Reservation(models.Model):
-    ref = models.CharField(max_length=20, unique=True)
+    # Unique per event (``Meta``): the database can hold no wider uniqueness
+    # under Citus. It ends with the event's id, so it is unique everywhere by
+    # construction, and so is the intent id made of it, which the gateway
+    # needs (purchases/saga/start.py, ``reservation_ref``).
+    ref = models.CharField(max_length=20)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="reservations")
     buyer = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations"
@@ -69,6 +73,12 @@ class Reservation(models.Model):
     currency = models.CharField(max_length=3)
     created_at = models.DateTimeField()
     seats = models.ManyToManyField(Seat, through="ReservationSeat", related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["ref", "event"],
+                                    name="reservation_ref_unique_per_event"),
+        ]
 
     def __str__(self) -> str:
         return self.ref
@@ -82,17 +92,21 @@ class ReservationSeat(models.Model):
     reservations.
     """
 
+    # db_constraint=False here and on every foreign key between two tables
+    # distributed by event: the database's key is (event_id, x_id) ->
+    # (event_id, id), written in purchases/migrations/0008_citus_distribution.py.
     reservation = models.ForeignKey(
-        Reservation, on_delete=models.PROTECT, related_name="seat_links"
+        Reservation, on_delete=models.PROTECT, related_name="seat_links", db_constraint=False
     )
-    seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+")
+    seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+",
+                             db_constraint=False)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["seat"],
+                fields=["seat", "event"],
                 condition=Q(released_at__isnull=True),
                 name="seat_taken_by_one_live_reservation",
             ),
@@ -101,13 +115,18 @@ class ReservationSeat(models.Model):
 
 class PurchaseSaga(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # In the database, unique with the event, (reservation_id, event_id), not
+    # alone as Django believes (0008_citus_distribution.py): a later
+    # migration that alters this field's uniqueness must say so by hand.
     reservation = models.OneToOneField(
-        Reservation, on_delete=models.PROTECT, related_name="saga"
+        Reservation, on_delete=models.PROTECT, related_name="saga", db_constraint=False
     )
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     # Derived from the reservation; the idempotency key of every charge.
-    intent_id = models.CharField(max_length=100, unique=True)
+    # Unique per event in the database (``Meta``), everywhere by construction
+    # (the reservation's ref names its event).
+    intent_id = models.CharField(max_length=100)
     payment_method = models.CharField(max_length=100)
     amount = models.PositiveIntegerField()
     currency = models.CharField(max_length=3)
@@ -125,6 +144,11 @@ class PurchaseSaga(models.Model):
     # charged"): nothing automatic drives the saga any more, an alert names
     # it, and the next move (an operator's) clears it.
     awaiting_operator_since = models.DateTimeField(null=True, blank=True)
+    # The W3C traceparent of the request that started the purchase (empty
+    # when tracing is off): every later step continues that trace from here,
+    # whatever carried it to the worker (config/tracing.py). The db default
+    # keeps raw INSERTs valid.
+    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -142,6 +166,10 @@ class PurchaseSaga(models.Model):
             ),
             models.Index(fields=["buyer", "-created_at"], name="saga_buyer_recent_idx"),
         ]
+        constraints = [
+            models.UniqueConstraint(fields=["intent_id", "event"],
+                                    name="saga_intent_unique_per_event"),
+        ]
 
     def __str__(self) -> str:
         return f"saga {self.id} ({self.state})"
@@ -158,7 +186,10 @@ class Actor(models.TextChoices):
 
 
 class SagaHistory(models.Model):
-    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="history")
+    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="history",
+                             db_constraint=False)
+    # The saga's event: the row lives on the saga's shard.
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     from_state = models.CharField(max_length=30, null=True, blank=True)
     to_state = models.CharField(max_length=30)
     at = models.DateTimeField()
@@ -182,7 +213,7 @@ class GatewayAnswer(models.Model):
     saga whatever the saga made of it."""
 
     saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT,
-                             related_name="gateway_answers")
+                             related_name="gateway_answers", db_constraint=False)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     at = models.DateTimeField()
     # What was asked: "retrieve", "charge", "cancel", "refund".
@@ -200,18 +231,26 @@ class GatewayAnswer(models.Model):
 
 class IdempotencyRecord(models.Model):
     """The first answer to a (user, Idempotency-Key): the purchase as it was
-    first answered; replays return it."""
+    first answered; replays return it.
+
+    A key is the buyer's across events, so the record is distributed by buyer,
+    not by event (config/distribution.py): its saga lives on another shard, and
+    the database has no foreign key to it (the reserve writes both in one
+    commit)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
     response_body = models.JSONField()
-    saga = models.OneToOneField(PurchaseSaga, on_delete=models.PROTECT, related_name="+")
+    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="+",
+                             db_constraint=False)
     created_at = models.DateTimeField()
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_per_user"),
+            # One record per saga (the buyer's: the distribution column).
+            models.UniqueConstraint(fields=["saga", "user"], name="idempotency_one_per_saga"),
         ]
 
 

@@ -10,6 +10,8 @@ POST) and what came back: the delivery log is a query over these rows.
 
 from django.db import models
 
+from config.distribution import NO_EVENT
+
 
 class WebhookEvent(models.TextChoices):
     """The event types a seller may subscribe to (docs/api.md)."""
@@ -49,11 +51,14 @@ class WebhookDelivery(models.Model):
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
                                  related_name="deliveries")
     # The webhook-id header: the same for every attempt of this delivery.
-    message_id = models.CharField(max_length=40, unique=True)
+    # Unique per event in the database (``Meta``); a random UUID's hex, so
+    # unique everywhere.
+    message_id = models.CharField(max_length=40)
     event_type = models.CharField(max_length=40, choices=WebhookEvent.choices)
     saga_id = models.UUIDField(db_index=True)
-    # The purchase's event (the catalog's), like the outbox rows: the shard key.
-    event_id = models.BigIntegerField(null=True, blank=True)
+    # The purchase's event (the catalog's), like the outbox rows: the shard key,
+    # never NULL (NO_EVENT for a delivery of no event).
+    event_id = models.BigIntegerField(default=NO_EVENT)
     # Compact JSON, exactly the bytes signed and sent (not a JSONField: the
     # database would normalise it).
     body = models.TextField()
@@ -72,8 +77,10 @@ class WebhookDelivery(models.Model):
         constraints = [
             # Each type is sent at most once per saga per endpoint, whatever
             # the redeliveries (docs/api.md).
-            models.UniqueConstraint(fields=["endpoint", "saga_id", "event_type"],
+            models.UniqueConstraint(fields=["endpoint", "saga_id", "event_type", "event_id"],
                                     name="webhook_once_per_endpoint_saga_type"),
+            models.UniqueConstraint(fields=["message_id", "event_id"],
+                                    name="webhook_message_id_once_per_event"),
         ]
         indexes = [
             # An endpoint's deliveries, newest first (the API's list).
@@ -92,8 +99,12 @@ class WebhookDelivery(models.Model):
 
 
 class WebhookAttempt(models.Model):
+    # The database's key is (event_id, delivery_id) -> the delivery's
+    # (event_id, id) (webhooks/migrations/0003_citus_distribution.py).
     delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
-                                 related_name="attempts")
+                                 related_name="attempts", db_constraint=False)
+    # The delivery's event: the attempt lives on the delivery's shard.
+    event_id = models.BigIntegerField()
     number = models.PositiveIntegerField()  # 1-based; a resend continues the count
     resend = models.BooleanField(default=False)  # asked for by staff
     at = models.DateTimeField()  # when it started: its webhook-timestamp
@@ -105,8 +116,15 @@ class WebhookAttempt(models.Model):
     class Meta:
         ordering = ["number"]
         constraints = [
-            models.UniqueConstraint(fields=["delivery", "number"], name="webhook_attempt_once"),
+            models.UniqueConstraint(fields=["delivery", "number", "event_id"],
+                                    name="webhook_attempt_once"),
         ]
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.delivery_id}"
+
+    def save(self, *args, **kwargs):
+        # An attempt written without its event (by hand) takes its delivery's.
+        if self.event_id is None and self.delivery_id is not None:
+            self.event_id = self.delivery.event_id
+        super().save(*args, **kwargs)

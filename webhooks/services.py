@@ -42,7 +42,8 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 
 from common.time import iso_z
-from config import metrics
+from config import metrics, tracing
+from config.distribution import NO_EVENT
 from config.transactions import in_transaction
 from outbox.services import timer_schedule
 
@@ -256,6 +257,9 @@ def webhook_publish(*, event_type: str, saga_id, event_id: int | None,
         return []
     body = json.dumps({"type": str(event_type), "timestamp": iso_z(now),
                        "data": data() if callable(data) else data}, separators=(",", ":"))
+    # Never NULL, the shard key (config/distribution.py); the product always
+    # names the event (tests/test_citus_rules.py).
+    event_id = NO_EVENT if event_id is None else event_id
     rows = [WebhookDelivery(endpoint_id=pk, message_id=new_message_id(), event_type=event_type,
                             saga_id=saga_id, event_id=event_id, body=body, status=PENDING,
                             armed_attempt=1, next_attempt_at=now, created_at=now)
@@ -318,6 +322,11 @@ def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False
         return "skipped: this attempt was made already"
     if delivery.status != PENDING or delivery.armed_attempt != attempt:
         return f"skipped: the delivery is {delivery.status}, attempt {delivery.armed_attempt}"
+    if tracing.enabled():
+        tracing.set_attributes({"webhook.delivery_id": delivery.pk, "webhook.attempt": attempt,
+                                "webhook.event_type": delivery.event_type,
+                                "webhook.endpoint_id": delivery.endpoint_id,
+                                "saga.id": delivery.saga_id})
     at = now or timezone.now()
     endpoint = delivery.endpoint
     if endpoint.enabled:
@@ -363,7 +372,7 @@ def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answe
     if WebhookAttempt.objects.filter(delivery=delivery, number=attempt).exists():
         return "skipped: this attempt was recorded by another worker"
     WebhookAttempt.objects.create(
-        delivery=delivery, number=attempt, resend=resend, at=at,
+        delivery=delivery, event_id=delivery.event_id, number=attempt, resend=resend, at=at,
         status_code=answer.status_code, latency_ms=answer.latency_ms,
         error=answer.error[:500], response_excerpt=answer.excerpt[:500])
     alert = False

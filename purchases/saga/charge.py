@@ -59,8 +59,9 @@ def saga_charge(
         move(saga, S.CHARGING, reason="charge started", at=at, by=by, count_attempt=True)
         return Ask("charge", saga.version)
 
-    return gateway_step(saga_id=saga_id, decide=decide, call=_charge_call(gateway),
-                        record=_charge_record(gateway, now=now, by=by), now=now)
+    return gateway_step(step="charge", saga_id=saga_id, decide=decide,
+                        call=_charge_call(gateway), record=_charge_record(gateway, now=now, by=by),
+                        now=now)
 
 
 def charge_again(

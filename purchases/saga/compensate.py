@@ -100,6 +100,7 @@ def saga_compensate(
         return lambda: _finish(saga_id=saga_id, refund_reference=reference, now=now, by=by)
 
     return gateway_step(
+        step="compensate",
         saga_id=saga_id,
         decide=decide,
         call=lambda saga, ask: gateway.refund(

@@ -69,6 +69,7 @@ def saga_expire_hold(
         return None
 
     return gateway_step(
+        step="expire_hold",
         saga_id=saga_id,
         decide=decide,
         call=lambda saga, ask: gateway.cancel(saga.intent_id),

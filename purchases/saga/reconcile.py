@@ -87,6 +87,7 @@ def saga_reconcile(
         return None
 
     return gateway_step(
+        step="reconcile",
         saga_id=saga_id,
         decide=decide,
         call=lambda saga, ask: gateway.retrieve(saga.intent_id),

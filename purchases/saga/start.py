@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from common.time import iso_z
+from config import tracing
 from config.celery import app as celery_app
 from outbox.services import timer_schedule
 
@@ -90,6 +91,16 @@ def intent_id_for(reservation_ref: str) -> str:
     return f"pi_{reservation_ref}"
 
 
+def reservation_ref(event_id: int) -> str:
+    """A new reservation's ref: 12 random hex digits, then the event's id in
+    hex. The database holds a ref (and the intent id made of it) unique per
+    event only, the most it can under Citus (config/distribution.py); the
+    gateway needs the intent id unique everywhere, and the fixed-length random
+    part before the event makes it so. An event id past 16**7 would not fit
+    the 20 characters: its insert would fail, loudly."""
+    return f"R{secrets.token_hex(6).upper()}{event_id:X}"
+
+
 def purchase_start(
     *,
     user,
@@ -109,6 +120,17 @@ def purchase_start(
     ``SeatUnavailable`` (named seats), ``NotEnoughSeats`` (a quantity),
     ``IdempotencyKeyReused``.
     """
+    # The purchase's trace: the saga and its rows store this span's context
+    # (a shared no-op with tracing off).
+    with tracing.span("saga.start"):
+        return _purchase_start(user=user, idempotency_key=idempotency_key, event_id=event_id,
+                               seat_refs=seat_refs, quantity=quantity,
+                               payment_method=payment_method, now=now)
+
+
+def _purchase_start(*, user, idempotency_key: str, event_id: int, seat_refs: list[str] | None,
+                    quantity: int | None, payment_method: str,
+                    now: datetime | None) -> PurchaseStarted:
     if (seat_refs is None) == (quantity is None):
         raise ValueError("give exactly one of seat_refs and quantity")
     if quantity is not None and (
@@ -121,7 +143,8 @@ def purchase_start(
         payment_method=payment_method,
     )
     saga = PurchaseSaga(event_id=event_id, buyer=user, payment_method=payment_method,
-                        state=S.PENDING, version=1, created_at=now, updated_at=now)
+                        state=S.PENDING, version=1, created_at=now, updated_at=now,
+                        trace_context=tracing.traceparent())
     hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
@@ -169,6 +192,9 @@ def purchase_start(
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
 
+    if tracing.enabled():
+        tracing.set_attributes({"saga.id": saga.id, "intent.id": saga.intent_id,
+                                "saga.state.to": S.PENDING.value})
     chosen = {} if quantity is None else {"quantity": quantity}
     logger.info("purchase started", **log_extra(saga, seats=",".join(purchase["seats"]), **chosen))
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
@@ -341,7 +367,7 @@ def _record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
     and the hold-expiry timer (the caller's transaction)."""
     availability_changed(saga.event_id)
     reservation = Reservation.objects.create(
-        ref="R" + secrets.token_hex(6).upper(),
+        ref=reservation_ref(saga.event_id),
         event_id=saga.event_id,
         buyer=saga.buyer,
         status=ReservationStatus.HELD,
@@ -357,9 +383,9 @@ def _record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
     saga.reservation = reservation
     saga.intent_id = intent_id_for(reservation.ref)
     saga.save(force_insert=True)
-    SagaHistory.objects.create(saga=saga, from_state=None, to_state=S.PENDING, at=now,
-                               reason="purchase started", actor=Actor.SYSTEM,
-                               version=saga.version)
+    SagaHistory.objects.create(saga=saga, event_id=saga.event_id, from_state=None,
+                               to_state=S.PENDING, at=now, reason="purchase started",
+                               actor=Actor.SYSTEM, version=saga.version)
     timer_schedule(
         key=saga.hold_timer_key,
         topic=Topic.HOLD_EXPIRED,
@@ -384,8 +410,9 @@ def _claim_key(*, user, key: str, fingerprint: str, purchase: dict, saga_id, now
 
     ``ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same key
     and answers nothing if that one commits: no savepoint, no error to catch.
-    The saga it points to is inserted later in the same transaction (the
-    foreign key is checked at commit).
+    The saga it points to is inserted later in the same transaction. The
+    record is distributed by buyer, the saga by event (config/distribution.py):
+    no foreign key between them, and under Citus this commit spans two shards.
     """
     meta = IdempotencyRecord._meta
     params = [

@@ -23,14 +23,15 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from opentelemetry.trace import SpanKind
 
-from config import metrics
+from config import metrics, tracing
 from payments.interface import PaymentGateway
 from payments.registry import get_gateway
 
 from .. import lock_objects
 from ..models import GatewayAnswer, PurchaseSaga
-from .transition import clock, log_extra
+from .transition import clock, log_extra, step_span
 
 logger = logging.getLogger(__name__)
 
@@ -58,21 +59,27 @@ def gateway_step(
     call: Callable[[PurchaseSaga, Ask], Any],
     record: Callable[[PurchaseSaga, Ask, Any, datetime], Next],
     now: datetime | None = None,
+    step: str = "operator_step",
 ) -> PurchaseSaga:
     """Run one gateway step on a saga (see the module docstring).
 
+    ``step`` names its span (``saga.<step>``), in the purchase's trace.
     ``decide(saga, at)`` runs under the lock and returns an :class:`Ask`, or
     instead of asking, what to do next (or None: nothing to do).
     ``call(saga, ask)`` talks to the gateway. ``record(saga, ask, answer,
     at)`` runs under the lock after the evidence is stored, and returns what
     to do next.
     """
-    with transaction.atomic(durable=True):
-        saga = lock_objects.saga_for_update(saga_id=saga_id)
-        decided = decide(saga, clock(now))
-    if not isinstance(decided, Ask):
-        return decided() if decided is not None else saga
-    return ask_and_record(saga=saga, ask=decided, call=call, record=record, now=now)
+    with step_span(f"saga.{step}", saga_id=saga_id):
+        with transaction.atomic(durable=True):
+            saga = lock_objects.saga_for_update(saga_id=saga_id)
+            if tracing.enabled():
+                tracing.set_attributes({"intent.id": saga.intent_id,
+                                        "saga.state.from": saga.state})
+            decided = decide(saga, clock(now))
+        if not isinstance(decided, Ask):
+            return decided() if decided is not None else saga
+        return ask_and_record(saga=saga, ask=decided, call=call, record=record, now=now)
 
 
 def ask_and_record(
@@ -85,13 +92,28 @@ def ask_and_record(
 ) -> PurchaseSaga:
     """Stages 2 and 3 of a gateway step whose decision another step already
     committed (a charge retried by the reconciliation's own commit)."""
-    answer = call(saga, ask)
+    answer = _call(saga, ask, call)
     at = clock(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga.pk)
         record_answer(saga, asked=ask.asked, answer=answer, at=at, attempt=ask.attempt)
         then = record(saga, ask, answer, at)
     return then() if then is not None else saga
+
+
+def _call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
+    """The gateway call, as a CLIENT span with its outcome and latency (the
+    HTTP adapter's request is a span inside it)."""
+    if not tracing.enabled():
+        return call(saga, ask)
+    with tracing.span(f"gateway {ask.asked}", kind=SpanKind.CLIENT, attributes={
+        "saga.id": saga.pk, "intent.id": saga.intent_id, "gateway.operation": ask.asked,
+        "gateway.attempt": ask.attempt or None,
+    }) as span:
+        answer = call(saga, ask)
+        tracing.answered(span, outcome=answer.label, latency_ms=answer.latency_ms,
+                         failed=answer.label == "unknown", detail=answer.detail)
+    return answer
 
 
 def record_answer(

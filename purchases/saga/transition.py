@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from config import metrics
+from config import metrics, tracing
 from config.transactions import in_transaction
 
 from .. import lock_objects
@@ -108,25 +108,51 @@ def move(
     }
     if to == S.COMPENSATING and saga.compensation_started_at is None:
         changes["compensation_started_at"] = at
-    updated = PurchaseSaga.objects.filter(pk=saga.pk, state=source, version=saga.version).update(
-        **changes
-    )
-    if updated != 1:
-        raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
-    saga.state = to
-    saga.version += 1
-    saga.updated_at = at
-    saga.awaiting_operator_since = None
-    saga.compensation_started_at = changes.get("compensation_started_at",
-                                               saga.compensation_started_at)
-    if count_attempt:
-        saga.attempts += 1
-    _history(saga, source, to, reason=reason, at=at, by=by)
+    with _transition_span(saga, source, to):
+        updated = PurchaseSaga.objects.filter(
+            pk=saga.pk, state=source, version=saga.version).update(**changes)
+        if updated != 1:
+            raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
+        saga.state = to
+        saga.version += 1
+        saga.updated_at = at
+        saga.awaiting_operator_since = None
+        saga.compensation_started_at = changes.get("compensation_started_at",
+                                                   saga.compensation_started_at)
+        if count_attempt:
+            saga.attempts += 1
+        _history(saga, source, to, reason=reason, at=at, by=by)
     logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
     transaction.on_commit(
         lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc()
     )
     return saga
+
+
+def _transition_span(saga: PurchaseSaga, source: SagaState, to: SagaState):
+    """The move's span, in the step's trace, named after the move (the
+    transition table bounds the names); a no-op with tracing off."""
+    if not tracing.enabled():
+        return tracing.NOOP
+    return tracing.span(f"saga.transition {source.value}->{to.value}", attributes={
+        "saga.id": saga.pk, "intent.id": saga.intent_id, "saga.state.from": source.value,
+        "saga.state.to": to.value, "saga.version": saga.version + 1,
+    })
+
+
+def step_span(name: str, *, saga_id):
+    """The span of a saga step, in the purchase's trace whoever runs it (a
+    task whose headers were lost, the resumer's sweep, an operator): the
+    trace stored on the saga, read only when the caller is not in it already
+    (an outbox delivery of this saga's row). A no-op with tracing off."""
+    if not tracing.enabled():
+        return tracing.NOOP
+    attributes = {"saga.id": saga_id}
+    if tracing.in_saga(saga_id):
+        return tracing.span(name, attributes=attributes)
+    stored = (PurchaseSaga.objects.filter(pk=saga_id)
+              .values_list("trace_context", flat=True).first())
+    return tracing.continue_from(stored or "", name, attributes=attributes, saga_id=saga_id)
 
 
 def note_decision(saga: PurchaseSaga, *, reason: str, at: datetime, by: By = SYSTEM) -> None:
@@ -139,6 +165,7 @@ def note_decision(saga: PurchaseSaga, *, reason: str, at: datetime, by: By = SYS
 def _history(saga, source, to, *, reason: str, at: datetime, by: By) -> None:
     SagaHistory.objects.create(
         saga=saga,
+        event_id=saga.event_id,
         from_state=source,
         to_state=to,
         at=at,

@@ -2,6 +2,7 @@ import signal
 
 from django.core.management.base import BaseCommand
 
+from config import tracing
 from outbox.relay import relay_run, relay_tick
 
 
@@ -13,6 +14,8 @@ class Command(BaseCommand):
         parser.add_argument("--poll", type=float, default=None, help="poll interval (seconds)")
 
     def handle(self, *args, once=False, poll=None, **options):
+        # Its hand-overs only: a pass's queries belong to no purchase.
+        tracing.tracing_init(instrument=tracing.PUBLISHER)
         if once:
             self.stdout.write(f"relayed {relay_tick()} message(s)")
             return
