@@ -18,6 +18,7 @@ from devtools.processes import ROOT
 if TYPE_CHECKING:
     from bench.db import PG, BenchDB
     from bench.pgbench import Pgbench
+    from bench.profile import Profiler
     from bench.stack import Broker, Stack
 
 BENCH = ROOT / "bench"
@@ -99,6 +100,7 @@ class Context:
     broker: Broker  # the bench's queue and the worker's consumer of it
     pgbench: Pgbench
     users: list[int]  # 256 users with tokens, contiguous ids
+    profiler: Profiler | None = None  # --profile: py-spy on the stack's processes
 
     @property
     def full(self) -> bool:

@@ -65,11 +65,17 @@ class BenchDB:
 
     def __init__(self, conn: psycopg.Connection):
         self.conn = conn
+        # Statements sent in autocommit, each a transaction of its own: the
+        # bench's polling, which pg_stat_database counts with the product's
+        # commits (figure 2 takes them out).
+        self.autocommits = 0
 
     def close(self) -> None:
         self.conn.close()
 
     def q(self, sql: str, params=None) -> list[tuple]:
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            self.autocommits += 1
         cur = self.conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
 

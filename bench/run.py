@@ -16,7 +16,11 @@ bench/figures/:
 
 1. reserve: POST /api/purchases/ at 1, 4, 16 clients vs pgbench running the
    same SQL (bench/reserve.sql) at the same concurrency;
-2. end to end: confirmed purchases/s vs pgbench -N; transactions per purchase;
+2. end to end: confirmed purchases/s vs pgbench -N and vs the reserve alone
+   at the same 8 clients; the drain after the requests vs the request phase;
+   transactions per purchase; CPU per purchase by process; statements,
+   commits and round trips per purchase by step (a second run with
+   bench/sqlcount's counter);
 3. gateway latency off the request path: reserve p99 at 300 ms vs 0 ms;
 4. timers: fire lag of 10,000 armed timers vs the relay's poll interval;
 5. hot seat: 200 buyers for 10 seats, sold exactly 10 in every run;
@@ -27,7 +31,12 @@ bench/figures/:
 9. webhooks: e2e with one endpoint vs none; reserve with a receiver that
    hangs past the timeout vs no endpoint;
 10. on-sale: 2,000 buyers for 1,000 seats (quantities and named seats), time
-   to sold out, 202/409, double sales (must be 0), vs the reserve rate.
+   to sold out, 202/409, double sales (must be 0), vs the reserve rate;
+11. scale-out: e2e with 2 relays and 2 worker pools vs 1 + 1, and the checks
+   that nothing broke (confirmed once, consumers once, ledger = confirmed).
+
+``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
+those figures (bench/profile.py): flame graphs in the log directory.
 
 This file is the runner: the arguments, the setup and teardown of the
 stack, the phase loop, the JSON and the table.
@@ -74,6 +83,7 @@ from bench.db import PG, BenchDB
 from bench.figures import WITH_STACK, WITHOUT_STACK, celery_baseline, reserve
 from bench.machine import machine_load
 from bench.pgbench import Pgbench, find_pgbench
+from bench.profile import Profiler, find_py_spy
 from bench.stack import Broker, Stack
 from devtools.processes import ROOT, free_port
 
@@ -113,6 +123,10 @@ class Runner:
             "notes": [],
         }
         self.rows: list[dict] = []
+        self.profiler = None
+        if args.profile:
+            self.profiler = Profiler(phases=set(args.profile.split(",")), logdir=self.logdir,
+                                     binary=find_py_spy(), results=self.results)
         self.stack: Stack | None = None
         self.db: BenchDB | None = None
         self.redis = None
@@ -147,7 +161,10 @@ class Runner:
             with self.phase(fig.FIGURE.label, fig.FIGURE.timeout(self.ctx)):
                 if self.stack is not None and self.stack.procs:
                     self.stack.ensure_running(self.broker.app)
-                fig.run(self.ctx)
+                recording = (self.profiler.recording(fig.FIGURE.phase, self.stack)
+                             if self.profiler else contextlib.nullcontext())
+                with recording:
+                    fig.run(self.ctx)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
@@ -252,7 +269,8 @@ class Runner:
             f"worker {self.hostname}, relay; queue {self.queue}")
         self.ctx = Context(args=self.args, results=self.results, rows=self.rows,
                            logdir=self.logdir, pg=self.pg, db=self.db, stack=self.stack,
-                           broker=self.broker, pgbench=self.pgbench, users=users)
+                           broker=self.broker, pgbench=self.pgbench, users=users,
+                           profiler=self.profiler)
 
     def teardown(self) -> None:
         log("teardown")
@@ -286,6 +304,9 @@ class Runner:
         self.json_path.write_text(json.dumps(self.results, indent=2, default=str))
         print_table(self.rows)
         print(f"results: {self.json_path.relative_to(ROOT)}  logs: {self.logdir.relative_to(ROOT)}")
+        for phase, svgs in self.results.get("profiles", {}).items():
+            print(f"profile {phase}: " + ("  ".join(str(Path(f).relative_to(ROOT)) for f in svgs)
+                                          or "no flame graph written"))
         if self.results["failures"]:
             print("FAILED phases: " + ", ".join(f["phase"] for f in self.results["failures"]))
         sys.stdout.flush()
@@ -310,6 +331,22 @@ def print_table(rows: list[dict]) -> None:
     print()
 
 
+def check_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--profile names figures that run with the stack, and py-spy is there."""
+    if not args.profile:
+        return
+    with_stack = {fig.FIGURE.phase for fig in WITH_STACK}
+    names = set(args.profile.split(","))
+    unknown = names - with_stack - {fig.FIGURE.phase for fig in WITHOUT_STACK}
+    if unknown:
+        parser.error(f"--profile: unknown phase(s) {', '.join(sorted(unknown))}")
+    if names - with_stack:
+        parser.error(f"--profile: {', '.join(sorted(names - with_stack))} run(s) without the "
+                     "stack: no process to profile")
+    if not find_py_spy():
+        parser.error("--profile needs py-spy: .venv/bin/pip install py-spy (or make install)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true",
@@ -317,7 +354,13 @@ def main() -> int:
                              "30k timers, c=4 and 16 for the gateway figure")
     parser.add_argument("--phases", default="",
                         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-                             "gateway,catalog,webhooks,onsale,sweeps (default: all)")
+                             "gateway,catalog,webhooks,onsale,scaleout,sweeps (default: all)")
+    parser.add_argument("--profile", default="", metavar="PHASE[,PHASE]",
+                        help="record the stack's processes with py-spy during these figures "
+                             "(names as --phases); flame graphs (SVG) in the logs directory")
+    parser.add_argument("--e2e-purchases", type=int, default=0,
+                        help="purchases per end-to-end run, figures 2, 9 and 11 "
+                             "(default 300, --full 2000)")
     parser.add_argument("--duration", type=float, default=0,
                         help="seconds per throughput measurement (default 12, --full 60)")
     parser.add_argument("--redis-db", type=int, default=14,
@@ -333,6 +376,7 @@ def main() -> int:
     parser.add_argument("--keep-dbs", action="store_true",
                         help=f"keep {SWEEPS_DB} and {PGBENCH_DB} ({BENCH_DB} is always kept)")
     args = parser.parse_args()
+    check_profile(parser, args)
     os.chdir(ROOT)
     return Runner(args).run()
 

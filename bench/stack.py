@@ -1,5 +1,6 @@
 """The stack `make bench` measures (gunicorn, the fake gateway as its own
-gunicorn, a Celery worker, the relay) and the control of its Celery queue."""
+gunicorn, a Celery worker, the relay; figure 11 adds a second worker and a
+second relay) and the control of its Celery queue."""
 
 from __future__ import annotations
 
@@ -33,16 +34,25 @@ class Stack(ProcessGroup):
         self.hostname = hostname
         self.latency_ms = 0
         self.web_workers, self.web_threads = web_workers, web_threads
+        # Figure 11's second pool, on the same queue.
+        self.hostname2 = f"second-{hostname}"
+        # Extra environment per process name (figure 2's count run: the
+        # statement counter's settings) and what it is called in profiles'
+        # file names; None: the stack as it runs.
+        self.extra_env = None
+        self.variant: str | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def _start(self, name: str, argv: list[str], env: dict) -> None:
-        env = {**env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms)}
+        env = {**env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms),
+               **(self.extra_env(name) if self.extra_env else {})}
         self.start(name, argv, env=env, header=(
             f"\n===== start {dt.datetime.now(dt.UTC).isoformat()} {' '.join(argv)}"
-            f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}\n"))
+            f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}"
+            f"{f' [{self.variant}]' if self.variant else ''}\n"))
         # For py-spy and friends: the machine may run other stacks of this
         # project, so "pgrep run_relay" is not necessarily ours.
         with open(self.logdir / "pids.txt", "a") as fh:
@@ -72,6 +82,27 @@ class Stack(ProcessGroup):
     def start_relay(self) -> None:
         self._start("relay", relay_argv(), self.base_env)
 
+    def start_worker2(self) -> None:
+        """A second pool like the first, on the same queue (figure 11)."""
+        self._start("worker2", celery_worker_argv(queue=self.queue, concurrency=4,
+                                                  hostname=self.hostname2,
+                                                  extra=["--include=bench.tasks"]), self.base_env)
+
+    def start_relay2(self) -> None:
+        """A second relay (figure 11): relays share the work by SKIP LOCKED claims."""
+        self._start("relay2", relay_argv(), self.base_env)
+
+    def scale_out(self, app) -> None:
+        """Figure 11: the second pool and the second relay, ready."""
+        self.start_worker2()
+        self.start_relay2()
+        self.wait_ping(app, destination=[self.hostname2], timeout=60, ping_timeout=1.0)
+        self.wait_relay("relay2")
+
+    def scale_in(self) -> None:
+        for name in ("worker2", "relay2"):
+            self.stop(name)
+
     def start_all(self, app) -> None:
         self.start_gateway()
         self.start_web()
@@ -86,7 +117,8 @@ class Stack(ProcessGroup):
         """A process that died in an earlier figure is restarted for the next."""
         starts = {"gateway": self.start_gateway, "web": self.start_web,
                   "worker": self.start_worker, "webhooks": self.start_webhook_worker,
-                  "relay": self.start_relay}
+                  "relay": self.start_relay, "worker2": self.start_worker2,
+                  "relay2": self.start_relay2}
         for name, code in self.dead().items():
             log(f"!! {name} had exited ({code}); restarting it")
             self.procs.pop(name)
@@ -114,11 +146,11 @@ class Stack(ProcessGroup):
     def wait_worker(self, app, timeout: float = 60) -> None:
         self.wait_ping(app, destination=[self.hostname], timeout=timeout, ping_timeout=1.0)
 
-    def wait_relay(self, timeout: float = 30) -> None:
+    def wait_relay(self, name: str = "relay", timeout: float = 30) -> None:
         def started() -> bool:
-            return "outbox relay started" in self.log("relay").rsplit("===== start", 1)[-1]
+            return "outbox relay started" in self.log(name).rsplit("===== start", 1)[-1]
 
-        self.wait_for(started, "the relay to start", timeout, every=0.2)
+        self.wait_for(started, f"the relay ({name}) to start", timeout, every=0.2)
 
 
 class Broker:

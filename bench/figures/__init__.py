@@ -18,11 +18,12 @@ from bench.figures import (
     hot_seat,
     onsale,
     reserve,
+    scale_out,
     sweeps,
     timers,
     webhooks,
 )
 
 WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog,
-              webhooks, onsale)
+              webhooks, onsale, scale_out)
 WITHOUT_STACK = (sweeps,)

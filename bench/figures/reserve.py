@@ -112,6 +112,21 @@ def run(ctx: Context) -> None:
         log(f"   worker consumer resumed: {ctx.broker.resume_consumer()}")
 
 
+def reserve_alone(ctx: Context, n: int) -> dict:
+    """The request path alone at ``n`` clients, as this figure measures it
+    (the worker's consumer paused, the queued charges purged after), without
+    pgbench: figure 2's baseline at its own concurrency."""
+    paused = ctx.broker.pause_consumer()
+    try:
+        ctx.broker.purge()
+        http = _http(ctx, n)
+    finally:
+        ctx.broker.purge()
+        resumed = ctx.broker.resume_consumer()
+    log(f"   worker consumer paused: {paused}, resumed: {resumed}")
+    return {**http, "worker_paused": paused}
+
+
 def _http(ctx: Context, n: int) -> dict:
     http_seats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
     ev, _ = ctx.db.make_event(f"bench reserve c{n}", http_seats)

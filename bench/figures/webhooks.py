@@ -52,7 +52,7 @@ ATTEMPT_COUNTS = ("total", "timed_out", "delivered", "not_sent")
 
 
 def _purchases(ctx: Context) -> int:
-    return 2000 if ctx.full else 300  # as figure 2
+    return e2e.purchases(ctx)  # as figure 2
 
 
 def _drain_timeout(ctx: Context) -> float:
