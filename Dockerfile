@@ -10,12 +10,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first, so that a code change does not reinstall them.
-# pyproject.toml declares no packages (the apps run from the source tree), so
-# `pip install .` installs the dependencies only. README.md goes along because
-# pyproject.toml names it as the package's readme.
-COPY pyproject.toml README.md ./
-RUN pip install . && rm -rf build ./*.egg-info
+# Dependencies first, so that a code change does not reinstall them: the
+# runtime lock (make lock), every package pinned and checked by its hashes.
+# The apps run from the source tree; nothing else is installed.
+COPY requirements.lock ./
+RUN pip install --require-hashes --no-deps -r requirements.lock
 
 # The code, folder by folder. There is no .dockerignore, and .venv/, var/ (the
 # embedded SQLite database and broker folder) and .git/ must not end up in the

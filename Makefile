@@ -4,15 +4,30 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test manage bench chaos install lint clean
+.PHONY: run test manage bench chaos install lock lint clean
 
-$(STAMP): pyproject.toml
+# Every dependency pinned with its hashes (make lock writes both files from
+# pyproject.toml): the dev lock for make run and make test, the runtime one
+# for the image (Dockerfile).
+LOCK     := requirements.lock
+DEV_LOCK := requirements-dev.lock
+
+$(STAMP): $(DEV_LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r $(DEV_LOCK)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Resolve pyproject.toml again (PyPI) into the two lock files; uv resolves,
+# from a throwaway virtualenv, for every platform (the image's too).
+UV_COMPILE = .venv-lock/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+	--generate-hashes --quiet
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet uv
+	$(UV_COMPILE) --extra dev -o $(DEV_LOCK)
+	$(UV_COMPILE) -c $(DEV_LOCK) -o $(LOCK)
+	rm -rf .venv-lock
 
 run: install
 	scripts/run.sh

@@ -499,7 +499,7 @@ def _image_files(tmp_path: Path) -> Path:
     app.mkdir()
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         words = line.split()
-        if not words or words[0] != "COPY" or "pyproject.toml" in words:
+        if not words or words[0] != "COPY" or "requirements.lock" in words:
             continue
         *sources, target = words[1:]
         for source in sources:
