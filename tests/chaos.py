@@ -809,7 +809,7 @@ class Db:
             for saga_id, state, seconds in self.rows(
                 "SELECT s.id, s.state, EXTRACT(EPOCH FROM min(h.at) - s.created_at) "
                 "FROM purchases_purchasesaga s JOIN purchases_sagahistory h ON h.saga_id = s.id "
-                "WHERE h.to_state = ANY(%s) GROUP BY s.id, s.state",
+                "WHERE h.to_state = ANY(%s) GROUP BY s.id, s.state, s.created_at",
                 (list(TERMINAL + ESCALATED),))
         ]
 
