@@ -57,8 +57,11 @@ chaos: install
 	scripts/with-services.sh env STATEFUL_EXAMPLES=$(STATEFUL_EXAMPLES) STATEFUL_DERANDOMIZE=0 \
 		$(BIN)/pytest -p no:logging tests/test_stateful.py $(PYTEST_ARGS)
 
+# ruff's rules and format, and mypy with the Django and DRF stubs ([tool.mypy]).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

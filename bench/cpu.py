@@ -21,8 +21,11 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
 
 from bench.common import BENCH_DB, GATEWAY_DB, log
 from bench.db import PG
@@ -68,9 +71,13 @@ def _stat(pid: int) -> _Stat | None:
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    f = raw[raw.rindex(")") + 2:].split()
-    return _Stat(ppid=int(f[1]), own=int(f[11]) + int(f[12]), reaped=int(f[13]) + int(f[14]),
-                 comm=raw[raw.index("(") + 1:raw.rindex(")")])
+    f = raw[raw.rindex(")") + 2 :].split()
+    return _Stat(
+        ppid=int(f[1]),
+        own=int(f[11]) + int(f[12]),
+        reaped=int(f[13]) + int(f[14]),
+        comm=raw[raw.index("(") + 1 : raw.rindex(")")],
+    )
 
 
 def _table() -> dict[int, _Stat]:
@@ -112,8 +119,15 @@ class WindowCPU:
     """Start it before the window, stop it after; ``stop()`` returns CPU
     seconds per key of ``LABELS`` and ``NOT_COUNTED``."""
 
-    def __init__(self, *, roots: dict[str, int], pg: PG, redis_pid: int | None,
-                 excluded: list[int] = (), every: float = 0.5):
+    def __init__(
+        self,
+        *,
+        roots: dict[str, int],
+        pg: PG,
+        redis_pid: int | None,
+        excluded: Sequence[int] = (),
+        every: float = 0.5,
+    ):
         self.roots = roots  # the stack's processes by key (web, worker, ...)
         self.excluded = list(excluded)  # py-spy's processes
         self.pg = pg
@@ -124,7 +138,7 @@ class WindowCPU:
         self.me = os.getpid()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.conn = None
+        self.conn: psycopg.Connection | None = None
         self.postmaster = 0
         # pid -> what it serves (first seen), ticks at the start, last ticks.
         self.kind: dict[int, str] = {}
@@ -135,8 +149,10 @@ class WindowCPU:
     # -- PostgreSQL's processes ---------------------------------------------------
 
     def _classify(self) -> None:
+        assert self.conn is not None  # start() opened it
         rows = self.conn.execute(
-            "SELECT pid, datname, backend_type, application_name FROM pg_stat_activity").fetchall()
+            "SELECT pid, datname, backend_type, application_name FROM pg_stat_activity"
+        ).fetchall()
         for pid, datname, backend_type, app in rows:
             if pid in self.kind and self.kind[pid] != "pg_unmapped":
                 continue
@@ -193,8 +209,10 @@ class WindowCPU:
         return out
 
     def start(self) -> None:
-        self.conn = self.pg.connect("postgres")
-        (backend,) = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        self.conn = conn = self.pg.connect("postgres")
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        (backend,) = row
         st = _stat(backend)
         # PostgreSQL on this machine: our backend is a postgres process here.
         self.postmaster = st.ppid if st and st.comm.startswith("postgres") else 0
@@ -214,12 +232,14 @@ class WindowCPU:
         busy1 = machine_busy_seconds()
         seconds = time.monotonic() - self.t0
         self._stop.set()
-        self._thread.join(10)
+        if self._thread is not None:
+            self._thread.join(10)
         alive_before = set(self.last)
         with contextlib.suppress(Exception):
             self._sample_pg()
         with contextlib.suppress(Exception):
-            self.conn.close()
+            if self.conn is not None:
+                self.conn.close()
 
         def d(key: str) -> float:
             return (trees1[key] - self.trees0[key]) / HZ
@@ -229,8 +249,15 @@ class WindowCPU:
         used["load_generator"] = d("load_generator")
         used["redis"] = d("redis") if self.redis_pid else None
         used["py_spy"] = sum(d(f"py_spy:{p}") for p in self.excluded) if self.excluded else 0.0
-        pg_kinds = ("pg_product", "pg_gateway", "pg_bench", "pg_auxiliary",
-                    "pg_other_databases", "pg_unmapped", "pg_exited_unsampled")
+        pg_kinds = (
+            "pg_product",
+            "pg_gateway",
+            "pg_bench",
+            "pg_auxiliary",
+            "pg_other_databases",
+            "pg_unmapped",
+            "pg_exited_unsampled",
+        )
         for kind in pg_kinds:
             used[kind] = 0.0 if self.postmaster else None
         if not self.postmaster:
@@ -240,16 +267,17 @@ class WindowCPU:
         vanished_last = 0
         for pid, ticks in self.last.items():
             kind = self._kind(pid)
-            used[kind] += (ticks - self.first.get(pid, 0)) / HZ
+            used[kind] = (used[kind] or 0.0) + (ticks - self.first.get(pid, 0)) / HZ
             if pid not in alive:
                 vanished_last += ticks
         reaped = trees1["_postmaster_reaped"] - self.trees0["_postmaster_reaped"]
         used["pg_exited_unsampled"] = max(0, reaped - vanished_last) / HZ
         return self._result(used, seconds, busy1, alive_before, alive)
 
-    def _result(self, used: dict, seconds: float, busy1: float, alive_before: set[int],
-                alive: set[int]) -> dict:
-        kinds = {}
+    def _result(
+        self, used: dict, seconds: float, busy1: float, alive_before: set[int], alive: set[int]
+    ) -> dict:
+        kinds: dict[str, int] = {}
         for pid in self.last:
             k = self._kind(pid)
             kinds[k] = kinds.get(k, 0) + 1
@@ -273,7 +301,8 @@ def per_purchase(window: dict, purchases: int) -> dict:
     for key in (*LABELS, *NOT_COUNTED, *used):
         v = used.get(key)
         out[key] = None if v is None else round(v * 1000 / purchases, 2)
-    out["total"] = round(sum(v for k, v in out.items()
-                             if k not in NOT_COUNTED and v is not None), 2)
+    out["total"] = round(
+        sum(v for k, v in out.items() if k not in NOT_COUNTED and v is not None), 2
+    )
     out["machine_all_processes"] = round(window["machine_busy_seconds"] * 1000 / purchases, 2)
     return out

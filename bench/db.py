@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import psycopg
@@ -31,8 +32,13 @@ class PG:
 
     def connect(self, db: str, autocommit: bool = True) -> psycopg.Connection:
         return psycopg.connect(
-            host=self.host, port=self.port, user=self.user, password=self.password,
-            dbname=db, autocommit=autocommit, application_name="boxoffice-bench",
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            dbname=db,
+            autocommit=autocommit,
+            application_name="boxoffice-bench",
         )
 
     def recreate(self, db: str, template: str | None = None) -> None:
@@ -79,7 +85,7 @@ class BenchDB:
         cur = self.conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
-    def q1(self, sql: str, params=None) -> tuple:
+    def q1(self, sql: str, params=None) -> Any:  # a row, or None: the caller knows its SQL
         rows = self.q(sql, params)
         return rows[0] if rows else None
 
@@ -87,14 +93,18 @@ class BenchDB:
         """The tables of bench/tasks.py, and the users with their tokens; returns their ids."""
         self.q("CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL)")
         self.q("INSERT INTO bench_counter SELECT g, 0 FROM generate_series(1, 1000) g")
-        self.q("CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, "
-               "task_no int, at timestamptz NOT NULL DEFAULT now())")
+        self.q(
+            "CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, "
+            "task_no int, at timestamptz NOT NULL DEFAULT now())"
+        )
         with self.conn.transaction():
             rows = self.q(
                 "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name,"
                 " email, is_staff, is_active, date_joined)"
                 " SELECT '!', false, 'bench-' || lpad(g::text, 4, '0'), '', '', '', false, true,"
-                " now() FROM generate_series(1, %s) g ORDER BY g RETURNING id", [USERS])
+                " now() FROM generate_series(1, %s) g ORDER BY g RETURNING id",
+                [USERS],
+            )
             users = sorted(r[0] for r in rows)
             self.q(
                 "INSERT INTO authtoken_token (key, created, user_id)"
@@ -119,17 +129,27 @@ class BenchDB:
                 " FROM (SELECT g, 'bench-' || lpad(g::text, 4, '0') AS name"
                 "       FROM generate_series(1, %s) g) n"
                 " WHERE NOT EXISTS (SELECT 1 FROM auth_user u WHERE u.username = n.name)"
-                " ORDER BY g", [n])
+                " ORDER BY g",
+                [n],
+            )
             self.q(
                 "INSERT INTO authtoken_token (key, created, user_id)"
                 " SELECT md5('bench-token-' || id), now(), id FROM auth_user u"
                 " WHERE username LIKE 'bench-%%'"
-                " AND NOT EXISTS (SELECT 1 FROM authtoken_token t WHERE t.user_id = u.id)")
-        return [r[0] for r in self.q("SELECT id FROM auth_user WHERE username LIKE 'bench-%%'"
-                                     " ORDER BY username LIMIT %s", [n])]
+                " AND NOT EXISTS (SELECT 1 FROM authtoken_token t WHERE t.user_id = u.id)"
+            )
+        return [
+            r[0]
+            for r in self.q(
+                "SELECT id FROM auth_user WHERE username LIKE 'bench-%%'"
+                " ORDER BY username LIMIT %s",
+                [n],
+            )
+        ]
 
-    def make_event(self, name: str, nseats: int, prefix: str = "S",
-                   row_size: int | None = None) -> tuple[int, int]:
+    def make_event(
+        self, name: str, nseats: int, prefix: str = "S", row_size: int | None = None
+    ) -> tuple[int, int]:
         """An event with seats prefix1..prefixN (all in row ``prefix``), or
         with ``row_size``, in rows of that many seats labelled A, B, ... Z,
         AA, AB... (refs A1..A<row_size>, B1...; ``prefix`` unused), as best
@@ -140,23 +160,30 @@ class BenchDB:
         with self.conn.transaction():
             (event_id,) = self.q1(
                 "INSERT INTO purchases_event (name, starts_at)"
-                " VALUES (%s, now() + interval '30 days') RETURNING id", [name])
+                " VALUES (%s, now() + interval '30 days') RETURNING id",
+                [name],
+            )
             if row_size is None:
-                self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
-                       " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
-                       " FROM generate_series(1, %s) g ORDER BY g",
-                       [event_id, prefix, prefix, nseats])
+                self.q(
+                    "INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
+                    " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
+                    " FROM generate_series(1, %s) g ORDER BY g",
+                    [event_id, prefix, prefix, nseats],
+                )
             else:
-                self.q("INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
-                       " currency, status) SELECT %s, label || num, label, num, 5000, 'EUR',"
-                       " 'available' FROM (SELECT g, (g - 1) %% %s + 1 AS num,"
-                       "   CASE WHEN r < 26 THEN chr(65 + r)"
-                       "   ELSE chr(64 + r / 26) || chr(65 + r %% 26) END AS label"
-                       "   FROM generate_series(1, %s) g, LATERAL (SELECT (g - 1) / %s AS r) x)"
-                       " AS s ORDER BY g",
-                       [event_id, row_size, nseats, row_size])
-        lo, hi, n = self.q1("SELECT min(id), max(id), count(*) FROM purchases_seat"
-                            " WHERE event_id = %s", [event_id])
+                self.q(
+                    "INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
+                    " currency, status) SELECT %s, label || num, label, num, 5000, 'EUR',"
+                    " 'available' FROM (SELECT g, (g - 1) %% %s + 1 AS num,"
+                    "   CASE WHEN r < 26 THEN chr(65 + r)"
+                    "   ELSE chr(64 + r / 26) || chr(65 + r %% 26) END AS label"
+                    "   FROM generate_series(1, %s) g, LATERAL (SELECT (g - 1) / %s AS r) x)"
+                    " AS s ORDER BY g",
+                    [event_id, row_size, nseats, row_size],
+                )
+        lo, hi, n = self.q1(
+            "SELECT min(id), max(id), count(*) FROM purchases_seat WHERE event_id = %s", [event_id]
+        )
         if hi - lo + 1 != n:
             raise PhaseFailed("seat ids are not contiguous")
         return event_id, lo - 1
@@ -165,11 +192,14 @@ class BenchDB:
         """Commits and rolled-back transactions of the bench database, and rows
         written per table, as PostgreSQL's statistics have them now."""
         self.q("SELECT pg_stat_clear_snapshot()")
-        xc, xr = self.q1("SELECT xact_commit, xact_rollback FROM pg_stat_database"
-                         " WHERE datname = %s", [BENCH_DB])
+        xc, xr = self.q1(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", [BENCH_DB]
+        )
         tables = {
             r[0]: {"ins": r[1], "upd": r[2], "hot_upd": r[3], "del": r[4]}
-            for r in self.q("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del"
-                            " FROM pg_stat_user_tables")
+            for r in self.q(
+                "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del"
+                " FROM pg_stat_user_tables"
+            )
         }
         return {"t": time.monotonic(), "xact_commit": xc, "xact_rollback": xr, "tables": tables}

@@ -51,8 +51,9 @@ def auth_headers(user_id: int) -> dict[str, str]:
     return {"Authorization": f"Token {token(user_id)}"}
 
 
-def start_purchase(client: httpx.Client, body: dict, *,
-                   headers: dict | None = None) -> tuple[int, float, dict]:
+def start_purchase(
+    client: httpx.Client, body: dict, *, headers: dict | None = None
+) -> tuple[int, float, dict]:
     """One purchase start with ``body`` (named ``seats`` or a ``quantity``);
     (status, seconds, the answer's JSON for a 202 or a 409, else
     ``{"head": ...}``). A dropped connection is retried once with the same
@@ -61,8 +62,9 @@ def start_purchase(client: httpx.Client, body: dict, *,
     started = time.perf_counter()
     for attempt in (1, 2):
         try:
-            r = client.post("/api/purchases/", json=body,
-                            headers={**(headers or {}), "Idempotency-Key": key})
+            r = client.post(
+                "/api/purchases/", json=body, headers={**(headers or {}), "Idempotency-Key": key}
+            )
             secs = time.perf_counter() - started
             if r.status_code in (202, 409):
                 return r.status_code, secs, r.json()
@@ -86,8 +88,9 @@ class _Clients:
         self.records: list[list[tuple]] = [[] for _ in users]  # (sent, answered, secs, status)
         self.errors: list[str] = []
         self.barrier = threading.Barrier(len(users) + 1, timeout=60)
-        self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True)
-                        for k in range(len(users))]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(len(users))
+        ]
 
     def _loop(self, k: int) -> None:
         try:
@@ -99,8 +102,7 @@ class _Clients:
                         self.exhausted.set()
                         return
                     t = time.monotonic()
-                    status, secs, head = post_purchase(client, event_id=self.event_id,
-                                                       ref=f"S{n}")
+                    status, secs, head = post_purchase(client, event_id=self.event_id, ref=f"S{n}")
                     self.records[k].append((t, time.monotonic(), secs, status))
                     if status != 202 and len(self.errors) < 5:
                         self.errors.append(f"{status} {head}")
@@ -119,8 +121,9 @@ class _Clients:
             th.join(60)
 
 
-def _measure(run: _Clients, roots: dict[str, int], label: str, warmup: float,
-             duration: float) -> tuple[float, dict]:
+def _measure(
+    run: _Clients, roots: dict[str, int], label: str, warmup: float, duration: float
+) -> tuple[float, dict]:
     """Release the clients, sample the CPU after the warm-up and at the end;
     returns (start, {"before": ..., "after": ...})."""
     cpu = {}
@@ -155,8 +158,17 @@ def _cpu_per_request(cpu: dict, ok: int, duration: float) -> dict:
     return cpu_ms
 
 
-def closed_loop(stack: Stack, users: list[int], *, label: str, clients: int, warmup: float,
-                duration: float, event_id: int, nseats: int) -> dict:
+def closed_loop(
+    stack: Stack,
+    users: list[int],
+    *,
+    label: str,
+    clients: int,
+    warmup: float,
+    duration: float,
+    event_id: int,
+    nseats: int,
+) -> dict:
     """``clients`` closed-loop clients for ``warmup`` + ``duration`` seconds;
     what answered within the measured window, summarized."""
     run = _Clients(stack.base_url, users[:clients], event_id, nseats)
@@ -178,9 +190,12 @@ def closed_loop(stack: Stack, users: list[int], *, label: str, clients: int, war
     ok = [r[2] for r in window if r[3] == 202]
     bad = len(window) - len(ok)
     out = {
-        "clients": clients, "duration_s": duration, "warmup_s": warmup,
+        "clients": clients,
+        "duration_s": duration,
+        "warmup_s": warmup,
         "cpu_ms_per_202": _cpu_per_request(cpu, len(ok), duration),
-        "requests": len(window), "statuses": statuses,
+        "requests": len(window),
+        "statuses": statuses,
         "throughput_per_s": len(ok) / duration,
         "latency_202": lat_summary(ok),
         "errors_sample": run.errors,

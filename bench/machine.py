@@ -58,13 +58,14 @@ def machine_load(seconds: float = 1.0) -> dict:
     cores = os.cpu_count() or 1
     busy, total = [], 0.0
     for pid, stat in after.items():
-        if (_descends_from(pid, me, after) or stat.comm.startswith("postgres")
-                or pid not in before):
+        if _descends_from(pid, me, after) or stat.comm.startswith("postgres") or pid not in before:
             continue
         share = (stat.cpu_ticks - before[pid].cpu_ticks) / hz / seconds / cores * 100
         total += share
         if share >= 2:
             busy.append((share, f"{stat.comm}({pid}) {share:.0f}%"))
-    return {"loadavg": Path("/proc/loadavg").read_text().split()[:3],
-            "other_cpu_percent_of_machine": round(total, 1),
-            "busy_others": [b for _, b in sorted(busy, reverse=True)[:6]]}
+    return {
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        "other_cpu_percent_of_machine": round(total, 1),
+        "busy_others": [b for _, b in sorted(busy, reverse=True)[:6]],
+    }

@@ -32,16 +32,27 @@ class Pgbench:
         self.mode = mode
 
     def init(self, db: str, scale: int) -> None:
-        subprocess.run([self.binary, *self.pg.pg_args(), "-i", "-q", "-s", str(scale), db],
-                       env=self.pg.pg_env(), check=True, timeout=180, capture_output=True)
+        subprocess.run(
+            [self.binary, *self.pg.pg_args(), "-i", "-q", "-s", str(scale), db],
+            env=self.pg.pg_env(),
+            check=True,
+            timeout=180,
+            capture_output=True,
+        )
 
     def run(self, *, args: list[str], db: str, timeout: float, tag: str) -> dict:
         prefix = self.tmp / f"pgb-{tag}"
         cmd = [self.binary, *self.pg.pg_args(), "-n", *args, "-l", f"--log-prefix={prefix}", db]
         busy0 = machine_busy_seconds()
-        proc = subprocess.Popen(cmd, env=self.pg.pg_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            cmd,
+            env=self.pg.pg_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         try:
             out, err = proc.communicate(timeout=timeout)
         except BaseException:

@@ -20,8 +20,9 @@ from bench.pgbench import Pgbench
 from devtools.processes import ROOT, manage_argv
 
 
-def stack_env(*, pg: PG, broker_url: str, queue: str, gateway_port: int,
-              metrics_dir: Path) -> tuple[dict, dict]:
+def stack_env(
+    *, pg: PG, broker_url: str, queue: str, gateway_port: int, metrics_dir: Path
+) -> tuple[dict, dict]:
     """(the product's processes' environment, the fake gateway's)."""
     base_env = {
         **os.environ,
@@ -51,15 +52,22 @@ def stack_env(*, pg: PG, broker_url: str, queue: str, gateway_port: int,
     return base_env, {**base_env, "DATABASE_URL": pg.url(GATEWAY_DB)}
 
 
-def create_databases(pg: PG, pgbench: Pgbench, *, base_env: dict, gateway_env: dict,
-                     logdir: Path) -> None:
-    log(f"databases: {BENCH_DB}, {SWEEPS_DB}, {PGBENCH_DB}, {GATEWAY_DB} on "
-        f"{pg.host}:{pg.port}")
+def create_databases(
+    pg: PG, pgbench: Pgbench, *, base_env: dict, gateway_env: dict, logdir: Path
+) -> None:
+    log(f"databases: {BENCH_DB}, {SWEEPS_DB}, {PGBENCH_DB}, {GATEWAY_DB} on {pg.host}:{pg.port}")
     for db, env in ((BENCH_DB, base_env), (GATEWAY_DB, gateway_env)):
         pg.recreate(db)
         with open(logdir / "migrate.log", "ab") as out:
-            subprocess.run(manage_argv("migrate", "--no-input"), cwd=ROOT, env=env, check=True,
-                           timeout=180, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.run(
+                manage_argv("migrate", "--no-input"),
+                cwd=ROOT,
+                env=env,
+                check=True,
+                timeout=180,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
     # A copy of the empty schema for figure 6, before anything connects.
     pg.recreate(SWEEPS_DB, template=BENCH_DB)
     pg.recreate(PGBENCH_DB)
@@ -82,8 +90,9 @@ def pgbench_mode() -> str:
     return "extended" if binding is True else "simple"
 
 
-def describe(results: dict, args: argparse.Namespace, db: BenchDB, *, queue: str,
-             broker_url: str, port: int) -> None:
+def describe(
+    results: dict, args: argparse.Namespace, db: BenchDB, *, queue: str, broker_url: str, port: int
+) -> None:
     """What the JSON records about the run: protocol, machine, configuration, commit."""
     binding = (settings.DATABASES["default"].get("OPTIONS") or {}).get("server_side_binding")
     results["protocol"] = {
@@ -91,17 +100,21 @@ def describe(results: dict, args: argparse.Namespace, db: BenchDB, *, queue: str
         "psycopg": psycopg.__version__,
         "pgbench_mode": pgbench_mode(),
         "why": "Django's psycopg 3 backend uses ClientCursor (client-side binding) unless "
-               "OPTIONS['server_side_binding'] is True; ClientCursor sends with "
-               "PQsendQuery = simple query protocol",
+        "OPTIONS['server_side_binding'] is True; ClientCursor sends with "
+        "PQsendQuery = simple query protocol",
     }
     results["machine"] = {
         "cpus": os.cpu_count(),
         "postgres": db.q1("SELECT version()")[0],
-        **{k: db.q1(f"SHOW {k}")[0] for k in (
-            "fsync", "synchronous_commit", "shared_buffers", "max_connections")},
+        **{
+            k: db.q1(f"SHOW {k}")[0]
+            for k in ("fsync", "synchronous_commit", "shared_buffers", "max_connections")
+        },
     }
     results["config"] = {
-        "queue": queue, "broker": broker_url, "port": port,
+        "queue": queue,
+        "broker": broker_url,
+        "port": port,
         "relay_poll_seconds": settings.OUTBOX_POLL_SECONDS,
         "outbox_batch_size": settings.OUTBOX_BATCH_SIZE,
         "conn_max_age": settings.DATABASES["default"]["CONN_MAX_AGE"],
@@ -117,10 +130,14 @@ def describe(results: dict, args: argparse.Namespace, db: BenchDB, *, queue: str
 
 def git_state() -> dict:
     def run(*argv):
-        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
-    return {"commit": run("rev-parse", "HEAD"),
-            "dirty_files": [ln[3:] for ln in run("status", "--porcelain").splitlines()]}
+        return subprocess.run(
+            ["git", *argv], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+
+    return {
+        "commit": run("rev-parse", "HEAD"),
+        "dirty_files": [ln[3:] for ln in run("status", "--porcelain").splitlines()],
+    }
 
 
 def close_connections() -> None:

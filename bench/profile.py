@@ -59,7 +59,8 @@ class Profiler:
             return
         self.results.setdefault("profiles", {}).setdefault(phase, [])
         self.results["notes"].append(
-            f"--profile {phase}: its numbers include py-spy's cost ({RATE} samples/s per process)")
+            f"--profile {phase}: its numbers include py-spy's cost ({RATE} samples/s per process)"
+        )
         self._stop.clear()
         watcher = threading.Thread(target=self._watch, args=(phase, stack), daemon=True)
         watcher.start()
@@ -82,22 +83,36 @@ class Profiler:
 
     def _attach(self, phase: str, name: str, pid: int) -> None:
         out = self.logdir / f"profile-{phase}-{name}-{pid}.svg"
-        argv = [self.binary, "record", "--pid", str(pid), "--subprocesses", "--rate", str(RATE),
-                "--format", "flamegraph", "--output", str(out)]
+        argv = [
+            self.binary,
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--rate",
+            str(RATE),
+            "--format",
+            "flamegraph",
+            "--output",
+            str(out),
+        ]
         log_path = self.logdir / f"py-spy-{phase}-{name}-{pid}.log"
         # Not devtools' spawn: its preexec_fn is not safe from this thread. A
         # py-spy left behind by a bench killed hard exits with its process.
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.procs[(name, pid)] = proc
         # py-spy fails at once when it cannot attach (no ptrace).
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(1.0)
             if code != 0 and Path(f"/proc/{pid}").exists():
                 lines = log_path.read_text(errors="replace").strip().splitlines()
-                self.failed = (f"--profile: py-spy could not attach to {name} (pid {pid}): "
-                               f"{lines[-1] if lines else f'exit {code}'}")
+                self.failed = (
+                    f"--profile: py-spy could not attach to {name} (pid {pid}): "
+                    f"{lines[-1] if lines else f'exit {code}'}"
+                )
                 log("!! " + self.failed)
                 self.results["failures"].append({"phase": "profile", "error": self.failed})
 

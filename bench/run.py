@@ -101,19 +101,21 @@ class Runner:
         db_url = os.environ.get("DATABASE_URL")
         redis_url = os.environ.get("REDIS_URL") or os.environ.get("CELERY_BROKER_URL")
         if not db_url or not db_url.startswith(("postgres://", "postgresql://")):
-            raise SystemExit("make bench: needs DATABASE_URL=postgres://... "
-                             "(run it through scripts/with-services.sh)")
+            raise SystemExit(
+                "make bench: needs DATABASE_URL=postgres://... "
+                "(run it through scripts/with-services.sh)"
+            )
         if not redis_url or not redis_url.startswith("redis://"):
-            raise SystemExit("make bench: needs REDIS_URL=redis://... "
-                             "(run it through scripts/with-services.sh)")
+            raise SystemExit(
+                "make bench: needs REDIS_URL=redis://... (run it through scripts/with-services.sh)"
+            )
         self.pg = PG(db_url)
         self.broker_url = f"redis://{urlparse(redis_url).netloc}/{args.redis_db}"
         self.queue = f"boxoffice-bench-{os.getpid()}"
         self.hostname = f"bench-{os.getpid()}@bench"
         self.port = free_port()
         self.gateway_port = free_port()
-        self.pgbench = Pgbench(binary=find_pgbench(), pg=self.pg, tmp=self.tmp,
-                               logdir=self.logdir)
+        self.pgbench = Pgbench(binary=find_pgbench(), pg=self.pg, tmp=self.tmp, logdir=self.logdir)
 
         self.results: dict = {
             "started_at": dt.datetime.now(dt.UTC).isoformat(),
@@ -125,11 +127,17 @@ class Runner:
         self.rows: list[dict] = []
         self.profiler = None
         if args.profile:
-            self.profiler = Profiler(phases=set(args.profile.split(",")), logdir=self.logdir,
-                                     binary=find_py_spy(), results=self.results)
+            binary = find_py_spy()
+            assert binary is not None  # the arguments were refused without py-spy
+            self.profiler = Profiler(
+                phases=set(args.profile.split(",")),
+                logdir=self.logdir,
+                binary=binary,
+                results=self.results,
+            )
         self.stack: Stack | None = None
         self.db: BenchDB | None = None
-        self.redis = None
+        self.redis: redis.Redis | None = None
         self.broker: Broker | None = None
         self.ctx: Context | None = None
         self._redis_was_empty = False
@@ -160,9 +168,13 @@ class Runner:
         try:
             with self.phase(fig.FIGURE.label, fig.FIGURE.timeout(self.ctx)):
                 if self.stack is not None and self.stack.procs:
+                    assert self.broker is not None  # made before the stack
                     self.stack.ensure_running(self.broker.app)
-                recording = (self.profiler.recording(fig.FIGURE.phase, self.stack)
-                             if self.profiler else contextlib.nullcontext())
+                recording = (
+                    self.profiler.recording(fig.FIGURE.phase, self.stack)
+                    if self.profiler
+                    else contextlib.nullcontext()
+                )
                 with recording:
                     fig.run(self.ctx)
         except (KeyboardInterrupt, SystemExit):
@@ -173,11 +185,18 @@ class Runner:
             traceback.print_exc(file=sys.stderr)
             if self.stack is not None:
                 print(self.stack.tails(), file=sys.stderr)
-            self.results["failures"].append({"phase": fig.FIGURE.label, "error": detail,
-                                             "traceback": traceback.format_exc()})
-            self.rows.append({"figure": f"{fig.FIGURE.label}: FAILED", "measured": detail[:60],
-                              "baseline": "", "ratio": ""})
-            if self.stack is not None:
+            self.results["failures"].append(
+                {"phase": fig.FIGURE.label, "error": detail, "traceback": traceback.format_exc()}
+            )
+            self.rows.append(
+                {
+                    "figure": f"{fig.FIGURE.label}: FAILED",
+                    "measured": detail[:60],
+                    "baseline": "",
+                    "ratio": "",
+                }
+            )
+            if self.stack is not None and self.broker is not None:
                 with contextlib.suppress(Exception):
                     self.broker.purge()
         finally:
@@ -218,8 +237,9 @@ class Runner:
             traceback.print_exc(file=sys.stderr)
             if self.stack is not None:
                 print(self.stack.tails(), file=sys.stderr)
-            self.results["failures"].append({"phase": "setup", "error": f"{exc}",
-                                             "traceback": traceback.format_exc()})
+            self.results["failures"].append(
+                {"phase": "setup", "error": f"{exc}", "traceback": traceback.format_exc()}
+            )
         finally:
             self.teardown()
             self.write()
@@ -233,12 +253,17 @@ class Runner:
         metrics_dir = self.tmp / "metrics"
         metrics_dir.mkdir()
         base_env, gateway_env = prepare.stack_env(
-            pg=self.pg, broker_url=self.broker_url, queue=self.queue,
-            gateway_port=self.gateway_port, metrics_dir=metrics_dir)
+            pg=self.pg,
+            broker_url=self.broker_url,
+            queue=self.queue,
+            gateway_port=self.gateway_port,
+            metrics_dir=metrics_dir,
+        )
         # Figure 9's receiver is an HTTP server of this process on 127.0.0.1.
         base_env["WEBHOOK_ALLOW_LOCAL_URLS"] = "true"
-        prepare.create_databases(self.pg, self.pgbench, base_env=base_env,
-                                 gateway_env=gateway_env, logdir=self.logdir)
+        prepare.create_databases(
+            self.pg, self.pgbench, base_env=base_env, gateway_env=gateway_env, logdir=self.logdir
+        )
         self.db = BenchDB(self.pg.connect(BENCH_DB))
         users = self.db.seed()
 
@@ -246,31 +271,56 @@ class Runner:
         # Celery control channel.
         app = prepare.start_django(base_env)
         self.pgbench.mode = prepare.pgbench_mode()
-        prepare.describe(self.results, self.args, self.db, queue=self.queue,
-                         broker_url=self.broker_url, port=self.port)
+        prepare.describe(
+            self.results,
+            self.args,
+            self.db,
+            queue=self.queue,
+            broker_url=self.broker_url,
+            port=self.port,
+        )
 
         self.redis = redis.Redis.from_url(self.broker_url)
         self._redis_was_empty = self.redis.dbsize() == 0
         if not self._redis_was_empty:
-            log(f"note: Redis db {self.args.redis_db} is not empty; only keys of "
-                f"{self.queue} will be removed at the end")
-        self.broker = Broker(app=app, redis=self.redis, queue=self.queue,
-                             hostname=self.hostname)
+            log(
+                f"note: Redis db {self.args.redis_db} is not empty; only keys of "
+                f"{self.queue} will be removed at the end"
+            )
+        self.broker = Broker(app=app, redis=self.redis, queue=self.queue, hostname=self.hostname)
 
         # The statements of one real reserve request, before anything else runs.
         reserve.check_script(self.db, users, self.logdir, self.results)
 
-        self.stack = Stack(logdir=self.logdir, base_env=base_env, port=self.port,
-                           queue=self.queue, hostname=self.hostname,
-                           gateway_port=self.gateway_port, gateway_env=gateway_env,
-                           web_workers=self.args.web_workers, web_threads=self.args.web_threads)
+        self.stack = Stack(
+            logdir=self.logdir,
+            base_env=base_env,
+            port=self.port,
+            queue=self.queue,
+            hostname=self.hostname,
+            gateway_port=self.gateway_port,
+            gateway_env=gateway_env,
+            web_workers=self.args.web_workers,
+            web_threads=self.args.web_threads,
+        )
         self.stack.start_all(app)
-        log(f"stack up: gunicorn :{self.port}, fake gateway :{self.gateway_port}, "
-            f"worker {self.hostname}, relay; queue {self.queue}")
-        self.ctx = Context(args=self.args, results=self.results, rows=self.rows,
-                           logdir=self.logdir, pg=self.pg, db=self.db, stack=self.stack,
-                           broker=self.broker, pgbench=self.pgbench, users=users,
-                           profiler=self.profiler)
+        log(
+            f"stack up: gunicorn :{self.port}, fake gateway :{self.gateway_port}, "
+            f"worker {self.hostname}, relay; queue {self.queue}"
+        )
+        self.ctx = Context(
+            args=self.args,
+            results=self.results,
+            rows=self.rows,
+            logdir=self.logdir,
+            pg=self.pg,
+            db=self.db,
+            stack=self.stack,
+            broker=self.broker,
+            pgbench=self.pgbench,
+            users=users,
+            profiler=self.profiler,
+        )
 
     def teardown(self) -> None:
         log("teardown")
@@ -279,8 +329,11 @@ class Runner:
                 self.stack.stop()
         if self.redis is not None:
             with contextlib.suppress(Exception):
-                keys = [k for k in self.redis.scan_iter(count=1000)
-                        if self.queue.encode() in k or self._redis_was_empty]
+                keys = [
+                    k
+                    for k in self.redis.scan_iter(count=1000)
+                    if self.queue.encode() in k or self._redis_was_empty
+                ]
                 if keys:
                     self.redis.delete(*keys)
         if self.db is not None:
@@ -305,8 +358,13 @@ class Runner:
         print_table(self.rows)
         print(f"results: {self.json_path.relative_to(ROOT)}  logs: {self.logdir.relative_to(ROOT)}")
         for phase, svgs in self.results.get("profiles", {}).items():
-            print(f"profile {phase}: " + ("  ".join(str(Path(f).relative_to(ROOT)) for f in svgs)
-                                          or "no flame graph written"))
+            print(
+                f"profile {phase}: "
+                + (
+                    "  ".join(str(Path(f).relative_to(ROOT)) for f in svgs)
+                    or "no flame graph written"
+                )
+            )
         if self.results["failures"]:
             print("FAILED phases: " + ", ".join(f["phase"] for f in self.results["failures"]))
         sys.stdout.flush()
@@ -319,8 +377,15 @@ def print_table(rows: list[dict]) -> None:
         return "" if v is None else str(v)
 
     header = ("figure", "measured", "baseline", "ratio")
-    body = [(r["figure"] + (f"  [{r['note']}]" if r.get("note") else ""),
-             fmt(r["measured"]), fmt(r["baseline"]), fmt(r["ratio"])) for r in rows]
+    body = [
+        (
+            r["figure"] + (f"  [{r['note']}]" if r.get("note") else ""),
+            fmt(r["measured"]),
+            fmt(r["baseline"]),
+            fmt(r["ratio"]),
+        )
+        for r in rows
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
     line = "  ".join("-" * w for w in widths)
     print()
@@ -341,40 +406,76 @@ def check_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if unknown:
         parser.error(f"--profile: unknown phase(s) {', '.join(sorted(unknown))}")
     if names - with_stack:
-        parser.error(f"--profile: {', '.join(sorted(names - with_stack))} run(s) without the "
-                     "stack: no process to profile")
+        parser.error(
+            f"--profile: {', '.join(sorted(names - with_stack))} run(s) without the "
+            "stack: no process to profile"
+        )
     if not find_py_spy():
         parser.error("--profile needs py-spy: .venv/bin/pip install py-spy (or make install)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true",
-                        help="long variants: 60 s runs, 2000 e2e purchases, 100 hot-seat runs, "
-                             "30k timers, c=4 and 16 for the gateway figure")
-    parser.add_argument("--phases", default="",
-                        help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-                             "gateway,catalog,webhooks,onsale,scaleout,sweeps (default: all)")
-    parser.add_argument("--profile", default="", metavar="PHASE[,PHASE]",
-                        help="record the stack's processes with py-spy during these figures "
-                             "(names as --phases); flame graphs (SVG) in the logs directory")
-    parser.add_argument("--e2e-purchases", type=int, default=0,
-                        help="purchases per end-to-end run, figures 2, 9 and 11 "
-                             "(default 300, --full 2000)")
-    parser.add_argument("--duration", type=float, default=0,
-                        help="seconds per throughput measurement (default 12, --full 60)")
-    parser.add_argument("--redis-db", type=int, default=14,
-                        help="Redis database for the bench's broker (default 14)")
-    parser.add_argument("--sweeps-large", type=int, default=0,
-                        help="finished sagas for the large sweep measurement (default 1,000,000)")
-    parser.add_argument("--reserve-clients", default="1,4,16",
-                        help="client counts for figure 1 (default 1,4,16)")
-    parser.add_argument("--web-workers", type=int, default=2,
-                        help="gunicorn workers (default 2; for experiments)")
-    parser.add_argument("--web-threads", type=int, default=8,
-                        help="gunicorn threads per worker (default 8; for experiments)")
-    parser.add_argument("--keep-dbs", action="store_true",
-                        help=f"keep {SWEEPS_DB} and {PGBENCH_DB} ({BENCH_DB} is always kept)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="long variants: 60 s runs, 2000 e2e purchases, 100 hot-seat runs, "
+        "30k timers, c=4 and 16 for the gateway figure",
+    )
+    parser.add_argument(
+        "--phases",
+        default="",
+        help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
+        "gateway,catalog,webhooks,onsale,scaleout,sweeps (default: all)",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        metavar="PHASE[,PHASE]",
+        help="record the stack's processes with py-spy during these figures "
+        "(names as --phases); flame graphs (SVG) in the logs directory",
+    )
+    parser.add_argument(
+        "--e2e-purchases",
+        type=int,
+        default=0,
+        help="purchases per end-to-end run, figures 2, 9 and 11 (default 300, --full 2000)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0,
+        help="seconds per throughput measurement (default 12, --full 60)",
+    )
+    parser.add_argument(
+        "--redis-db",
+        type=int,
+        default=14,
+        help="Redis database for the bench's broker (default 14)",
+    )
+    parser.add_argument(
+        "--sweeps-large",
+        type=int,
+        default=0,
+        help="finished sagas for the large sweep measurement (default 1,000,000)",
+    )
+    parser.add_argument(
+        "--reserve-clients", default="1,4,16", help="client counts for figure 1 (default 1,4,16)"
+    )
+    parser.add_argument(
+        "--web-workers", type=int, default=2, help="gunicorn workers (default 2; for experiments)"
+    )
+    parser.add_argument(
+        "--web-threads",
+        type=int,
+        default=8,
+        help="gunicorn threads per worker (default 8; for experiments)",
+    )
+    parser.add_argument(
+        "--keep-dbs",
+        action="store_true",
+        help=f"keep {SWEEPS_DB} and {PGBENCH_DB} ({BENCH_DB} is always kept)",
+    )
     args = parser.parse_args()
     check_profile(parser, args)
     os.chdir(ROOT)

@@ -5,7 +5,9 @@ second relay) and the control of its Celery queue."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,8 +24,19 @@ from devtools.processes import (
 
 
 class Stack(ProcessGroup):
-    def __init__(self, *, logdir: Path, base_env: dict, port: int, queue: str, hostname: str,
-                 gateway_port: int, gateway_env: dict, web_workers: int, web_threads: int):
+    def __init__(
+        self,
+        *,
+        logdir: Path,
+        base_env: dict,
+        port: int,
+        queue: str,
+        hostname: str,
+        gateway_port: int,
+        gateway_env: dict,
+        web_workers: int,
+        web_threads: int,
+    ):
         # The failed phase prints the logs' tails itself (run.py: figure).
         super().__init__(logdir, base_env, error=PhaseFailed, logs_in_errors=False)
         self.base_env = base_env
@@ -39,7 +52,7 @@ class Stack(ProcessGroup):
         # Extra environment per process name (figure 2's count run: the
         # statement counter's settings) and what it is called in profiles'
         # file names; None: the stack as it runs.
-        self.extra_env = None
+        self.extra_env: Callable[[str], dict[str, str]] | None = None
         self.variant: str | None = None
 
     @property
@@ -47,46 +60,78 @@ class Stack(ProcessGroup):
         return f"http://127.0.0.1:{self.port}"
 
     def _start(self, name: str, argv: list[str], env: dict) -> None:
-        env = {**env, "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms),
-               **(self.extra_env(name) if self.extra_env else {})}
-        self.start(name, argv, env=env, header=(
-            f"\n===== start {dt.datetime.now(dt.UTC).isoformat()} {' '.join(argv)}"
-            f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}"
-            f"{f' [{self.variant}]' if self.variant else ''}\n"))
+        env = {
+            **env,
+            "FAKE_GATEWAY_LATENCY_MS": str(self.latency_ms),
+            **(self.extra_env(name) if self.extra_env else {}),
+        }
+        self.start(
+            name,
+            argv,
+            env=env,
+            header=(
+                f"\n===== start {dt.datetime.now(dt.UTC).isoformat()} {' '.join(argv)}"
+                f" FAKE_GATEWAY_LATENCY_MS={self.latency_ms}"
+                f"{f' [{self.variant}]' if self.variant else ''}\n"
+            ),
+        )
         # For py-spy and friends: the machine may run other stacks of this
         # project, so "pgrep run_relay" is not necessarily ours.
         with open(self.logdir / "pids.txt", "a") as fh:
             fh.write(f"{name} {self.procs[name].pid}\n")
 
     def start_web(self) -> None:
-        self._start("web", gunicorn_argv(port=self.port, workers=self.web_workers,
-                                         threads=self.web_threads), self.base_env)
+        self._start(
+            "web",
+            gunicorn_argv(port=self.port, workers=self.web_workers, threads=self.web_threads),
+            self.base_env,
+        )
 
     def start_gateway(self) -> None:
-        self._start("gateway", gunicorn_argv(port=self.gateway_port, workers=1, threads=16),
-                    self.gateway_env)
+        self._start(
+            "gateway",
+            gunicorn_argv(port=self.gateway_port, workers=1, threads=16),
+            self.gateway_env,
+        )
 
     def start_worker(self) -> None:
-        self._start("worker", celery_worker_argv(queue=self.queue, concurrency=4,
-                                                 hostname=self.hostname,
-                                                 extra=["--include=bench.tasks"]), self.base_env)
+        self._start(
+            "worker",
+            celery_worker_argv(
+                queue=self.queue,
+                concurrency=4,
+                hostname=self.hostname,
+                extra=["--include=bench.tasks"],
+            ),
+            self.base_env,
+        )
 
     def start_webhook_worker(self) -> None:
         """Webhook attempts' own pool, on their own queue (the settings derive
         it from the stack's: ``<queue>-webhooks``), as in production."""
-        self._start("webhooks", celery_worker_argv(queue=f"{self.queue}-webhooks",
-                                                   concurrency=2,
-                                                   hostname=f"webhooks-{self.hostname}"),
-                    self.base_env)
+        self._start(
+            "webhooks",
+            celery_worker_argv(
+                queue=f"{self.queue}-webhooks", concurrency=2, hostname=f"webhooks-{self.hostname}"
+            ),
+            self.base_env,
+        )
 
     def start_relay(self) -> None:
         self._start("relay", relay_argv(), self.base_env)
 
     def start_worker2(self) -> None:
         """A second pool like the first, on the same queue (figure 11)."""
-        self._start("worker2", celery_worker_argv(queue=self.queue, concurrency=4,
-                                                  hostname=self.hostname2,
-                                                  extra=["--include=bench.tasks"]), self.base_env)
+        self._start(
+            "worker2",
+            celery_worker_argv(
+                queue=self.queue,
+                concurrency=4,
+                hostname=self.hostname2,
+                extra=["--include=bench.tasks"],
+            ),
+            self.base_env,
+        )
 
     def start_relay2(self) -> None:
         """A second relay (figure 11): relays share the work by SKIP LOCKED claims."""
@@ -115,10 +160,15 @@ class Stack(ProcessGroup):
 
     def ensure_running(self, app) -> None:
         """A process that died in an earlier figure is restarted for the next."""
-        starts = {"gateway": self.start_gateway, "web": self.start_web,
-                  "worker": self.start_worker, "webhooks": self.start_webhook_worker,
-                  "relay": self.start_relay, "worker2": self.start_worker2,
-                  "relay2": self.start_relay2}
+        starts = {
+            "gateway": self.start_gateway,
+            "web": self.start_web,
+            "worker": self.start_worker,
+            "webhooks": self.start_webhook_worker,
+            "relay": self.start_relay,
+            "worker2": self.start_worker2,
+            "relay2": self.start_relay2,
+        }
         for name, code in self.dead().items():
             log(f"!! {name} had exited ({code}); restarting it")
             self.procs.pop(name)
@@ -138,10 +188,13 @@ class Stack(ProcessGroup):
                 return False
             return r.status_code == 404 and "unknown_endpoint" in r.text
 
-        for name, url in (("web", self.base_url),
-                          ("gateway", f"http://127.0.0.1:{self.gateway_port}")):
-            self.wait_for(lambda url=url: answers(url), f"gunicorn ({name}) to answer", timeout,
-                          every=0.3)
+        for name, url in (
+            ("web", self.base_url),
+            ("gateway", f"http://127.0.0.1:{self.gateway_port}"),
+        ):
+            self.wait_for(
+                functools.partial(answers, url), f"gunicorn ({name}) to answer", timeout, every=0.3
+            )
 
     def wait_worker(self, app, timeout: float = 60) -> None:
         self.wait_ping(app, destination=[self.hostname], timeout=timeout, ping_timeout=1.0)
@@ -175,13 +228,15 @@ class Broker:
         return n
 
     def pause_consumer(self) -> bool:
-        reply = self.app.control.cancel_consumer(self.queue, destination=[self.hostname],
-                                                 reply=True, timeout=5)
+        reply = self.app.control.cancel_consumer(
+            self.queue, destination=[self.hostname], reply=True, timeout=5
+        )
         return bool(reply)
 
     def resume_consumer(self) -> bool:
-        reply = self.app.control.add_consumer(self.queue, destination=[self.hostname],
-                                              reply=True, timeout=5)
+        reply = self.app.control.add_consumer(
+            self.queue, destination=[self.hostname], reply=True, timeout=5
+        )
         return bool(reply)
 
     def send(self, name: str, count: int, args_fn) -> None:
@@ -189,9 +244,11 @@ class Broker:
             for i in range(count):
                 self.app.send_task(name, args=args_fn(i), queue=self.queue, producer=producer)
 
-    def wait_drained(self, timeout: float | None, what: str, *, also=None,
-                     every: float = 0.05) -> bool:
+    def wait_drained(
+        self, timeout: float | None, what: str, *, also=None, every: float = 0.05
+    ) -> bool:
         """Until no task is queued or in flight (and ``also()`` holds, if given)."""
+
         def drained() -> bool:
             return self.depth() == (0, 0) and (also is None or also())
 
@@ -210,7 +267,8 @@ class Broker:
                 return False
             (due,) = db.q1(
                 "SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL"
-                " AND cancelled_at IS NULL AND dead_at IS NULL AND available_at <= now()")
+                " AND cancelled_at IS NULL AND dead_at IS NULL AND available_at <= now()"
+            )
             return due == 0
 
         return poll(quiet, timeout=timeout, every=0.5)

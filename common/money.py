@@ -29,8 +29,22 @@ LOCALE = "en"
 # Current ISO 4217 codes whose minor units differ from CLDR's display digits
 # (ISO 4217 list one, checked against babel 2.19 / CLDR 49).
 _ISO_4217_MINOR_UNITS = {
-    "AFN": 2, "ALL": 2, "COP": 2, "HUF": 2, "IDR": 2, "IQD": 3, "IRR": 2, "KPW": 2,
-    "LAK": 2, "LBP": 2, "MGA": 2, "MMK": 2, "SLL": 2, "SOS": 2, "SYP": 2, "YER": 2,
+    "AFN": 2,
+    "ALL": 2,
+    "COP": 2,
+    "HUF": 2,
+    "IDR": 2,
+    "IQD": 3,
+    "IRR": 2,
+    "KPW": 2,
+    "LAK": 2,
+    "LBP": 2,
+    "MGA": 2,
+    "MMK": 2,
+    "SLL": 2,
+    "SOS": 2,
+    "SYP": 2,
+    "YER": 2,
 }
 
 
@@ -61,7 +75,8 @@ def minor_units_exponent(currency: str) -> int:
 
 def _shift(amount: int, exponent: int) -> Decimal:
     # Exact at any size: Decimal.scaleb rounds to the context's 28 digits.
-    return Decimal(Decimal(amount).as_tuple()._replace(exponent=-exponent))
+    sign, digits, _ = Decimal(amount).as_tuple()
+    return Decimal((sign, digits, -exponent))
 
 
 def to_decimal(amount: int, currency: str) -> Decimal:

@@ -59,4 +59,3 @@ def exact_search(queryset: QuerySet, search_term: str, *, field: str) -> tuple[Q
     if term.isdigit():
         return queryset.filter(pk=int(term)) | exact, False
     return exact, False
-

@@ -71,7 +71,8 @@ def _no_root_advice_in_development(**kwargs):
     # (Dockerfile), and there the advice stays.
     if settings.DEBUG:
         warnings.filterwarnings(
-            "ignore", message="You're running the worker with superuser privileges",
+            "ignore",
+            message="You're running the worker with superuser privileges",
             category=SecurityWarning,
         )
 

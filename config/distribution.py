@@ -62,73 +62,97 @@ class Elsewhere:
 
 Placement = Distributed | Reference | Local | Elsewhere
 
-_PROCESSOR = ("the fake card processor's: in production the processor's own database "
-              "(Compose runs the fake on its own), reached over HTTP only")
+_PROCESSOR = (
+    "the fake card processor's: in production the processor's own database "
+    "(Compose runs the fake on its own), reached over HTTP only"
+)
 _STAFF = "staff permissions: a few rows, read by the admin, written by hand"
 
 TABLES: dict[str, Placement] = {
     # --- by event: a purchase's commits stay on its event's node ------------------------
     "purchases_event": Distributed(
-        "id", EVENT, "the group's anchor: an event's row lives with its seats and purchases"),
+        "id", EVENT, "the group's anchor: an event's row lives with its seats and purchases"
+    ),
     "purchases_seat": Distributed(
-        "event_id", EVENT, "an event's seats, locked and held by its purchases"),
+        "event_id", EVENT, "an event's seats, locked and held by its purchases"
+    ),
     "purchases_reservation": Distributed(
-        "event_id", EVENT, "a purchase's hold on an event's seats, written by the reserve"),
+        "event_id", EVENT, "a purchase's hold on an event's seats, written by the reserve"
+    ),
     "purchases_reservationseat": Distributed(
-        "event_id", EVENT, "the seats a reservation holds; a seat is live in one at most"),
+        "event_id", EVENT, "the seats a reservation holds; a seat is live in one at most"
+    ),
     "purchases_purchasesaga": Distributed(
-        "event_id", EVENT, "the saga, locked and moved by every step of the purchase"),
+        "event_id", EVENT, "the saga, locked and moved by every step of the purchase"
+    ),
     "purchases_sagahistory": Distributed(
-        "event_id", EVENT, "a row in every commit that moves (or notes) the saga"),
+        "event_id", EVENT, "a row in every commit that moves (or notes) the saga"
+    ),
     "purchases_gatewayanswer": Distributed(
-        "event_id", EVENT, "the gateway's answers about a saga, written in its step's commit"),
+        "event_id", EVENT, "the gateway's answers about a saga, written in its step's commit"
+    ),
     "purchases_dailysales": Distributed(
-        "event_id", EVENT, "an event's sales per day, counted in the delivery's commit"),
+        "event_id", EVENT, "an event's sales per day, counted in the delivery's commit"
+    ),
     "outbox_outboxmessage": Distributed(
-        "event_id", EVENT, "events and timers, written in the commit of the move they announce"),
+        "event_id", EVENT, "events and timers, written in the commit of the move they announce"
+    ),
     "outbox_inboxentry": Distributed(
-        "event_id", EVENT, "what ran for a message, written in its delivery's commit"),
+        "event_id", EVENT, "what ran for a message, written in its delivery's commit"
+    ),
     "ledger_ledgerentry": Distributed(
-        "event_id", EVENT, "money moved by a saga, written in the commit that records it"),
+        "event_id", EVENT, "money moved by a saga, written in the commit that records it"
+    ),
     "webhooks_webhookdelivery": Distributed(
-        "event_id", EVENT, "a webhook, written in the saga's commit that announces it"),
+        "event_id", EVENT, "a webhook, written in the saga's commit that announces it"
+    ),
     "webhooks_webhookattempt": Distributed(
-        "event_id", EVENT, "an attempt of a delivery, recorded in the delivery's commit"),
+        "event_id", EVENT, "an attempt of a delivery, recorded in the delivery's commit"
+    ),
     # --- by buyer -----------------------------------------------------------------------
     "purchases_idempotencyrecord": Distributed(
-        "user_id", BUYER,
+        "user_id",
+        BUYER,
         "an Idempotency-Key is the buyer's, across events (docs/api.md: another body is a "
         "422 whatever its event), so only the buyer can be its shard key; the reserve's "
-        "commit then spans the buyer's node and the event's (docs/design.md, \"Running\")"),
+        "commit then spans the buyer's node and the event's (docs/design.md, \"Running\")",
+    ),
     # --- by session key -----------------------------------------------------------------
     "django_session": Distributed(
-        "session_key", SESSION,
+        "session_key",
+        SESSION,
         "a buyer's or staff login: written at every login (an on-sale is many), read by "
-        "key, joined to nothing; a reference table would copy each login to every node"),
+        "key, joined to nothing; a reference table would copy each login to every node",
+    ),
     # --- reference: small, read everywhere, rarely written ------------------------------
     "auth_user": Reference(
         "buyers and staff: read by every request, referred to by sagas, reservations and "
-        "idempotency records of every group"),
+        "idempotency records of every group"
+    ),
     "authtoken_token": Reference(
-        "API tokens: read by every API request, written when one is issued"),
+        "API tokens: read by every API request, written when one is issued"
+    ),
     "auth_group": Reference(_STAFF),
     "auth_group_permissions": Reference(_STAFF),
     "auth_permission": Reference(_STAFF),
     "auth_user_groups": Reference(_STAFF),
     "auth_user_user_permissions": Reference(_STAFF),
-    "django_content_type": Reference("Django's model registry: read by permissions and "
-                                     "the admin log, written by migrations"),
+    "django_content_type": Reference(
+        "Django's model registry: read by permissions and the admin log, written by migrations"
+    ),
     "django_admin_log": Reference("staff actions in the admin: rare, read in the admin"),
     "webhooks_webhookendpoint": Reference(
         "the seller's endpoints: a handful, read (FOR KEY SHARE) by every commit that "
-        "announces a webhook, whatever its event; written by the seller's API calls"),
+        "announces a webhook, whatever its event; written by the seller's API calls"
+    ),
     "purchases_sweepheartbeat": Reference(
-        "one row per sweep, updated by each of its runs (a few a minute)"),
+        "one row per sweep, updated by each of its runs (a few a minute)"
+    ),
     "purchases_auditrun": Reference("one row per run of the auditor (hours apart)"),
     # --- the coordinator's own ----------------------------------------------------------
     "django_migrations": Local(
-        "Django's record of applied migrations: `migrate` reads and writes it, on the "
-        "coordinator"),
+        "Django's record of applied migrations: `migrate` reads and writes it, on the coordinator"
+    ),
     # --- not ours -----------------------------------------------------------------------
     "fake_gateway_fakeintent": Elsewhere(_PROCESSOR),
     "fake_gateway_fakecharge": Elsewhere(_PROCESSOR),

@@ -11,8 +11,18 @@ Everything else is kombu's.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
-from kombu.transport.filesystem import LOCK_EX, LOCK_SH, exchange_queue_t, lock, unlock
+from kombu.transport.filesystem import (  # type: ignore[attr-defined]  # LOCK_*: not in the stubs
+    LOCK_EX,
+    LOCK_SH,
+    exchange_queue_t,
+    lock,
+    unlock,
+)
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
@@ -22,10 +32,14 @@ def _table(raw: bytes) -> list[exchange_queue_t]:
 
 
 class Channel(filesystem.Channel):
+    if TYPE_CHECKING:  # kombu's own method, missing from kombu-stubs
+
+        def _exchange_file(self, exchange: str) -> Path: ...
+
     def get_table(self, exchange):
         file = self._exchange_file(exchange)
         try:
-            with file.open("rb") as f_obj:
+            with file.open("rb", buffering=0) as f_obj:
                 lock(f_obj, LOCK_SH)
                 try:
                     return _table(f_obj.read())
@@ -34,7 +48,7 @@ class Channel(filesystem.Channel):
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise filesystem.ChannelError(f"Cannot open {file}") from exc
+            raise ChannelError(f"Cannot open {file}") from exc
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
         file = self._exchange_file(exchange)
@@ -54,7 +68,7 @@ class Channel(filesystem.Channel):
                 finally:
                     unlock(f_obj)
         except OSError as exc:
-            raise filesystem.ChannelError(f"Cannot open {file}") from exc
+            raise ChannelError(f"Cannot open {file}") from exc
 
 
 class Transport(filesystem.Transport):

@@ -25,18 +25,22 @@ TRANSITIONS = Counter(
     "boxoffice_saga_transitions_total", "Committed saga transitions", ["from_state", "to_state"]
 )
 GATEWAY_REQUESTS = Counter(
-    "boxoffice_gateway_requests_total", "Calls to the payment gateway by outcome",
+    "boxoffice_gateway_requests_total",
+    "Calls to the payment gateway by outcome",
     ["method", "outcome"],
 )
 GATEWAY_LATENCY = Histogram(
-    "boxoffice_gateway_latency_seconds", "Payment gateway call latency", ["method"],
+    "boxoffice_gateway_latency_seconds",
+    "Payment gateway call latency",
+    ["method"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 RECONCILE_PROBES = Counter(
     "boxoffice_reconcile_probes_total", "Look-ups of UNKNOWN intents by answer", ["answer"]
 )
 TIMER_FIRE_LAG = Histogram(
-    "boxoffice_timer_fire_lag_seconds", "Outbox row first hand-off minus its due time",
+    "boxoffice_timer_fire_lag_seconds",
+    "Outbox row first hand-off minus its due time",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 ALERTS = Counter("boxoffice_alerts_total", "Alerts raised for operators", ["kind"])

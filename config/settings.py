@@ -7,6 +7,7 @@ filesystem transport, both under ``var/``.
 """
 
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -96,7 +97,7 @@ TEMPLATES = [
 EMBEDDED = "DATABASE_URL" not in env
 if EMBEDDED:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "boxoffice.sqlite3",
@@ -123,7 +124,8 @@ else:
     if env.bool("DB_SERVER_SIDE_BINDING", default=False):
         DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
         DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
-            "DB_PREPARE_THRESHOLD", default=5)
+            "DB_PREPARE_THRESHOLD", default=5
+        )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # ... but only for a connection idle for this long (or one that errored): a
@@ -296,8 +298,20 @@ OUTBOX_REDELIVER_SECONDS = [
     int(s)
     for s in env.list(
         "OUTBOX_REDELIVER_SECONDS",
-        default=["120", "300", "900", "1800", "3600", "7200", "14400", "28800", "43200",
-                 "86400", "86400", "86400"],
+        default=[
+            "120",
+            "300",
+            "900",
+            "1800",
+            "3600",
+            "7200",
+            "14400",
+            "28800",
+            "43200",
+            "86400",
+            "86400",
+            "86400",
+        ],
     )
 ]
 if not OUTBOX_REDELIVER_SECONDS or min(OUTBOX_REDELIVER_SECONDS) <= 0:
@@ -332,8 +346,9 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="boxoff
 # pool (the Procfile's and Compose's "webhooks"): a receiver that hangs for the
 # whole WEBHOOK_TIMEOUT_SECONDS occupies a webhook worker, never one that the
 # saga's steps need (docs/design.md, "The edges").
-CELERY_WEBHOOK_QUEUE = env.str("CELERY_WEBHOOK_QUEUE",
-                               default=f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks")
+CELERY_WEBHOOK_QUEUE = env.str(
+    "CELERY_WEBHOOK_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks"
+)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -348,9 +363,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 
 # --- email --------------------------------------------------------------------
-EMAIL_BACKEND = env.str(
-    "EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend"
-)
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="boxoffice <tickets@boxoffice.local>")
 
@@ -369,7 +382,7 @@ if LOG_FORMAT not in ("kv", "json"):
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("LOG_FORMAT is kv or json")
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
@@ -392,8 +405,10 @@ LOGGING = {
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
-        "django.server": {"class": "logging.StreamHandler",
-                          "formatter": "json" if LOG_FORMAT == "json" else "django.server"},
+        "django.server": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "django.server",
+        },
     },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
@@ -429,8 +444,9 @@ if not DEBUG:
 # The table lives with the saga (purchases/saga/topics.py, which imports
 # nothing of ours), the webhooks app's with it (webhooks/topics.py, likewise);
 # the purchases app checks it at start-up.
-OUTBOX_CONSUMERS = {str(topic): list(consumers)
-                    for topic, consumers in {**ROUTING, **WEBHOOK_ROUTING}.items()}
+OUTBOX_CONSUMERS = {
+    str(topic): list(consumers) for topic, consumers in {**ROUTING, **WEBHOOK_ROUTING}.items()
+}
 # Topics whose rows the relay hands to a queue other than the default one.
 OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
 
@@ -478,8 +494,15 @@ HEALTH_RELAY_MAX_AGE_SECONDS = env.float(
 HEALTH_BEAT_MAX_AGE_SECONDS = env.float(
     "HEALTH_BEAT_MAX_AGE_SECONDS", default=3 * min(SWEEP_INTERVALS.values())
 )
-if min(HEALTH_CHECK_TIMEOUT_SECONDS, OUTBOX_RELAY_PULSE_SECONDS, HEALTH_RELAY_MAX_AGE_SECONDS,
-       HEALTH_BEAT_MAX_AGE_SECONDS) <= 0:
+if (
+    min(
+        HEALTH_CHECK_TIMEOUT_SECONDS,
+        OUTBOX_RELAY_PULSE_SECONDS,
+        HEALTH_RELAY_MAX_AGE_SECONDS,
+        HEALTH_BEAT_MAX_AGE_SECONDS,
+    )
+    <= 0
+):
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(

@@ -72,16 +72,19 @@ def configured(environ: Mapping[str, str] | None = None) -> bool:
     names = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if names:
         return names != "none"
-    return bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-                or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    )
 
 
 def enabled() -> bool:
     return _on
 
 
-def tracing_init(*, instrument: Iterable[str] = WEB, span_exporter=None,
-                 environ: Mapping[str, str] | None = None) -> bool:
+def tracing_init(
+    *, instrument: Iterable[str] = WEB, span_exporter=None, environ: Mapping[str, str] | None = None
+) -> bool:
     """Set tracing up for this process if the environment asks for it;
     True if it is on. Once per process (a second call changes nothing).
 
@@ -134,14 +137,15 @@ def tracing_shutdown() -> None:
     if _record_factory is not None:
         logging.setLogRecordFactory(_record_factory)
     _record_factory = None
-    _provider.shutdown()
+    if _provider is not None:  # set whenever tracing is on
+        _provider.shutdown()
     _provider = _tracer = None
 
 
 def tracing_flush() -> None:
     """Export the spans still batched (a pool process about to exit, which
     runs no ``atexit`` hook)."""
-    if _on:
+    if _on and _provider is not None:
         _provider.force_flush()
 
 
@@ -151,8 +155,11 @@ def _exporters(environ: Mapping[str, str]) -> list[type]:
     HTTP as ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` says (gRPC by default,
     as the Python SDK does)."""
     names = [n.strip() for n in (environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")]
-    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
     classes = []
     for name in names:
         if name == "otlp":
@@ -169,8 +176,11 @@ def _instrument(name: str, provider, environ: Mapping[str, str]) -> None:
         # Each instrumentation is imported only when it is asked for.
         from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-        excluded = (environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS")
-                    or environ.get("OTEL_PYTHON_EXCLUDED_URLS") or _DEFAULT_EXCLUDED_URLS)
+        excluded = (
+            environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS")
+            or environ.get("OTEL_PYTHON_EXCLUDED_URLS")
+            or _DEFAULT_EXCLUDED_URLS
+        )
         instrumentor, options = DjangoInstrumentor(), {"excluded_urls": excluded}
     elif name == "celery":
         from opentelemetry.instrumentation.celery import CeleryInstrumentor  # (the same)
@@ -235,14 +245,20 @@ def _stored(carrier: str) -> trace.SpanContext | None:
 
 def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict | None = None):
     """A span, child of the current one (a shared no-op when tracing is off)."""
-    if not _on:
+    if not _on or _tracer is None:
         return NOOP
     return _tracer.start_as_current_span(name, kind=kind, attributes=_clean(attributes))
 
 
-def continue_from(carrier: str, name: str, *, link: bool = False,
-                  kind: SpanKind = SpanKind.INTERNAL, attributes: dict | None = None,
-                  saga_id=None):
+def continue_from(
+    carrier: str,
+    name: str,
+    *,
+    link: bool = False,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: dict | None = None,
+    saga_id=None,
+):
     """A span that continues the trace stored on a row (``carrier``, a
     ``traceparent``):
 
@@ -257,15 +273,24 @@ def continue_from(carrier: str, name: str, *, link: bool = False,
     With ``saga_id`` the saga's steps inside it know they are in its trace
     already (:func:`in_saga`). A no-op when tracing is off.
     """
-    if not _on:
+    if not _on or _tracer is None:
         return NOOP
-    return _continue(carrier, name, link=link, kind=kind, attributes=attributes,
-                     saga_id=saga_id)
+    return _continue(
+        _tracer, carrier, name, link=link, kind=kind, attributes=attributes, saga_id=saga_id
+    )
 
 
 @contextlib.contextmanager
-def _continue(carrier: str, name: str, *, link: bool, kind: SpanKind,
-              attributes: dict | None, saga_id) -> Iterator[trace.Span]:
+def _continue(
+    tracer: trace.Tracer,
+    carrier: str,
+    name: str,
+    *,
+    link: bool,
+    kind: SpanKind,
+    attributes: dict | None,
+    saga_id,
+) -> Iterator[trace.Span]:
     stored = _stored(carrier)
     current = trace.get_current_span().get_span_context()
     same_trace = stored is not None and current.is_valid and current.trace_id == stored.trace_id
@@ -283,8 +308,9 @@ def _continue(carrier: str, name: str, *, link: bool, kind: SpanKind,
         parent = otel_context.set_value(_SAGA_KEY, str(saga_id), parent)
     token = otel_context.attach(parent)
     try:
-        with _tracer.start_as_current_span(name, kind=kind, links=links,
-                                           attributes=_clean(attributes)) as current_span:
+        with tracer.start_as_current_span(
+            name, kind=kind, links=links, attributes=_clean(attributes)
+        ) as current_span:
             yield current_span
     finally:
         otel_context.detach(token)
@@ -327,14 +353,16 @@ def set_attributes(attributes: dict) -> None:
         trace.get_current_span().set_attributes(_clean(attributes))
 
 
-def answered(span_or_none, *, outcome: str, latency_ms: float, failed: bool = False,
-             detail: str = "") -> None:
+def answered(
+    span_or_none, *, outcome: str, latency_ms: float, failed: bool = False, detail: str = ""
+) -> None:
     """A remote call's answer on its CLIENT span: ``gateway.outcome``, the
     latency, and an error status when no definite answer came."""
     if span_or_none is None or not _on:
         return
-    span_or_none.set_attributes({"gateway.outcome": outcome,
-                                 "gateway.latency_ms": round(latency_ms, 1)})
+    span_or_none.set_attributes(
+        {"gateway.outcome": outcome, "gateway.latency_ms": round(latency_ms, 1)}
+    )
     if failed:
         span_or_none.set_status(Status(StatusCode.ERROR, detail or outcome))
 
@@ -343,5 +371,8 @@ def _clean(attributes: dict | None) -> dict:
     """OpenTelemetry refuses None; ids become strings."""
     if not attributes:
         return {}
-    return {k: (v if isinstance(v, str | bool | int | float) else str(v))
-            for k, v in attributes.items() if v is not None}
+    return {
+        k: (v if isinstance(v, str | bool | int | float) else str(v))
+        for k, v in attributes.items()
+        if v is not None
+    }

@@ -50,6 +50,7 @@ def _api_or(page, status: int, code: str, detail: str):
         if request.path.startswith("/api/"):
             return JsonResponse({"code": code, "detail": detail}, status=status)
         return page(request, exception) if exception is not None else page(request)
+
     return handler
 
 

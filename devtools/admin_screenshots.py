@@ -27,11 +27,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: devtools.* and the project import
 
 from devtools.processes import free_port, listening, spawn, stop_group  # noqa: E402
+
+if TYPE_CHECKING:  # the type of Playwright's add_cookies, not exported by its API
+    from playwright._impl._api_structures import SetCookieParam
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = {
@@ -76,8 +80,13 @@ def seed() -> dict:
     keys = iter(range(1, 100))
 
     def start(user, seats, method):
-        return purchase_start(user=users[user], idempotency_key=f"shot-{next(keys)}",
-                              event_id=event.pk, seat_refs=seats, payment_method=method).saga_id
+        return purchase_start(
+            user=users[user],
+            idempotency_key=f"shot-{next(keys)}",
+            event_id=event.pk,
+            seat_refs=seats,
+            payment_method=method,
+        ).saga_id
 
     def drain():
         # What the relay and the workers would do, here and now.
@@ -100,8 +109,11 @@ def seed() -> dict:
             saga_charge(saga_id=sagas["compensated"])
             drain()
             clock.tick(7 * 60 + 12)
-            purchase_refund(saga_id=sagas["compensated"], by=By.operator("admin"),
-                            reason="customer asked (ticket 4711)")
+            purchase_refund(
+                saga_id=sagas["compensated"],
+                by=By.operator("admin"),
+                reason="customer asked (ticket 4711)",
+            )
             drain()
         # No answer to the charge, and the gateway reports the intent
         # cancelled: a step of ours committed there and died before recording
@@ -119,14 +131,16 @@ def seed() -> dict:
             drain()
     client = Client()
     client.force_login(users["admin"])
-    return {"sagas": {k: str(v) for k, v in sagas.items()},
-            "session": client.cookies["sessionid"].value}
+    return {
+        "sagas": {k: str(v) for k, v in sagas.items()},
+        "session": client.cookies["sessionid"].value,
+    }
 
 
 # --- in the parent ----------------------------------------------------------------------
 
 
-def _shoot(url: str, path: Path, *, cookies: list[dict]) -> None:
+def _shoot(url: str, path: Path, *, cookies: list[SetCookieParam]) -> None:
     try:
         from devtools.screenshots import screenshot  # the shared helper, once it exists
     except ImportError:
@@ -143,17 +157,23 @@ def _fallback_screenshot(url, path, *, cookies=None, block_network=True, full_pa
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
-            context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT},
-                                          device_scale_factor=1)
+            context = browser.new_context(
+                viewport={"width": WIDTH, "height": HEIGHT}, device_scale_factor=1
+            )
             if cookies:
                 context.add_cookies(cookies)
             # The admin's navigation sidebar closed: the page gets the width.
             context.add_init_script(
-                "localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+                "localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
+            )
             page = context.new_page()
             if block_network:
-                page.route("**/*", lambda route: route.continue_()
-                           if route.request.url.startswith(origin) else route.abort())
+                page.route(
+                    "**/*",
+                    lambda route: (
+                        route.continue_() if route.request.url.startswith(origin) else route.abort()
+                    ),
+                )
             page.goto(url, wait_until="networkidle")
             page.screenshot(path=path, full_page=full_page)
         finally:
@@ -171,35 +191,62 @@ def main() -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="boxoffice-shots-"))
     port = free_port()
-    env = {**os.environ, "BOXOFFICE_VAR_DIR": str(scratch), "DEBUG": "true", "PORT": str(port),
-           "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{port}/fake-gateway/v1",
-           "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
-           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
-    for name in ("DATABASE_URL", "CELERY_BROKER_URL", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY",
-                 "DJANGO_SETTINGS_MODULE"):
+    env = {
+        **os.environ,
+        "BOXOFFICE_VAR_DIR": str(scratch),
+        "DEBUG": "true",
+        "PORT": str(port),
+        "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{port}/fake-gateway/v1",
+        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name in (
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "PROMETHEUS_MULTIPROC_DIR",
+        "SECRET_KEY",
+        "DJANGO_SETTINGS_MODULE",
+    ):
         env.pop(name, None)
     python, manage = sys.executable, str(ROOT / "manage.py")
     web = None
     try:
         for command in (["migrate", "--no-input"], ["seed_demo"]):
-            subprocess.run([python, manage, *command], env=env, cwd=ROOT, check=True,
-                           stdout=subprocess.DEVNULL)
-        seeded = json.loads(subprocess.run(
-            [python, __file__, "--seed"], env=env, cwd=ROOT, check=True, capture_output=True,
-            text=True).stdout.strip().splitlines()[-1])
-        web = spawn([python, manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
-                    log=scratch / "web.log", env=env)
+            subprocess.run(
+                [python, manage, *command], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL
+            )
+        seeded = json.loads(
+            subprocess.run(
+                [python, __file__, "--seed"],
+                env=env,
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        web = spawn(
+            [python, manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+            log=scratch / "web.log",
+            env=env,
+        )
         deadline = time.monotonic() + 30
         while not listening(port):
             if web.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the server did not start:\n{(scratch / 'web.log').read_text()}")
             time.sleep(0.2)
-        cookies = [{"name": "sessionid", "value": seeded["session"], "domain": "127.0.0.1",
-                    "path": "/"}]
+        cookies: list[SetCookieParam] = [
+            {"name": "sessionid", "value": seeded["session"], "domain": "127.0.0.1", "path": "/"}
+        ]
         args.out.mkdir(parents=True, exist_ok=True)
         for name, picture in SHOTS.items():
-            url = (f"http://127.0.0.1:{port}/admin/purchases/purchasesaga/"
-                   f"{seeded['sagas'][name]}/change/")
+            url = (
+                f"http://127.0.0.1:{port}/admin/purchases/purchasesaga/"
+                f"{seeded['sagas'][name]}/change/"
+            )
             _shoot(url, args.out / picture, cookies=cookies)
             print(args.out / picture)
     finally:

@@ -57,8 +57,20 @@ SCRAPE = 15  # seconds between synthesized samples
 
 # Grafana's grid: 24 columns, 30 px a row unit, 8 px between panels.
 WIDTH, UNIT, GAP = 1280, 30, 8
-PALETTE = ["#73bf69", "#f2cc0c", "#8ab8ff", "#ff780a", "#f2495c", "#5794f2", "#b877d9",
-           "#fade2a", "#ff9830", "#96d98d", "#ca95e5", "#ffb357"]
+PALETTE = [
+    "#73bf69",
+    "#f2cc0c",
+    "#8ab8ff",
+    "#ff780a",
+    "#f2495c",
+    "#5794f2",
+    "#b877d9",
+    "#fade2a",
+    "#ff9830",
+    "#96d98d",
+    "#ca95e5",
+    "#ffb357",
+]
 THRESHOLD_COLOURS = {"green": "#37872d", "orange": "#fa6400", "red": "#c4162a"}
 
 
@@ -72,8 +84,9 @@ class _Series:
         self.start = start
         self.families: dict[str, tuple[str, dict[str, list[str]]]] = {}
 
-    def add(self, family: str, kind: str, name: str, labels: dict[str, str], t: float,
-            value: float) -> None:
+    def add(
+        self, family: str, kind: str, name: str, labels: dict[str, str], t: float, value: float
+    ) -> None:
         series = self.families.setdefault(family, (kind, {}))[1]
         key = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
         series.setdefault(key, []).append(f"{key} {value:.6g} {self.start + t:.0f}")
@@ -119,7 +132,8 @@ def synthesize(end: int, seed: int = 16) -> str:
             key = (family, tuple(labels.items()), le)
             hist[key] = hist.get(key, 0.0) + n * share
         hist[(family, tuple(labels.items()), "sum")] = (
-            hist.get((family, tuple(labels.items()), "sum"), 0.0) + n * median * 1.2)
+            hist.get((family, tuple(labels.items()), "sum"), 0.0) + n * median * 1.2
+        )
 
     for step in range(HOURS * 3600 // SCRAPE + 1):
         t = step * SCRAPE
@@ -132,62 +146,119 @@ def synthesize(end: int, seed: int = 16) -> str:
         unknown_pool += charges * unknown - resolved
         confirmed += charges * succeeded + resolved * 0.8
         compensated += charges * (declined + 0.01)
-        moves = {("PENDING", "CHARGING"): charges + resolved * 0.2,
-                 ("CHARGING", "CONFIRMED"): charges * succeeded,
-                 ("CHARGING", "PAYMENT_FAILED"): charges * declined,
-                 ("CHARGING", "UNKNOWN"): charges * unknown,
-                 ("UNKNOWN", "CONFIRMED"): resolved * 0.8,
-                 ("UNKNOWN", "CHARGING"): resolved * 0.2,
-                 ("PAYMENT_FAILED", "COMPENSATING"): charges * declined,
-                 ("PENDING", "EXPIRED"): charges * 0.01,
-                 ("EXPIRED", "COMPENSATING"): charges * 0.01,
-                 ("COMPENSATING", "COMPENSATED"): charges * (declined + 0.01)}
+        moves = {
+            ("PENDING", "CHARGING"): charges + resolved * 0.2,
+            ("CHARGING", "CONFIRMED"): charges * succeeded,
+            ("CHARGING", "PAYMENT_FAILED"): charges * declined,
+            ("CHARGING", "UNKNOWN"): charges * unknown,
+            ("UNKNOWN", "CONFIRMED"): resolved * 0.8,
+            ("UNKNOWN", "CHARGING"): resolved * 0.2,
+            ("PAYMENT_FAILED", "COMPENSATING"): charges * declined,
+            ("PENDING", "EXPIRED"): charges * 0.01,
+            ("EXPIRED", "COMPENSATING"): charges * 0.01,
+            ("COMPENSATING", "COMPENSATED"): charges * (declined + 0.01),
+        }
         for (a, b), n in moves.items():
             count("boxoffice_saga_transitions", {"from_state": a, "to_state": b}, n)
-        for outcome, share in (("succeeded", succeeded), ("declined", declined),
-                               ("unknown", unknown)):
-            count("boxoffice_gateway_requests", {"method": "charge", "outcome": outcome},
-                  charges * share)
-        answers = {"unknown": probes} if down else {"succeeded": probes * 0.8,
-                                                   "requires_payment": probes * 0.2}
+        for outcome, share in (
+            ("succeeded", succeeded),
+            ("declined", declined),
+            ("unknown", unknown),
+        ):
+            count(
+                "boxoffice_gateway_requests",
+                {"method": "charge", "outcome": outcome},
+                charges * share,
+            )
+        answers = (
+            {"unknown": probes}
+            if down
+            else {"succeeded": probes * 0.8, "requires_payment": probes * 0.2}
+        )
         for answer, n in answers.items():
             count("boxoffice_gateway_requests", {"method": "retrieve", "outcome": answer}, n)
             count("boxoffice_reconcile_probes", {"answer": answer}, n)
-        count("boxoffice_gateway_requests", {"method": "refund", "outcome": "refunded"},
-              charges * declined * 0.2)
-        count("boxoffice_gateway_requests", {"method": "cancel", "outcome": "canceled"},
-              charges * (declined * 0.8 + 0.01))
-        observe("boxoffice_gateway_latency_seconds", {"method": "charge"}, latency_buckets,
-                charges, 1.9 if down else 0.12 + rnd.uniform(0, 0.02))
-        observe("boxoffice_gateway_latency_seconds", {"method": "retrieve"}, latency_buckets,
-                probes, 1.9 if down else 0.05)
-        observe("boxoffice_gateway_latency_seconds", {"method": "cancel"}, latency_buckets,
-                charges * 0.06, 1.9 if down else 0.08)
-        observe("boxoffice_timer_fire_lag_seconds", {}, lag_buckets, charges * 3 + probes,
-                0.04 + rnd.uniform(0, 0.02))
+        count(
+            "boxoffice_gateway_requests",
+            {"method": "refund", "outcome": "refunded"},
+            charges * declined * 0.2,
+        )
+        count(
+            "boxoffice_gateway_requests",
+            {"method": "cancel", "outcome": "canceled"},
+            charges * (declined * 0.8 + 0.01),
+        )
+        observe(
+            "boxoffice_gateway_latency_seconds",
+            {"method": "charge"},
+            latency_buckets,
+            charges,
+            1.9 if down else 0.12 + rnd.uniform(0, 0.02),
+        )
+        observe(
+            "boxoffice_gateway_latency_seconds",
+            {"method": "retrieve"},
+            latency_buckets,
+            probes,
+            1.9 if down else 0.05,
+        )
+        observe(
+            "boxoffice_gateway_latency_seconds",
+            {"method": "cancel"},
+            latency_buckets,
+            charges * 0.06,
+            1.9 if down else 0.08,
+        )
+        observe(
+            "boxoffice_timer_fire_lag_seconds",
+            {},
+            lag_buckets,
+            charges * 3 + probes,
+            0.04 + rnd.uniform(0, 0.02),
+        )
         if t % 60 == 0:
             count("boxoffice_sweep_runs", {"sweep": "resume_sagas", "result": "succeeded"}, 1)
         if t % 300 == 0:
-            count("boxoffice_sweep_runs", {"sweep": "chase_compensations",
-                                           "result": "succeeded"}, 1)
+            count(
+                "boxoffice_sweep_runs", {"sweep": "chase_compensations", "result": "succeeded"}, 1
+            )
         escalated = t >= escalation
-        count("boxoffice_alerts", {"kind": "saga_needs_operator"},
-              2 if step == 0 else (1 if t - SCRAPE < escalation <= t else 0))
+        count(
+            "boxoffice_alerts",
+            {"kind": "saga_needs_operator"},
+            2 if step == 0 else (1 if t - SCRAPE < escalation <= t else 0),
+        )
         receiving = not receiver_down[0] <= t < receiver_down[1]
-        webhook_pending = (max(1.0, webhook_pending * 0.8) if receiving
-                           else webhook_pending + charges * 0.35)
+        webhook_pending = (
+            max(1.0, webhook_pending * 0.8) if receiving else webhook_pending + charges * 0.35
+        )
 
-        states = {"PENDING": rate * 2, "CHARGING": rate * (2.0 if down else 0.2),
-                  "UNKNOWN": unknown_pool, "UNKNOWN_EXPIRED": 1 if escalated else 0,
-                  "PAYMENT_FAILED": 0, "EXPIRED": 0, "COMPENSATING": rnd.choice((0, 0, 1)),
-                  "COMPENSATION_PENDING": 0, "CONFIRMED": confirmed, "COMPENSATED": compensated}
+        states = {
+            "PENDING": rate * 2,
+            "CHARGING": rate * (2.0 if down else 0.2),
+            "UNKNOWN": unknown_pool,
+            "UNKNOWN_EXPIRED": 1 if escalated else 0,
+            "PAYMENT_FAILED": 0,
+            "EXPIRED": 0,
+            "COMPENSATING": rnd.choice((0, 0, 1)),
+            "COMPENSATION_PENDING": 0,
+            "CONFIRMED": confirmed,
+            "COMPENSATED": compensated,
+        }
         for state, n in states.items():
-            out.add("boxoffice_sagas", "gauge", "boxoffice_sagas", {**base, "state": state},
-                    t, round(n + (rnd.uniform(0, 1.5) if state == "PENDING" else 0)))
+            out.add(
+                "boxoffice_sagas",
+                "gauge",
+                "boxoffice_sagas",
+                {**base, "state": state},
+                t,
+                round(n + (rnd.uniform(0, 1.5) if state == "PENDING" else 0)),
+            )
         gauges = {
             "boxoffice_compensations_overdue": 0,
-            "boxoffice_outbox_backlog": round(rate * 2 + probes / 4 + webhook_pending / 3
-                                              + rnd.uniform(0, 2)),
+            "boxoffice_outbox_backlog": round(
+                rate * 2 + probes / 4 + webhook_pending / 3 + rnd.uniform(0, 2)
+            ),
             "boxoffice_outbox_oldest_due_age_seconds": rnd.uniform(0.2, 2.5)
             + (40 * rnd.random() if down or not receiving else 0),
             "boxoffice_outbox_dead_letters": 0,
@@ -200,28 +271,62 @@ def synthesize(end: int, seed: int = 16) -> str:
         for name, value in gauges.items():
             out.add(name, "gauge", name, base, t, value)
         for status, n in (("pending", round(webhook_pending)), ("failed", 0)):
-            out.add("boxoffice_webhook_deliveries", "gauge", "boxoffice_webhook_deliveries",
-                    {**base, "status": status}, t, n)
-        for sweep, every, offset in (("resume_sagas", 60, 0), ("chase_compensations", 300, 0),
-                                     ("audit_sagas", None, 5 * 3600)):
+            out.add(
+                "boxoffice_webhook_deliveries",
+                "gauge",
+                "boxoffice_webhook_deliveries",
+                {**base, "status": status},
+                t,
+                n,
+            )
+        for sweep, every, offset in (
+            ("resume_sagas", 60, 0),
+            ("chase_compensations", 300, 0),
+            ("audit_sagas", None, 5 * 3600),
+        ):
             age = (t % every + rnd.uniform(0, 2)) if every else offset + t
-            out.add("boxoffice_sweep_last_success_age_seconds", "gauge",
-                    "boxoffice_sweep_last_success_age_seconds", {**base, "sweep": sweep}, t, age)
-            out.add("boxoffice_sweep_stalled", "gauge", "boxoffice_sweep_stalled",
-                    {**base, "sweep": sweep}, t, 0)
+            out.add(
+                "boxoffice_sweep_last_success_age_seconds",
+                "gauge",
+                "boxoffice_sweep_last_success_age_seconds",
+                {**base, "sweep": sweep},
+                t,
+                age,
+            )
+            out.add(
+                "boxoffice_sweep_stalled",
+                "gauge",
+                "boxoffice_sweep_stalled",
+                {**base, "sweep": sweep},
+                t,
+                0,
+            )
         for (family, labels), value in counters.items():
-            out.add(family, "counter", family + "_total", {**base, **dict(labels)}, t,
-                    round(value, 3))
+            out.add(
+                family, "counter", family + "_total", {**base, **dict(labels)}, t, round(value, 3)
+            )
         for (family, labels, le), value in hist.items():
             if le == "sum":
                 out.add(family, "histogram", family + "_sum", {**base, **dict(labels)}, t, value)
                 continue
             bound = "+Inf" if le == math.inf else f"{le:g}"
-            out.add(family, "histogram", family + "_bucket", {**base, **dict(labels), "le": bound},
-                    t, round(value, 3))
+            out.add(
+                family,
+                "histogram",
+                family + "_bucket",
+                {**base, **dict(labels), "le": bound},
+                t,
+                round(value, 3),
+            )
             if le == math.inf:
-                out.add(family, "histogram", family + "_count", {**base, **dict(labels)}, t,
-                        round(value, 3))
+                out.add(
+                    family,
+                    "histogram",
+                    family + "_count",
+                    {**base, **dict(labels)},
+                    t,
+                    round(value, 3),
+                )
     return out.text()
 
 
@@ -231,24 +336,46 @@ def scratch_prometheus(openmetrics: str) -> Iterator[str]:
     on a free local port; yields its URL."""
     for tool in ("promtool", "prometheus"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"no {tool}: install Debian's package prometheus "
-                             "(scripts/ensure-promtool.sh)")
+            raise SystemExit(
+                f"no {tool}: install Debian's package prometheus (scripts/ensure-promtool.sh)"
+            )
     with tempfile.TemporaryDirectory(prefix="boxoffice-dashboard-") as tmp:
         folder = Path(tmp)
         (folder / "series.om").write_text(openmetrics)
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
-                        str(folder / "series.om"), str(folder / "tsdb")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "promtool",
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                str(folder / "series.om"),
+                str(folder / "tsdb"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         (folder / "prometheus.yml").write_text("global: {}\n")
         port = free_port()
         log = folder / "prometheus.log"
-        server = spawn(["prometheus", f"--config.file={folder / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={folder / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{port}"], log=log, cwd=folder)
+        server = spawn(
+            [
+                "prometheus",
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            log=log,
+            cwd=folder,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: server.poll() is not None or _ready(url), "Prometheus",
-                       timeout=60, error=RuntimeError, detail=lambda: log.read_text()[-2000:])
+            wait_until(
+                lambda: server.poll() is not None or _ready(url),
+                "Prometheus",
+                timeout=60,
+                error=RuntimeError,
+                detail=lambda: log.read_text()[-2000:],
+            )
             if server.poll() is not None:
                 raise RuntimeError(f"Prometheus exited:\n{log.read_text()[-2000:]}")
             yield url
@@ -269,11 +396,15 @@ def _ready(url: str) -> bool:
 def _query(prometheus: str, expr: str, *, end: float, instant: bool) -> list[dict]:
     expr = expr.replace("$__rate_interval", RATE_INTERVAL)
     if instant:
-        answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr, "time": end},
-                           timeout=30)
+        answer = httpx.get(
+            f"{prometheus}/api/v1/query", params={"query": expr, "time": end}, timeout=30
+        )
     else:
-        answer = httpx.get(f"{prometheus}/api/v1/query_range", timeout=30, params={
-            "query": expr, "start": end - HOURS * 3600, "end": end, "step": STEP})
+        answer = httpx.get(
+            f"{prometheus}/api/v1/query_range",
+            timeout=30,
+            params={"query": expr, "start": end - HOURS * 3600, "end": end, "step": STEP},
+        )
     body = answer.json()
     if body.get("status") != "success":
         raise RuntimeError(f"Prometheus refused {expr!r}: {body.get('error')}")
@@ -296,21 +427,30 @@ def _legend(fmt: str, labels: dict[str, str]) -> str:
 # --- drawing ------------------------------------------------------------------------------
 
 
-def _number(value: float, unit: str) -> str:
-    if value is None or math.isnan(value):
+def _number(value: float | None, unit: str) -> str:
+    if value is None or not math.isfinite(value):  # (±inf: no unit is big enough)
         return "–"
     if unit == "s":
-        for limit, scale, name in ((1e-3, 1e-6, "µs"), (1, 1e-3, "ms"), (60, 1, "s"),
-                                   (3600, 60, "min"), (86400, 3600, "h"), (math.inf, 86400, "d")):
+        for limit, scale, name in (
+            (1e-3, 1e-6, "µs"),
+            (1, 1e-3, "ms"),
+            (60, 1, "s"),
+            (3600, 60, "min"),
+            (86400, 3600, "h"),
+            (math.inf, 86400, "d"),
+        ):
             if abs(value) < limit:
                 shown = value / scale
                 return f"{shown:.3g} {name}" if shown else "0"
     suffix = " ops/s" if unit == "ops" else ""
-    for limit, scale, name in ((1e3, 1, ""), (1e6, 1e3, "k"), (math.inf, 1e6, "M")):
-        if abs(value) < limit:
-            shown = value / scale
-            text = f"{shown:.0f}" if shown == int(shown) and abs(shown) >= 1 else f"{shown:.3g}"
-            return text + name + suffix
+    scale, name = next(
+        (scale, name)
+        for limit, scale, name in ((1e3, 1, ""), (1e6, 1e3, "k"), (math.inf, 1e6, "M"))
+        if abs(value) < limit
+    )
+    shown = value / scale
+    text = f"{shown:.0f}" if shown == int(shown) and abs(shown) >= 1 else f"{shown:.3g}"
+    return text + name + suffix
 
 
 def _threshold_colour(value: float, steps: list[dict]) -> str:
@@ -325,26 +465,33 @@ def _stat(panel: dict, data: list[tuple[str, list[dict]]]) -> str:
     defaults = panel["fieldConfig"]["defaults"]
     series = data[0][1]
     value = float(series[0]["values"][-1][1]) if series else None
-    colour = _threshold_colour(value, defaults["thresholds"]["steps"]) if value is not None \
-        else "#444"
-    return (f'<div class="stat" style="background:{colour}">'
-            f'{html.escape(_number(value, defaults.get("unit", "short")))}</div>')
+    colour = (
+        _threshold_colour(value, defaults["thresholds"]["steps"]) if value is not None else "#444"
+    )
+    return (
+        f'<div class="stat" style="background:{colour}">'
+        f"{html.escape(_number(value, defaults.get('unit', 'short')))}</div>"
+    )
 
 
 def _bars(panel: dict, data: list[tuple[str, list[dict]]]) -> str:
     legend, series = data[0]
-    rows = sorted(((_legend(legend, s["metric"]), float(s["values"][-1][1])) for s in series),
-                  key=lambda r: -r[1])
+    rows = sorted(
+        ((_legend(legend, s["metric"]), float(s["values"][-1][1])) for s in series),
+        key=lambda r: -r[1],
+    )
     top = max((v for _, v in rows), default=1) or 1
     return "".join(
         f'<div class="bar"><span class="name">{html.escape(name)}</span>'
         f'<span class="track"><span class="fill" style="width:{max(0.5, 100 * v / top):.1f}%">'
         f'</span></span><span class="value">{_number(v, "short")}</span></div>'
-        for name, v in rows)
+        for name, v in rows
+    )
 
 
-def _timeseries(panel: dict, data: list[tuple[str, list[dict]]], width: int, height: int,
-                end: float) -> str:
+def _timeseries(
+    panel: dict, data: list[tuple[str, list[dict]]], width: int, height: int, end: float
+) -> str:
     defaults = panel["fieldConfig"]["defaults"]
     unit = defaults.get("unit", "short")
     log = defaults["custom"].get("scaleDistribution", {}).get("type") == "log"
@@ -362,8 +509,10 @@ def _timeseries(panel: dict, data: list[tuple[str, list[dict]]], width: int, hei
     bottom = 0.0
     if log:
         positive = [v for v in values if v > 0] or [1]
-        bottom, top = 10 ** math.floor(math.log10(min(positive))), \
-            10 ** math.ceil(math.log10(max(positive)))
+        bottom, top = (
+            10 ** math.floor(math.log10(min(positive))),
+            10 ** math.ceil(math.log10(max(positive))),
+        )
     top = top * 1.1 if not log and top > 0 else (top or 1)
     # Room on the left for the longest tick label (6 px a character).
     guess = [top * 1.1, top / 4, bottom or 1]
@@ -387,41 +536,57 @@ def _timeseries(panel: dict, data: list[tuple[str, list[dict]]], width: int, hei
         return left + plot_w * (t - (end - HOURS * 3600)) / (HOURS * 3600)
 
     svg = [f'<svg width="{width}" height="{height}">']
-    ticks = ([bottom * 10 ** i for i in range(int(math.log10(top / bottom)) + 1)] if log
-             else [top / 1.1 * i / 4 for i in range(5)] if top > 0 else [0])
+    ticks = (
+        [bottom * 10**i for i in range(int(math.log10(top / bottom)) + 1)]
+        if log
+        else [top / 1.1 * i / 4 for i in range(5)]
+        if top > 0
+        else [0]
+    )
     for tick in ticks:
-        svg.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(tick):.1f}" '
-                   f'y2="{y(tick):.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" class="axis" '
-                   f'text-anchor="end">{html.escape(_number(tick, unit))}</text>')
+        svg.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y(tick):.1f}" '
+            f'y2="{y(tick):.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" class="axis" '
+            f'text-anchor="end">{html.escape(_number(tick, unit))}</text>'
+        )
     for hour in range(HOURS + 1):
         t = end - (HOURS - hour) * 3600
         label = datetime.fromtimestamp(t, UTC).strftime("%H:%M")
-        svg.append(f'<text x="{x(t):.1f}" y="{plot_h + 20}" class="axis" '
-                   f'text-anchor="middle">{label}</text>')
+        svg.append(
+            f'<text x="{x(t):.1f}" y="{plot_h + 20}" class="axis" '
+            f'text-anchor="middle">{label}</text>'
+        )
     if threshold is not None:
-        svg.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(threshold):.1f}" '
-                   f'y2="{y(threshold):.1f}" class="threshold"/>')
+        svg.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y(threshold):.1f}" '
+            f'y2="{y(threshold):.1f}" class="threshold"/>'
+        )
     for i, (_, points) in enumerate(lines):
         path, pen_down = [], False
         for t, v in points:
             if math.isnan(v):
                 pen_down = False
                 continue
-            path.append(f'{"L" if pen_down else "M"}{x(t):.1f},{y(v):.1f}')
+            path.append(f"{'L' if pen_down else 'M'}{x(t):.1f},{y(v):.1f}")
             pen_down = True
-        svg.append(f'<path d="{" ".join(path)}" stroke="{PALETTE[i % len(PALETTE)]}" '
-                   f'class="line"/>')
+        svg.append(
+            f'<path d="{" ".join(path)}" stroke="{PALETTE[i % len(PALETTE)]}" class="line"/>'
+        )
     for i, (name, _) in enumerate(lines):
         row, col = divmod(i, columns)
         lx, ly = left + col * plot_w / columns, plot_h + 38 + row * 16
-        svg.append(f'<rect x="{lx:.0f}" y="{ly - 8}" width="12" height="4" '
-                   f'fill="{PALETTE[i % len(PALETTE)]}"/>'
-                   f'<text x="{lx + 16:.0f}" y="{ly - 3}" class="legend">'
-                   f'{html.escape(name)}</text>')
+        svg.append(
+            f'<rect x="{lx:.0f}" y="{ly - 8}" width="12" height="4" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"/>'
+            f'<text x="{lx + 16:.0f}" y="{ly - 3}" class="legend">'
+            f"{html.escape(name)}</text>"
+        )
     if not lines:
-        svg.append(f'<text x="{width / 2}" y="{height / 2}" class="axis" '
-                   f'text-anchor="middle">No data</text>')
+        svg.append(
+            f'<text x="{width / 2}" y="{height / 2}" class="axis" '
+            f'text-anchor="middle">No data</text>'
+        )
     svg.append("</svg>")
     return "".join(svg)
 
@@ -440,18 +605,28 @@ def render(dashboard: dict, prometheus: str, *, end: float, source: str) -> str:
         if panel["type"] == "row":
             blocks.append(f'<div class="row" style="{style}">{html.escape(panel["title"])}</div>')
             continue
-        data = [(t.get("legendFormat", ""),
-                 _query(prometheus, t["expr"], end=end,
-                        instant=panel["type"] in ("stat", "bargauge") or t.get("instant", False)))
-                for t in panel["targets"]]
+        data = [
+            (
+                t.get("legendFormat", ""),
+                _query(
+                    prometheus,
+                    t["expr"],
+                    end=end,
+                    instant=panel["type"] in ("stat", "bargauge") or t.get("instant", False),
+                ),
+            )
+            for t in panel["targets"]
+        ]
         if panel["type"] == "stat":
             body = _stat(panel, data)
         elif panel["type"] == "bargauge":
             body = _bars(panel, data)
         else:
             body = _timeseries(panel, data, int(width) - 16, height - 36, end)
-        blocks.append(f'<div class="panel" style="{style}"><div class="title">'
-                      f'{html.escape(panel["title"])}</div>{body}</div>')
+        blocks.append(
+            f'<div class="panel" style="{style}"><div class="title">'
+            f"{html.escape(panel['title'])}</div>{body}</div>"
+        )
     shown = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!doctype html><html><head><meta charset="utf-8"><style>
 body {{ margin:0; background:#111217; color:#ccccdc; font:12px "DejaVu Sans",sans-serif;
@@ -488,10 +663,13 @@ def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.dashboard_preview",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prometheus", help="a Prometheus of yours to ask (default: start one "
-                                             "on synthesized series)")
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.dashboard_preview", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--prometheus",
+        help="a Prometheus of yours to ask (default: start one on synthesized series)",
+    )
     parser.add_argument("--out", type=Path, default=OUT, help=f"the PNG (default: {OUT})")
     args = parser.parse_args(argv)
     dashboard = json.loads(DASHBOARD.read_text())
@@ -502,9 +680,11 @@ def main(argv: list[str] | None = None) -> int:
             prometheus, source = args.prometheus, args.prometheus
         else:
             prometheus = stack.enter_context(scratch_prometheus(synthesize(int(end))))
-            source = ("six hours of synthesized series (steady sales; the gateway times out "
-                      "for 15 minutes and one saga ends UNKNOWN_EXPIRED an hour later; a "
-                      "seller's webhook endpoint is down for 40 minutes)")
+            source = (
+                "six hours of synthesized series (steady sales; the gateway times out "
+                "for 15 minutes and one saga ends UNKNOWN_EXPIRED an hour later; a "
+                "seller's webhook endpoint is down for 40 minutes)"
+            )
         page = render(dashboard, prometheus, end=end, source=source)
     with tempfile.TemporaryDirectory(prefix="boxoffice-dashboard-page-") as tmp:
         (Path(tmp) / "dashboard.html").write_text(page)

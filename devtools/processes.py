@@ -42,16 +42,29 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def spawn(argv: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT,
-          header: str | None = None) -> subprocess.Popen:
+def spawn(
+    argv: list[str],
+    *,
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    header: str | None = None,
+) -> subprocess.Popen:
     """Start ``argv`` in a session of its own, dying with us, stdout and stderr
     appended to ``log`` (after ``header``, if given)."""
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         if header:
             out.write(header.encode())
             out.flush()
-        return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
 
 def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 15) -> None:
@@ -80,8 +93,14 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def poll(predicate: Callable[[], Any], *, timeout: float | None, every: float = 0.1,
-         progress: Callable[[], None] | None = None, progress_every: float = 5.0) -> bool:
+def poll(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float | None,
+    every: float = 0.1,
+    progress: Callable[[], None] | None = None,
+    progress_every: float = 5.0,
+) -> bool:
     """Call ``predicate()`` every ``every`` seconds until it is true (True) or
     ``timeout`` seconds have passed (False; None: no limit). While waiting,
     ``progress()`` (a log line) is called at most every ``progress_every`` s."""
@@ -98,9 +117,15 @@ def poll(predicate: Callable[[], Any], *, timeout: float | None, every: float = 
         time.sleep(every)
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float, every: float = 0.1, *,
-               error: type[Exception] = AssertionError,
-               detail: Callable[[], str] | None = None) -> None:
+def wait_until(
+    predicate: Callable[[], Any],
+    what: str,
+    timeout: float,
+    every: float = 0.1,
+    *,
+    error: type[Exception] = AssertionError,
+    detail: Callable[[], str] | None = None,
+) -> None:
     """``poll`` that raises ``error`` naming ``what`` (and ``detail()``, e.g.
     the logs' tails) when ``timeout`` runs out."""
     if not poll(predicate, timeout=timeout, every=every):
@@ -112,22 +137,51 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float, every: f
 
 
 def gunicorn_argv(*, port: int, workers: int, threads: int, extra: Iterable[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "config.wsgi:application",
-            "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
-            "--workers", str(workers), "--threads", str(threads), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "config.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--worker-class",
+        "gthread",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        *extra,
+    ]
 
 
-def celery_worker_argv(*, queue: str, concurrency: int, hostname: str,
-                       extra: Iterable[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "config", "worker", f"--queues={queue}",
-            f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
-            "--loglevel=INFO", f"--hostname={hostname}", *extra]
+def celery_worker_argv(
+    *, queue: str, concurrency: int, hostname: str, extra: Iterable[str] = ()
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        f"--queues={queue}",
+        f"--concurrency={concurrency}",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel=INFO",
+        f"--hostname={hostname}",
+        *extra,
+    ]
 
 
 def relay_argv(poll: float | None = None) -> list[str]:
     """The outbox relay; without ``poll``, OUTBOX_POLL_SECONDS from the settings."""
-    return [sys.executable, "manage.py", "run_relay",
-            *(["--poll", f"{poll:g}"] if poll is not None else [])]
+    return [
+        sys.executable,
+        "manage.py",
+        "run_relay",
+        *(["--poll", f"{poll:g}"] if poll is not None else []),
+    ]
 
 
 def manage_argv(*args: str) -> list[str]:
@@ -143,9 +197,15 @@ class ProcessGroup:
     timed out) raise ``error``, with the logs' tails unless
     ``logs_in_errors`` is false (the caller then prints them itself)."""
 
-    def __init__(self, logdir: Path, env: dict[str, str], *,
-                 error: type[Exception] = AssertionError, logs_in_errors: bool = True,
-                 tail_chars: int = 4000) -> None:
+    def __init__(
+        self,
+        logdir: Path,
+        env: dict[str, str],
+        *,
+        error: type[Exception] = AssertionError,
+        logs_in_errors: bool = True,
+        tail_chars: int = 4000,
+    ) -> None:
         self.logdir = logdir
         self.env = env
         self.error = error
@@ -154,11 +214,18 @@ class ProcessGroup:
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
 
-    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
-              header: str | None = None) -> subprocess.Popen:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        header: str | None = None,
+    ) -> subprocess.Popen:
         self.argv[name] = argv
-        self.procs[name] = spawn(argv, log=self.logdir / f"{name}.log", env=env or self.env,
-                                 header=header)
+        self.procs[name] = spawn(
+            argv, log=self.logdir / f"{name}.log", env=env or self.env, header=header
+        )
         return self.procs[name]
 
     def stop(self, name: str | None = None, *, first: Iterable[str] = ()) -> None:
@@ -184,23 +251,41 @@ class ProcessGroup:
         if dead:
             self.fail(", ".join(f"{n} exited with {code}" for n, code in dead.items()), dead)
 
-    def wait_for(self, predicate: Callable[[], Any], what: str, timeout: float = 45,
-                 every: float = 0.1) -> None:
+    def wait_for(
+        self, predicate: Callable[[], Any], what: str, timeout: float = 45, every: float = 0.1
+    ) -> None:
         """Poll until ``predicate()`` holds; fail if a process exits meanwhile."""
+
         def holds() -> bool:
             if predicate():
                 return True
             self.check_alive()
             return False
 
-        wait_until(holds, what, timeout, every, error=self.error,
-                   detail=self.tails if self.logs_in_errors else None)
+        wait_until(
+            holds,
+            what,
+            timeout,
+            every,
+            error=self.error,
+            detail=self.tails if self.logs_in_errors else None,
+        )
 
-    def wait_ping(self, app, *, destination: list[str] | None = None, timeout: float = 30,
-                  ping_timeout: float = 0.5) -> None:
+    def wait_ping(
+        self,
+        app,
+        *,
+        destination: list[str] | None = None,
+        timeout: float = 30,
+        ping_timeout: float = 0.5,
+    ) -> None:
         """Until a Celery worker (of ``destination``, or any) answers a ping."""
-        self.wait_for(lambda: app.control.ping(destination=destination, timeout=ping_timeout),
-                      "the Celery worker to answer a ping", timeout, every=0)
+        self.wait_for(
+            lambda: app.control.ping(destination=destination, timeout=ping_timeout),
+            "the Celery worker to answer a ping",
+            timeout,
+            every=0,
+        )
 
     # logs
 
@@ -233,10 +318,12 @@ def proc_table() -> dict[int, ProcStat]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             raw = stat.read_text()
             # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-            fields = raw[raw.rindex(")") + 2:].split()
+            fields = raw[raw.rindex(")") + 2 :].split()
             table[int(stat.parent.name)] = ProcStat(
-                ppid=int(fields[1]), cpu_ticks=int(fields[11]) + int(fields[12]),
-                comm=raw[raw.index("(") + 1:raw.rindex(")")])
+                ppid=int(fields[1]),
+                cpu_ticks=int(fields[11]) + int(fields[12]),
+                comm=raw[raw.index("(") + 1 : raw.rindex(")")],
+            )
     return table
 
 
@@ -250,6 +337,8 @@ def pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
-                        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
     return str(candidates[-1]) if candidates else None

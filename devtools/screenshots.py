@@ -29,12 +29,16 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
 import httpx
-from playwright.sync_api import Route, sync_playwright
+from playwright.sync_api import Route, ViewportSize, sync_playwright
 
 from devtools.processes import ROOT, free_port, manage_argv, spawn, stop_group, wait_until
+
+if TYPE_CHECKING:  # the type of Playwright's add_cookies, not exported by its API
+    from playwright._impl._api_structures import SetCookieParam
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -47,16 +51,29 @@ CHROMIUM_ARGS = [
 ]
 # The only host a page may reach when the network is blocked.
 LOCAL_HOSTS = frozenset({"127.0.0.1"})
-VIEWPORT = {"width": 1280, "height": 800}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 DEFAULT_SHOTS = {"/api/docs/": ROOT / "docs" / "images" / "api-docs-offline.png"}
 # What a server started here must not inherit from the shell: it runs on its
 # own SQLite database and needs no broker (make test exports these).
-NOT_INHERITED = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE",
-                 "PROMETHEUS_MULTIPROC_DIR", "PAYMENT_GATEWAY_URL", "SECRET_KEY")
+NOT_INHERITED = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+    "DJANGO_SETTINGS_MODULE",
+    "PROMETHEUS_MULTIPROC_DIR",
+    "PAYMENT_GATEWAY_URL",
+    "SECRET_KEY",
+)
 
 
-def screenshot(url: str, path: str | os.PathLike, *, cookies: list[dict] | None = None,
-               block_network: bool = True, full_page: bool = True) -> list[str]:
+def screenshot(
+    url: str,
+    path: str | os.PathLike,
+    *,
+    cookies: list[SetCookieParam] | None = None,
+    block_network: bool = True,
+    full_page: bool = True,
+) -> list[str]:
     """Save a PNG of ``url`` at ``path``, once the page has loaded and the
     network is idle. ``cookies``: Playwright cookies (``login_cookies``).
     With ``block_network``, every request to another host than 127.0.0.1 is
@@ -88,7 +105,7 @@ def screenshot(url: str, path: str | os.PathLike, *, cookies: list[dict] | None 
     return blocked
 
 
-def login_cookies(base_url: str, username: str, password: str) -> list[dict]:
+def login_cookies(base_url: str, username: str, password: str) -> list[SetCookieParam]:
     """Log in through the admin's login form; the session's cookies, for
     ``screenshot(..., cookies=...)``."""
     login = urljoin(base_url, "/admin/login/")
@@ -97,23 +114,38 @@ def login_cookies(base_url: str, username: str, password: str) -> list[dict]:
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
         if token is None:
             raise RuntimeError(f"no login form at {login}")
-        answer = http.post(login, headers={"Referer": login}, data={
-            "csrfmiddlewaretoken": token.group(1), "username": username,
-            "password": password, "next": "/admin/",
-        })
+        answer = http.post(
+            login,
+            headers={"Referer": login},
+            data={
+                "csrfmiddlewaretoken": token.group(1),
+                "username": username,
+                "password": password,
+                "next": "/admin/",
+            },
+        )
         if answer.status_code != 302:
             raise RuntimeError(f"login as {username} refused ({answer.status_code})")
-        return [{"name": name, "value": value, "url": base_url}
-                for name, value in http.cookies.items()]
+        return [
+            {"name": name, "value": value, "url": base_url} for name, value in http.cookies.items()
+        ]
 
 
-def screenshots(base_url: str, shots: Mapping[str, str | os.PathLike], *,
-                cookies: list[dict] | None = None, block_network: bool = True) -> dict[str, list]:
+def screenshots(
+    base_url: str,
+    shots: Mapping[str, str | os.PathLike],
+    *,
+    cookies: list[SetCookieParam] | None = None,
+    block_network: bool = True,
+) -> dict[str, list]:
     """``screenshot`` each page path of ``shots`` (path -> file) under
     ``base_url``; the requests each page had blocked."""
-    return {page: screenshot(urljoin(base_url, page), file, cookies=cookies,
-                             block_network=block_network)
-            for page, file in shots.items()}
+    return {
+        page: screenshot(
+            urljoin(base_url, page), file, cookies=cookies, block_network=block_network
+        )
+        for page, file in shots.items()
+    }
 
 
 @contextlib.contextmanager
@@ -131,14 +163,19 @@ def demo_server(port: int | None = None) -> Iterator[str]:
             setup = spawn(manage_argv(*step), log=log, env=env)
             if setup.wait(120) != 0:
                 raise RuntimeError(f"{' '.join(step)} failed:\n{log.read_text()[-3000:]}")
-        server = spawn(manage_argv("runserver", f"127.0.0.1:{port}", "--noreload"),
-                       log=log, env=env)
+        server = spawn(
+            manage_argv("runserver", f"127.0.0.1:{port}", "--noreload"), log=log, env=env
+        )
         base_url = f"http://127.0.0.1:{port}"
         try:
             # Stops waiting, too, if the server exited (the port was taken...).
-            wait_until(lambda: server.poll() is not None or _answers(f"{base_url}/api/schema/"),
-                       "the server to answer", timeout=60, error=RuntimeError,
-                       detail=lambda: log.read_text()[-3000:])
+            wait_until(
+                lambda: server.poll() is not None or _answers(f"{base_url}/api/schema/"),
+                "the server to answer",
+                timeout=60,
+                error=RuntimeError,
+                detail=lambda: log.read_text()[-3000:],
+            )
             if server.poll() is not None:
                 raise RuntimeError(f"the server exited:\n{log.read_text()[-3000:]}")
             yield base_url
@@ -154,16 +191,23 @@ def _answers(url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.screenshots",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("shots", nargs="*", metavar="PATH=FILE",
-                        help="a page path and the PNG to write "
-                             "(default: /api/docs/=docs/images/api-docs-offline.png)")
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.screenshots", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "shots",
+        nargs="*",
+        metavar="PATH=FILE",
+        help="a page path and the PNG to write "
+        "(default: /api/docs/=docs/images/api-docs-offline.png)",
+    )
     parser.add_argument("--base-url", help="a server already running (default: start one)")
-    parser.add_argument("--login", metavar="USER:PASSWORD",
-                        help="log in through the admin's login form first")
-    parser.add_argument("--network", action="store_true",
-                        help="let the pages reach other hosts (not blocked)")
+    parser.add_argument(
+        "--login", metavar="USER:PASSWORD", help="log in through the admin's login form first"
+    )
+    parser.add_argument(
+        "--network", action="store_true", help="let the pages reach other hosts (not blocked)"
+    )
     args = parser.parse_args(argv)
     shots = dict(s.split("=", 1) for s in args.shots) if args.shots else DEFAULT_SHOTS
 

@@ -5,6 +5,8 @@ refund is a new inverse entry. One entry per (intent, kind): recording the
 same charge twice is a constraint violation, not a bug someone must notice.
 """
 
+from typing import Any, NoReturn
+
 from django.db import models
 
 
@@ -32,17 +34,18 @@ class LedgerEntry(models.Model):
         constraints = [
             # With the event, the distribution column; the intent id names its
             # event, so this is still one entry per (intent, kind).
-            models.UniqueConstraint(fields=["intent_id", "kind", "event_id"],
-                                    name="ledger_one_entry_per_kind"),
+            models.UniqueConstraint(
+                fields=["intent_id", "kind", "event_id"], name="ledger_one_entry_per_kind"
+            ),
         ]
         ordering = ["created_at", "id"]
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:
             raise ValueError("ledger entries are insert-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ValueError("ledger entries are insert-only")
 
     def __str__(self) -> str:

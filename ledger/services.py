@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from django.db.models import Sum
@@ -17,7 +18,7 @@ def ledger_record(
     kind: EntryKind,
     amount: int,
     currency: str,
-    saga_id,
+    saga_id: uuid.UUID,
     event_id: int,
     now: datetime,
     gateway_reference: str = "",

@@ -95,19 +95,48 @@ class ReplayReasonForm(ReasonForm):
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):
-    list_display = ["id", "topic", "key", "saga_id", "due", "deliveries", "state",
-                    "last_error_short"]
+    list_display = [
+        "id",
+        "topic",
+        "key",
+        "saga_id",
+        "due",
+        "deliveries",
+        "state",
+        "last_error_short",
+    ]
     list_filter = [StateFilter, TopicFilter]
     search_fields = ["key"]  # see get_search_results
     search_help_text = "Saga id, message id or key (exact)."
     show_full_result_count = False  # no count(*) over the whole history
     ordering = ["-id"]
     actions = ["replay"]
-    fields = ["id", "topic", "key", "saga_id", "event_id", "state", "created_at",
-              "available_at", "fired_at", "handed_over_at", "deliveries", "attempts",
-              "due_at", "last_error", "last_error_at", "dead_at", "replayed_at",
-              "only_consumers", "completed_at", "cancelled_at", "claimed_until",
-              "processing_until", "consumers", "payload_json"]
+    fields = (
+        "id",
+        "topic",
+        "key",
+        "saga_id",
+        "event_id",
+        "state",
+        "created_at",
+        "available_at",
+        "fired_at",
+        "handed_over_at",
+        "deliveries",
+        "attempts",
+        "due_at",
+        "last_error",
+        "last_error_at",
+        "dead_at",
+        "replayed_at",
+        "only_consumers",
+        "completed_at",
+        "cancelled_at",
+        "claimed_until",
+        "processing_until",
+        "consumers",
+        "payload_json",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request):
@@ -142,18 +171,24 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     def consumers(self, obj):
         ran = dict(InboxEntry.objects.filter(message=obj).values_list("consumer", "processed_at"))
         routed = settings.OUTBOX_CONSUMERS.get(obj.topic, [])
-        rows = [(name, f"ran {ran[name]:%Y-%m-%d %H:%M:%S}" if name in ran else "not yet")
-                for name in routed]
-        rows += [(name, f"ran {at:%Y-%m-%d %H:%M:%S} (no longer routed)")
-                 for name, at in ran.items() if name not in routed]
+        rows = [
+            (name, f"ran {ran[name]:%Y-%m-%d %H:%M:%S}" if name in ran else "not yet")
+            for name in routed
+        ]
+        rows += [
+            (name, f"ran {at:%Y-%m-%d %H:%M:%S} (no longer routed)")
+            for name, at in ran.items()
+            if name not in routed
+        ]
         if not rows:
             return "no consumer is routed for this topic"
         return format_html("<ul>{}</ul>", format_html_join("", "<li>{}: {}</li>", rows))
 
     @admin.display(description="payload")
     def payload_json(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True,
-                                                       default=str))
+        return format_html(
+            "<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True, default=str)
+        )
 
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, field="key")
@@ -164,7 +199,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     def replay(self, request, queryset):
         """First POST: the dry run and a reason form. Confirmed POST with a
         reason: replay, write the admin log, back to the list."""
-        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:REPLAY_MAX_MESSAGES + 1])
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: REPLAY_MAX_MESSAGES + 1])
         if len(ids) > REPLAY_MAX_MESSAGES:
             self.message_user(
                 request,
@@ -187,17 +222,21 @@ class OutboxMessageAdmin(admin.ModelAdmin):
             "media": self.media,
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/outbox/outboxmessage/replay_confirm.html",
-                                context)
+        return TemplateResponse(request, "admin/outbox/outboxmessage/replay_confirm.html", context)
 
     def _replay(self, request, ids, reason):
         operator = request.user.username
         result = outbox_replay(ids=ids, operator=operator, reason=reason)
-        replayed = {m.pk: m for m in OutboxMessage.objects.filter(
-            pk__in=[line.message_id for line in result.replayed])}
+        replayed = {
+            m.pk: m
+            for m in OutboxMessage.objects.filter(
+                pk__in=[line.message_id for line in result.replayed]
+            )
+        }
         for line in result.replayed:
             self.log_change(
-                request, replayed[line.message_id],
+                request,
+                replayed[line.message_id],
                 f'Replay ({line.kind}); reason: "{reason}"; runs: '
                 f"{', '.join(line.runs) or 'nothing'}; skips (already ran): "
                 f"{', '.join(line.skips) or 'nothing'}",
@@ -208,6 +247,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
             messages.SUCCESS if result.replayed else messages.WARNING,
         )
         for line in result.refused:
-            self.message_user(request, f"#{line.message_id} not replayed: {line.refused}",
-                              messages.WARNING)
+            self.message_user(
+                request, f"#{line.message_id} not replayed: {line.refused}", messages.WARNING
+            )
         return None

@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 def transactional(handle: Callable) -> Callable:
     """Mark a consumer that only touches the database: it runs inside the
     delivery's closing transaction (and must not open a durable one)."""
-    handle.runs_in_delivery_transaction = True
+    handle.runs_in_delivery_transaction = True  # type: ignore[attr-defined]  # read by getattr
     return handle
 
 
@@ -75,8 +75,10 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
     try:
         with transaction.atomic():
             InboxEntry.objects.create(
-                consumer=consumer, message=message, event_id=message.event_id,
-                processed_at=now or timezone.now()
+                consumer=consumer,
+                message=message,
+                event_id=message.event_id,
+                processed_at=now or timezone.now(),
             )
     except IntegrityError:
         return False
@@ -101,7 +103,9 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
         # SQLite (the embedded default) has no arrays; commits are local there.
         owned = (
             OutboxMessage.objects.filter(
-                pk=message_id, completed_at__isnull=True, cancelled_at__isnull=True,
+                pk=message_id,
+                completed_at__isnull=True,
+                cancelled_at__isnull=True,
                 dead_at__isnull=True,
             )
             .filter(_free_of_processing(now))
@@ -114,8 +118,7 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
             InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
         )
         return message
-    sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table,
-                            inbox=InboxEntry._meta.db_table)
+    sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table, inbox=InboxEntry._meta.db_table)
     return next(iter(OutboxMessage.objects.raw(sql, [lease, now, message_id, now])), None)
 
 
@@ -123,8 +126,12 @@ def _record(message: OutboxMessage, names: list[str]) -> None:
     if names:
         at = timezone.now()
         InboxEntry.objects.bulk_create(
-            [InboxEntry(consumer=name, message=message, event_id=message.event_id,
-                        processed_at=at) for name in names],
+            [
+                InboxEntry(
+                    consumer=name, message=message, event_id=message.event_id, processed_at=at
+                )
+                for name in names
+            ],
             ignore_conflicts=True,
         )
 
@@ -145,13 +152,20 @@ def _delivery_span(message: OutboxMessage):
     if not tracing.enabled():
         return tracing.NOOP
     return tracing.continue_from(
-        message.trace_context, f"process {message.topic}", kind=SpanKind.CONSUMER,
+        message.trace_context,
+        f"process {message.topic}",
+        kind=SpanKind.CONSUMER,
         link=tracing.is_late(message.created_at, message.available_at),
         saga_id=message.saga_id,
-        attributes={"messaging.system": "outbox", "messaging.operation.type": "process",
-                    "messaging.destination.name": message.topic,
-                    "messaging.message.id": message.pk, "saga.id": message.saga_id,
-                    "outbox.deliveries": message.deliveries})
+        attributes={
+            "messaging.system": "outbox",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": message.topic,
+            "messaging.message.id": message.pk,
+            "saga.id": message.saga_id,
+            "outbox.deliveries": message.deliveries,
+        },
+    )
 
 
 def _run_consumers(message: OutboxMessage) -> str:
@@ -160,8 +174,9 @@ def _run_consumers(message: OutboxMessage) -> str:
     finishing: list[tuple[str, Callable]] = []  # the inside halves of ordinary consumers
     try:
         pending = []
-        for running in consumers_owed(message.topic, already_ran=message.already_ran,
-                                      only=message.only_consumers):
+        for running in consumers_owed(
+            message.topic, already_ran=message.already_ran, only=message.only_consumers
+        ):
             pending.append((running, import_string(running)))  # a routing typo fails here
         outside = [(name, handle) for name, handle in pending if not _is_transactional(handle)]
         inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
@@ -197,9 +212,16 @@ def _run_consumers(message: OutboxMessage) -> str:
             OutboxMessage.objects.filter(pk=message.pk).update(
                 processing_until=None, last_error=error, last_error_at=timezone.now()
             )
-        logger.warning("outbox delivery failed: %s", error, extra={
-            "message_id": message.pk, "topic": message.topic, "consumer": running,
-            "saga_id": str(message.saga_id) if message.saga_id else None})
+        logger.warning(
+            "outbox delivery failed: %s",
+            error,
+            extra={
+                "message_id": message.pk,
+                "topic": message.topic,
+                "consumer": running,
+                "saga_id": str(message.saga_id) if message.saga_id else None,
+            },
+        )
         raise
     return "delivered"
 
@@ -207,7 +229,7 @@ def _run_consumers(message: OutboxMessage) -> str:
 def _error_text(consumer: str, exc: BaseException) -> str:
     text = f"{consumer}: {type(exc).__name__}: {exc}"
     if len(text) > LAST_ERROR_MAX_CHARS:
-        text = text[:LAST_ERROR_MAX_CHARS - 1] + "…"
+        text = text[: LAST_ERROR_MAX_CHARS - 1] + "…"
     return text
 
 

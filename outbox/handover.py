@@ -26,6 +26,7 @@ the delivery reads the row's context in any case (``config/tracing.py``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -60,7 +61,7 @@ def chunks(ids: list[int], tasks: int) -> list[list[int]]:
     out, at = [], 0
     for i in range(n):
         step = size + (1 if i < extra else 0)
-        out.append(ids[at:at + step])
+        out.append(ids[at : at + step])
         at += step
     return [c for c in out if c]
 
@@ -82,19 +83,22 @@ def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int],
     """Publish the rows, each to its topic's queue; returns (handed, failed)."""
     handed: list[int] = []
     failed: list[int] = []
-    groups = [(queue, chunk) for queue, group in _by_queue(ids, topics).items()
-              for chunk in chunks(group, settings.OUTBOX_DISPATCH_TASKS)]
+    groups = [
+        (queue, chunk)
+        for queue, group in _by_queue(ids, topics).items()
+        for chunk in chunks(group, settings.OUTBOX_DISPATCH_TASKS)
+    ]
     parents = _trace_parents([c[0] for _, c in groups if len(c) == 1])
     try:
         with app.producer_or_acquire() as producer:
             for queue, chunk in groups:
-                routing = {"queue": queue} if queue else {}
+                routing: dict[str, Any] = {"queue": queue} if queue else {}
                 try:
                     if len(chunk) == 1:
                         with tracing.use_context(parents.get(chunk[0], "")):
-                            deliver.apply_async(args=[chunk[0]], producer=producer, **routing)
+                            deliver.apply_async(args=(chunk[0],), producer=producer, **routing)
                     else:
-                        deliver_many.apply_async(args=[chunk], producer=producer, **routing)
+                        deliver_many.apply_async(args=(chunk,), producer=producer, **routing)
                 except Exception:
                     logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
                     failed.extend(chunk)
@@ -112,10 +116,16 @@ def _trace_parents(ids: list[int]) -> dict[int, str]:
     continues it (one query, only with tracing on)."""
     if not ids or not tracing.enabled():
         return {}
-    rows = OutboxMessage.objects.filter(pk__in=ids).exclude(trace_context="").values_list(
-        "pk", "trace_context", "created_at", "available_at")
-    return {pk: context for pk, context, created_at, available_at in rows
-            if not tracing.is_late(created_at, available_at)}
+    rows = (
+        OutboxMessage.objects.filter(pk__in=ids)
+        .exclude(trace_context="")
+        .values_list("pk", "trace_context", "created_at", "available_at")
+    )
+    return {
+        pk: context
+        for pk, context, created_at, available_at in rows
+        if not tracing.is_late(created_at, available_at)
+    }
 
 
 def hand_over_on_commit(message_id: int, topic: str) -> None:
@@ -123,11 +133,13 @@ def hand_over_on_commit(message_id: int, topic: str) -> None:
     docstring). Never raises: the row is the obligation, this is the fast
     way to it."""
     try:
-        routing = {"queue": queue} if (queue := queue_of(topic)) else {}
-        deliver.apply_async(args=[message_id], **routing)
+        routing: dict[str, Any] = {"queue": queue} if (queue := queue_of(topic)) else {}
+        deliver.apply_async(args=(message_id,), **routing)
     except Exception:
-        logger.exception("outbox hand-off on commit failed; the relay takes the row",
-                         extra={"message_id": message_id, "topic": topic})
+        logger.exception(
+            "outbox hand-off on commit failed; the relay takes the row",
+            extra={"message_id": message_id, "topic": topic},
+        )
         _due_now(message_id)
 
 
@@ -137,10 +149,13 @@ def _due_now(message_id: int) -> None:
     the end of its grace, and the relay takes it then."""
     try:
         OutboxMessage.objects.filter(
-            pk=message_id, completed_at__isnull=True, fired_at__isnull=True,
+            pk=message_id,
+            completed_at__isnull=True,
+            fired_at__isnull=True,
             due_at__isnull=False,
         ).update(due_at=timezone.now())
         notify_relays()
     except Exception:
-        logger.exception("outbox row left to the end of its grace",
-                         extra={"message_id": message_id})
+        logger.exception(
+            "outbox row left to the end of its grace", extra={"message_id": message_id}
+        )

@@ -70,6 +70,9 @@ class OutboxMessage(models.Model):
     # is off): its delivery continues that trace, or links to it when the row
     # was armed for much later (config/tracing.py).
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # Not a column: the consumers that already ran, as the delivery's lease
+    # reads them with the row (outbox/delivery.py).
+    already_ran: list[str]
 
     class Meta:
         indexes = [
@@ -93,8 +96,9 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["created_at", "id"],
                 name="outbox_dead_idx",
-                condition=Q(dead_at__isnull=False, completed_at__isnull=True,
-                            cancelled_at__isnull=True),
+                condition=Q(
+                    dead_at__isnull=False, completed_at__isnull=True, cancelled_at__isnull=True
+                ),
             ),
         ]
         constraints = [
@@ -110,8 +114,11 @@ class OutboxMessage(models.Model):
     def save(self, *args, **kwargs):
         # A row written without its due time (outbox_publish sets it) is due
         # at available_at, like any new row, unless it is already settled.
-        if (self._state.adding and self.due_at is None
-                and not (self.completed_at or self.cancelled_at or self.dead_at)):
+        if (
+            self._state.adding
+            and self.due_at is None
+            and not (self.completed_at or self.cancelled_at or self.dead_at)
+        ):
             self.due_at = self.available_at
         super().save(*args, **kwargs)
 
@@ -122,16 +129,18 @@ class InboxEntry(models.Model):
     consumer = models.CharField(max_length=100)
     # The database's key is (event_id, message_id) -> the message's
     # (event_id, id) (outbox/migrations/0004_citus_distribution.py).
-    message = models.ForeignKey(OutboxMessage, on_delete=models.PROTECT, related_name="inbox",
-                                db_constraint=False)
+    message = models.ForeignKey(
+        OutboxMessage, on_delete=models.PROTECT, related_name="inbox", db_constraint=False
+    )
     # The message's event: the entry lives on the message's shard.
     event_id = models.BigIntegerField()
     processed_at = models.DateTimeField()
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["consumer", "message", "event_id"],
-                                    name="inbox_once_per_consumer"),
+            models.UniqueConstraint(
+                fields=["consumer", "message", "event_id"], name="inbox_once_per_consumer"
+            ),
         ]
 
     def save(self, *args, **kwargs):

@@ -50,7 +50,7 @@ from .pulse import relay_pulse
 
 logger = logging.getLogger(__name__)
 
-Dispatch = Callable[[int], None]
+Dispatch = Callable[[int], object]  # what it returns is not read
 
 
 def redeliver_schedule() -> list[int]:
@@ -79,7 +79,9 @@ def dead_letters():
     """Rows whose redelivery schedule ran out without completing (until an
     operator replays them)."""
     return OutboxMessage.objects.filter(
-        dead_at__isnull=False, completed_at__isnull=True, cancelled_at__isnull=True,
+        dead_at__isnull=False,
+        completed_at__isnull=True,
+        cancelled_at__isnull=True,
     )
 
 
@@ -101,8 +103,17 @@ def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
         rows = list(
             due_rows(now)
             .select_for_update(skip_locked=True, of=("self",))
-            .values_list("id", "available_at", "fired_at", "attempts", "processing_until",
-                         "completed_at", "cancelled_at", "dead_at", "topic")[:limit]
+            .values_list(
+                "id",
+                "available_at",
+                "fired_at",
+                "attempts",
+                "processing_until",
+                "completed_at",
+                "cancelled_at",
+                "dead_at",
+                "topic",
+            )[:limit]
         )
         ids, dead, settled = [], [], []
         for message_id, _, _, attempts, processing, *ends, _ in rows:
@@ -121,9 +132,12 @@ def _claim(*, now: datetime, limit: int, look_ahead: bool) -> _Claimed:
         if dead:
             _mark_dead(ids=dead, now=now)
     # (Dead letters were all fired: first_due holds claimed rows only.)
-    return _Claimed(ids=ids, first_due={row[0]: row[1] for row in rows
-                                        if row[2] is None and not any(row[5:8])},
-                    next_due_in=due, topics={row[0]: row[8] for row in rows})
+    return _Claimed(
+        ids=ids,
+        first_due={row[0]: row[1] for row in rows if row[2] is None and not any(row[5:8])},
+        next_due_in=due,
+        topics={row[0]: row[8] for row in rows},
+    )
 
 
 def _mark_dead(*, ids: list[int], now: datetime) -> None:
@@ -141,14 +155,22 @@ def _mark_dead(*, ids: list[int], now: datetime) -> None:
         .values("id", "topic", "saga_id", "deliveries", "last_error")
     )
     OutboxMessage.objects.filter(id__in=[m["id"] for m in marked]).update(
-        dead_at=now, due_at=None, claimed_until=None)
+        dead_at=now, due_at=None, claimed_until=None
+    )
     for m in marked:
         logger.error(
             "outbox dead letter: %s #%s not completed after %s deliveries",
-            m["topic"], m["id"], m["deliveries"],
-            extra={"alert": "outbox_dead_letter", "message_id": m["id"], "topic": m["topic"],
-                   "saga_id": str(m["saga_id"]) if m["saga_id"] else None,
-                   "deliveries": m["deliveries"], "last_error": m["last_error"]},
+            m["topic"],
+            m["id"],
+            m["deliveries"],
+            extra={
+                "alert": "outbox_dead_letter",
+                "message_id": m["id"],
+                "topic": m["topic"],
+                "saga_id": str(m["saga_id"]) if m["saga_id"] else None,
+                "deliveries": m["deliveries"],
+                "last_error": m["last_error"],
+            },
         )
         ALERTS.labels(kind="outbox_dead_letter").inc()
 
@@ -175,8 +197,10 @@ def relay_mark_fired(
     # it is still marked fired, and stays settled (no due_at).
     due_at = Case(
         When(completed_at__isnull=False, then=Value(None)),
-        *(When(attempts=step, then=Value(now + timedelta(seconds=delay)))
-          for step, delay in enumerate(schedule)),
+        *(
+            When(attempts=step, then=Value(now + timedelta(seconds=delay)))
+            for step, delay in enumerate(schedule)
+        ),
         default=Value(now + timedelta(seconds=schedule[-1])),
         output_field=DateTimeField(),
     )
@@ -217,8 +241,7 @@ def relay_tick(
 
     ``dispatch`` (tests) hands rows over one by one instead of to Celery.
     """
-    return _pass(now=now or timezone.now(), dispatch=dispatch, limit=limit,
-                 look_ahead=False)[0]
+    return _pass(now=now or timezone.now(), dispatch=dispatch, limit=limit, look_ahead=False)[0]
 
 
 def _pass(
@@ -303,8 +326,7 @@ def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = 
             try:
                 if listener is None:
                     listener = _Listener()
-                handed, due = _pass(now=timezone.now(), dispatch=None, limit=None,
-                                    look_ahead=True)
+                handed, due = _pass(now=timezone.now(), dispatch=None, limit=None, look_ahead=True)
                 # What readiness judges a relay by (/readyz; one UPDATE
                 # every OUTBOX_RELAY_PULSE_SECONDS at most).
                 relay_pulse()

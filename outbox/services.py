@@ -35,6 +35,7 @@ from .models import InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
+
 class OutboxOutsideTransaction(RuntimeError):
     pass
 
@@ -113,7 +114,8 @@ def timer_schedule(
     """
     if if_absent:
         existing = OutboxMessage.objects.filter(
-            key=key, event_id=NO_EVENT if event_id is None else event_id).first()
+            key=key, event_id=NO_EVENT if event_id is None else event_id
+        ).first()
         if existing is not None:
             return existing
     return outbox_publish(
@@ -232,14 +234,14 @@ def outbox_replay(
     if consumer is not None and not routed_topics(consumer):
         raise ReplayRefused(
             f"{consumer} is not routed to any topic in OUTBOX_CONSUMERS; routed consumers: "
-            + ", ".join(sorted({n for names in settings.OUTBOX_CONSUMERS.values()
-                                for n in names})))
+            + ", ".join(sorted({n for names in settings.OUTBOX_CONSUMERS.values() for n in names}))
+        )
     if since and until and since >= until:
-        raise ReplayRefused(f"since ({since.isoformat()}) is not before until "
-                            f"({until.isoformat()})")
+        raise ReplayRefused(
+            f"since ({since.isoformat()}) is not before until ({until.isoformat()})"
+        )
     now = now or timezone.now()
-    selection = _replay_selection(ids=ids, topic=topic, consumer=consumer, since=since,
-                                  until=until)
+    selection = _replay_selection(ids=ids, topic=topic, consumer=consumer, since=since, until=until)
     result = ReplayResult(dry_run=dry_run)
     after = 0
     while True:
@@ -260,8 +262,14 @@ def outbox_replay(
             break
         after = rows[-1].pk
     if ids:
-        result.lines += _refused_lines(ids, selected={line.message_id for line in result.lines},
-                                       consumer=consumer, topic=topic, since=since, until=until)
+        result.lines += _refused_lines(
+            ids,
+            selected={line.message_id for line in result.lines},
+            consumer=consumer,
+            topic=topic,
+            since=since,
+            until=until,
+        )
         result.lines.sort(key=lambda line: line.message_id)
     return result
 
@@ -271,17 +279,34 @@ def _log_replay(lines: list[ReplayLine], *, consumer, operator: str, reason: str
     # backfill of history is one line per batch.
     for line in lines:
         if line.kind == "dead letter":
-            logger.info("outbox dead letter replayed: %s #%s runs %s", line.topic,
-                        line.message_id, ", ".join(line.runs) or "nothing", extra={
-                            "message_id": line.message_id, "topic": line.topic,
-                            "saga_id": str(line.saga_id) if line.saga_id else None,
-                            "operator": operator, "reason": reason})
+            logger.info(
+                "outbox dead letter replayed: %s #%s runs %s",
+                line.topic,
+                line.message_id,
+                ", ".join(line.runs) or "nothing",
+                extra={
+                    "message_id": line.message_id,
+                    "topic": line.topic,
+                    "saga_id": str(line.saga_id) if line.saga_id else None,
+                    "operator": operator,
+                    "reason": reason,
+                },
+            )
     backfill = [line.message_id for line in lines if line.kind == "backfill"]
     if backfill:
-        logger.info("outbox backfill of %s: %s message(s), #%s..#%s", consumer, len(backfill),
-                    backfill[0], backfill[-1], extra={
-                        "consumer": consumer, "count": len(backfill), "operator": operator,
-                        "reason": reason})
+        logger.info(
+            "outbox backfill of %s: %s message(s), #%s..#%s",
+            consumer,
+            len(backfill),
+            backfill[0],
+            backfill[-1],
+            extra={
+                "consumer": consumer,
+                "count": len(backfill),
+                "operator": operator,
+                "reason": reason,
+            },
+        )
 
 
 def _replay_selection(*, ids, topic, consumer, since, until) -> QuerySet[OutboxMessage]:
@@ -298,27 +323,36 @@ def _replay_selection(*, ids, topic, consumer, since, until) -> QuerySet[OutboxM
     if consumer is None:
         return rows.filter(dead)
     ran = InboxEntry.objects.filter(consumer=consumer, message=OuterRef("pk"))
-    return (rows.filter(topic__in=routed_topics(consumer))
-            .filter(dead | Q(completed_at__isnull=False))
-            .exclude(Exists(ran)))
+    return (
+        rows.filter(topic__in=routed_topics(consumer))
+        .filter(dead | Q(completed_at__isnull=False))
+        .exclude(Exists(ran))
+    )
 
 
 def _replay_lines(rows: list[OutboxMessage], *, consumer: str | None) -> list[ReplayLine]:
     ran: dict[int, set[str]] = defaultdict(set)
     for message_id, name in InboxEntry.objects.filter(
-            message_id__in=[m.pk for m in rows]).values_list("message_id", "consumer"):
+        message_id__in=[m.pk for m in rows]
+    ).values_list("message_id", "consumer"):
         ran[message_id].add(name)
     lines = []
     for m in rows:
         backfill = m.completed_at is not None
         only = [consumer] if backfill else m.only_consumers
         routing = settings.OUTBOX_CONSUMERS.get(m.topic, [])
-        lines.append(ReplayLine(
-            message_id=m.pk, topic=m.topic, created_at=m.created_at, saga_id=m.saga_id,
-            key=m.key, kind="backfill" if backfill else "dead letter",
-            runs=tuple(consumers_owed(m.topic, already_ran=ran[m.pk], only=only)),
-            skips=tuple(n for n in routing if n in ran[m.pk]),
-        ))
+        lines.append(
+            ReplayLine(
+                message_id=m.pk,
+                topic=m.topic,
+                created_at=m.created_at,
+                saga_id=m.saga_id,
+                key=m.key,
+                kind="backfill" if backfill else "dead letter",
+                runs=tuple(consumers_owed(m.topic, already_ran=ran[m.pk], only=only)),
+                skips=tuple(n for n in routing if n in ran[m.pk]),
+            )
+        )
     return lines
 
 
@@ -330,10 +364,12 @@ def _replay_rows(lines: list[ReplayLine], *, consumer: str | None, now: datetime
     backfill = [line.message_id for line in lines if line.kind == "backfill"]
     if dead:
         OutboxMessage.objects.filter(pk__in=dead, dead_at__isnull=False).update(
-            dead_at=None, **restart)
+            dead_at=None, **restart
+        )
     if backfill:
         OutboxMessage.objects.filter(pk__in=backfill, completed_at__isnull=False).update(
-            completed_at=None, only_consumers=[consumer], **restart)
+            completed_at=None, only_consumers=[consumer], **restart
+        )
     if dead or backfill:
         notify_relays()  # the relays hear it on commit
 
@@ -351,8 +387,11 @@ def _refused_lines(ids, *, selected, consumer, topic, since, until) -> list[Repl
             continue
         if m.cancelled_at:
             why = "cancelled"
-        elif ((topic and m.topic != topic) or (since and m.created_at < since)
-              or (until and m.created_at >= until)):
+        elif (
+            (topic and m.topic != topic)
+            or (since and m.created_at < since)
+            or (until and m.created_at >= until)
+        ):
             why = "outside the filters"
         elif consumer and m.topic not in routed_topics(consumer):
             why = f"{consumer} is not routed for {m.topic}"
@@ -364,6 +403,7 @@ def _refused_lines(ids, *, selected, consumer, topic, since, until) -> list[Repl
             why = "not a dead letter: its redeliveries go on"
         else:
             why = "not a dead letter: not handed over yet"
-        lines.append(ReplayLine(m.pk, m.topic, m.created_at, saga_id=m.saga_id, key=m.key,
-                                refused=why))
+        lines.append(
+            ReplayLine(m.pk, m.topic, m.created_at, saga_id=m.saga_id, key=m.key, refused=why)
+        )
     return lines

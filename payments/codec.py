@@ -71,8 +71,12 @@ _KNOWN_STATUSES = frozenset(IntentStatus) - {IntentStatus.NOT_FOUND, IntentStatu
 
 def interpret_retrieve(status_code: int, body: Any, *, latency_ms: float = 0.0) -> IntentLookup:
     if status_code == 200 and isinstance(body, dict) and body.get("status") in _KNOWN_STATUSES:
-        return IntentLookup(IntentStatus(body["status"]), latency_ms=latency_ms, raw=body,
-                            charge_id=_charge_id(body))
+        return IntentLookup(
+            IntentStatus(body["status"]),
+            latency_ms=latency_ms,
+            raw=body,
+            charge_id=_charge_id(body),
+        )
     if status_code == 404 and _code(body) == "not_found":
         return IntentLookup(
             IntentStatus.NOT_FOUND, detail="not_found", latency_ms=latency_ms, raw=body
@@ -90,7 +94,9 @@ def interpret_cancel(status_code: int, body: Any, *, latency_ms: float = 0.0) ->
         return CancelResult(CancelOutcome.CANCELED, latency_ms=latency_ms)
     if status_code == 409 and _code(body) == "already_charged":
         return CancelResult(
-            CancelOutcome.ALREADY_CHARGED, detail="already_charged", latency_ms=latency_ms,
+            CancelOutcome.ALREADY_CHARGED,
+            detail="already_charged",
+            latency_ms=latency_ms,
             charge_id=_charge_id(body),
         )
     return CancelResult(
@@ -119,5 +125,3 @@ def interpret_charges(status_code: int, body: Any) -> list[GatewayCharge]:
         ]
     except (KeyError, TypeError) as exc:
         raise GatewayUnavailable("list charges: bad_response") from exc
-
-

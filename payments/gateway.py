@@ -96,7 +96,7 @@ class HttpPaymentGateway:
             # from any process, is the same request to the processor.
             headers={"Idempotency-Key": request.intent_id},
         )
-        if reply.failure:
+        if reply.status_code is None:  # no answer: failure says why
             result = ChargeResult(
                 ChargeOutcome.UNKNOWN, detail=reply.failure, latency_ms=reply.latency_ms
             )
@@ -108,7 +108,7 @@ class HttpPaymentGateway:
     def retrieve(self, intent_id: str) -> IntentLookup:
         assert_no_transaction("retrieve")
         reply = self._send("GET", f"payment_intents/{_segment(intent_id)}")
-        if reply.failure:
+        if reply.status_code is None:  # no answer: failure says why
             result = IntentLookup(
                 IntentStatus.UNKNOWN, detail=reply.failure, latency_ms=reply.latency_ms
             )
@@ -120,7 +120,7 @@ class HttpPaymentGateway:
     def cancel(self, intent_id: str) -> CancelResult:
         assert_no_transaction("cancel")
         reply = self._send("POST", f"payment_intents/{_segment(intent_id)}/cancel")
-        if reply.failure:
+        if reply.status_code is None:  # no answer: failure says why
             result = CancelResult(
                 CancelOutcome.UNKNOWN, detail=reply.failure, latency_ms=reply.latency_ms
             )
@@ -136,7 +136,7 @@ class HttpPaymentGateway:
             f"payment_intents/{_segment(intent_id)}/refund",
             headers={"Idempotency-Key": idempotency_key},
         )
-        if reply.failure:
+        if reply.status_code is None:  # no answer: failure says why
             result = RefundResult(
                 RefundOutcome.UNKNOWN, detail=reply.failure, latency_ms=reply.latency_ms
             )
@@ -148,7 +148,7 @@ class HttpPaymentGateway:
     def list_charges(self, intent_id: str) -> list[GatewayCharge]:
         assert_no_transaction("list_charges")
         reply = self._send("GET", "charges", params={"payment_intent": intent_id})
-        if reply.failure:
+        if reply.status_code is None:  # no answer: failure says why
             raise GatewayUnavailable(f"list charges: {reply.failure}")
         return interpret_charges(reply.status_code, reply.body)
 
@@ -174,8 +174,11 @@ class HttpPaymentGateway:
                     self._client = httpx.Client(
                         headers={"Accept": "application/json"},
                         follow_redirects=False,
-                        limits=httpx.Limits(max_connections=50, max_keepalive_connections=10,
-                                            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS),
+                        limits=httpx.Limits(
+                            max_connections=50,
+                            max_keepalive_connections=10,
+                            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+                        ),
                     )
                     self._client_pid = pid
         return self._client

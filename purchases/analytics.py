@@ -77,15 +77,19 @@ def _add(message: OutboxMessage, **increments: int) -> None:
 
 # --- reads ------------------------------------------------------------------------
 
-_FIELDS = ("day", "currency", "confirmed_count", "confirmed_amount", "cancelled_count",
-           "refunded_count", "refunded_amount")
+_FIELDS = (
+    "day",
+    "currency",
+    "confirmed_count",
+    "confirmed_amount",
+    "cancelled_count",
+    "refunded_count",
+    "refunded_amount",
+)
 
 
 def daily_sales(*, event_id: int) -> list[dict]:
     """The event's sales per UTC day and currency, oldest first. ``net_amount``
     is what was taken and kept (confirmed minus refunded), in minor units."""
-    rows = DailySales.objects.filter(event_id=event_id).order_by("day", "currency").values(
-        *_FIELDS
-    )
-    return [{**row, "net_amount": row["confirmed_amount"] - row["refunded_amount"]}
-            for row in rows]
+    rows = DailySales.objects.filter(event_id=event_id).order_by("day", "currency").values(*_FIELDS)
+    return [{**row, "net_amount": row["confirmed_amount"] - row["refunded_amount"]} for row in rows]

@@ -102,11 +102,19 @@ _INVALID_CREDENTIALS = _errors(
     "needed here, but those sent are checked)"
 )
 _LOCATION = OpenApiParameter(
-    "Location", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True, response=[202],
+    "Location",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[202],
     description="The purchase's path, the same as `links.self`",
 )
 _RETRY_AFTER = OpenApiParameter(
-    "Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, required=True, response=[429],
+    "Retry-After",
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[429],
     description="Seconds to wait before trying again",
 )
 _IDEMPOTENCY_KEY = OpenApiParameter(
@@ -179,17 +187,25 @@ def _event_id(segment: str) -> int | None:
 # Both are served from the availability cache (purchases/availability.py): a
 # cached answer costs no query, and a 304 one cache round trip.
 _IF_NONE_MATCH = OpenApiParameter(
-    "If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    "If-None-Match",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
     description="The `ETag` of an earlier answer: `304` and no body while the availability "
     "is still the one it names",
 )
 _ETAG = OpenApiParameter(
-    "ETag", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False, response=[200, 304],
+    "ETag",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    response=[200, 304],
     description="Changes exactly when the availability shown changes; send it back in "
     "`If-None-Match`. Absent only when the cache cannot be reached",
 )
 _NOT_MODIFIED = OpenApiResponse(
-    description="The availability is still the one `If-None-Match` names: no body")
+    description="The availability is still the one `If-None-Match` names: no body"
+)
 
 
 def _held_etags(request) -> list[str]:
@@ -200,6 +216,7 @@ def _catalog_answer(request, catalog: availability.Catalog):
     """``304`` and no body when the client holds the current answer, else
     ``200``; the ETag on both. The cached body is the JSON as rendered, sent
     as it is; the browsable API renders the data itself."""
+    response: HttpResponse
     if catalog.body is None:
         response = HttpResponseNotModified()
     elif request.accepted_renderer.format == JSONRenderer.format:
@@ -216,9 +233,10 @@ class EventListApi(APIView):
 
     @extend_schema(
         parameters=[_IF_NONE_MATCH, _ETAG],
-        responses={200: EventSerializer(many=True), 304: _NOT_MODIFIED,
-                   401: _INVALID_CREDENTIALS},
-        auth=[], summary="List events")
+        responses={200: EventSerializer(many=True), 304: _NOT_MODIFIED, 401: _INVALID_CREDENTIALS},
+        auth=[],
+        summary="List events",
+    )
     def get(self, request):
         return _catalog_answer(request, catalog_answers.event_list(held=_held_etags(request)))
 
@@ -227,8 +245,11 @@ class EventSeatsApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        parameters=[OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                                     required=True), _IF_NONE_MATCH, _ETAG],
+        parameters=[
+            OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True),
+            _IF_NONE_MATCH,
+            _ETAG,
+        ],
         responses={
             200: SeatSerializer(many=True),
             304: _NOT_MODIFIED,
@@ -240,8 +261,11 @@ class EventSeatsApi(APIView):
     )
     def get(self, request, event_id: str):
         event_pk = _event_id(event_id)
-        catalog = None if event_pk is None else catalog_answers.event_seats(
-            event_id=event_pk, held=_held_etags(request))
+        catalog = (
+            None
+            if event_pk is None
+            else catalog_answers.event_seats(event_id=event_pk, held=_held_etags(request))
+        )
         if catalog is None:
             return error(404, "not_found", "no such event")
         return _catalog_answer(request, catalog)
@@ -252,7 +276,8 @@ def _key_problem(key: str | None) -> Response | None:
         return error(400, "idempotency_key_missing", "the Idempotency-Key header is required")
     if len(key) > 255 or not key.isprintable() or not key.isascii():
         return error(
-            400, "idempotency_key_invalid",
+            400,
+            "idempotency_key_invalid",
             "the Idempotency-Key header must be 1 to 255 printable ASCII characters",
         )
     return None
@@ -288,8 +313,7 @@ class PurchaseListCreateApi(APIView):
                 "that is not JSON"
             ),
             401: _NOT_AUTHENTICATED,
-            403: _errors("`permission_denied`: session authentication without a valid CSRF "
-                         "token"),
+            403: _errors("`permission_denied`: session authentication without a valid CSRF token"),
             409: OpenApiResponse(
                 PurchaseConflictSerializer,
                 description="`seat_unavailable` (with `seats`, those held or sold); "
@@ -299,8 +323,9 @@ class PurchaseListCreateApi(APIView):
             ),
             413: _TOO_LARGE,
             415: _NOT_JSON,
-            422: _errors("`idempotency_key_reused`: this user sent this key before with "
-                         "another body"),
+            422: _errors(
+                "`idempotency_key_reused`: this user sent this key before with another body"
+            ),
             429: _errors(
                 "`throttled`: more than `PURCHASE_THROTTLE_RATE` starts by this user; "
                 "`Retry-After` says when to try again"
@@ -337,11 +362,16 @@ class PurchaseListCreateApi(APIView):
         except UnknownEvent as exc:
             # Told apart from unknown seats only on the refusal path: the
             # request itself does not look the event up.
-            return error(400, "invalid", str(exc), field="event",
-                         errors={"event": [str(exc)]})
+            return error(400, "invalid", str(exc), field="event", errors={"event": [str(exc)]})
         except UnknownSeats as exc:
-            return error(400, "invalid", str(exc), field="seats",
-                         errors={"seats": [str(exc)]}, seats=exc.seats)
+            return error(
+                400,
+                "invalid",
+                str(exc),
+                field="seats",
+                errors={"seats": [str(exc)]},
+                seats=exc.seats,
+            )
         link = f"/api/purchases/{started.saga_id}/"
         # The same answer for the first request and every replay of its key.
         response = Response({**started.purchase, "links": {"self": link}}, status=202)
@@ -367,8 +397,9 @@ class PurchaseListCreateApi(APIView):
 
 class PurchaseDetailApi(APIView):
     @extend_schema(
-        parameters=[OpenApiParameter("saga_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
-                                     required=True)],
+        parameters=[
+            OpenApiParameter("saga_id", OpenApiTypes.UUID, OpenApiParameter.PATH, required=True)
+        ],
         responses={
             200: PurchaseDetailSerializer,
             401: _NOT_AUTHENTICATED,
@@ -379,8 +410,11 @@ class PurchaseDetailApi(APIView):
     def get(self, request, saga_id: str):
         # The route takes any segment: a malformed id is a missing purchase,
         # answered as JSON whatever DEBUG says.
-        saga = (selectors.purchase_get(user=request.user, saga_id=saga_id)
-                if re.fullmatch(UUIDConverter.regex, saga_id) else None)
+        saga = (
+            selectors.purchase_get(user=request.user, saga_id=saga_id)
+            if re.fullmatch(UUIDConverter.regex, saga_id)
+            else None
+        )
         if saga is None:
             return error(404, "not_found", "no such purchase")
         return Response(PurchaseDetailSerializer(saga).data)

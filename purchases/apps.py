@@ -25,13 +25,22 @@ def check_outbox_routing(app_configs=None, **kwargs) -> list[Error]:
     routing = settings.OUTBOX_CONSUMERS
     for topic in Topic:
         if not routing.get(topic.value):
-            errors.append(Error(f"outbox topic {topic.value!r} has no consumer",
-                                hint="route it in purchases/saga/topics.py", id="purchases.E001"))
-    for topic, consumers in routing.items():
+            errors.append(
+                Error(
+                    f"outbox topic {topic.value!r} has no consumer",
+                    hint="route it in purchases/saga/topics.py",
+                    id="purchases.E001",
+                )
+            )
+    for routed, consumers in routing.items():
         for path in consumers:
             try:
                 import_string(path)
             except ImportError as exc:
-                errors.append(Error(f"consumer {path!r} of {topic!r} does not import: {exc}",
-                                    id="purchases.E002"))
+                errors.append(
+                    Error(
+                        f"consumer {path!r} of {routed!r} does not import: {exc}",
+                        id="purchases.E002",
+                    )
+                )
     return errors

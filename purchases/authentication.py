@@ -64,5 +64,6 @@ def connect() -> None:
     """Called once by ``PurchasesConfig.ready``."""
     # (A user deleted takes its tokens with it: each one's post_delete.)
     post_delete.connect(forget_token, sender=Token, dispatch_uid="authtoken-forget")
-    post_save.connect(forget_tokens_of_user, sender=get_user_model(),
-                      dispatch_uid="authtoken-forget-user-saved")
+    post_save.connect(
+        forget_tokens_of_user, sender=get_user_model(), dispatch_uid="authtoken-forget-user-saved"
+    )

@@ -45,6 +45,7 @@ import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
+from typing import overload
 
 from django.conf import settings
 from django.core.cache import cache
@@ -96,12 +97,14 @@ def availability_bump(event_id: int) -> None:
     try:
         cache.delete_many([_version_key(event_id), _version_key(_EVENTS)])
     except Exception:  # whatever the backend raises: the commit stands, the TTL is the net
-        logger.warning("availability invalidation lost", extra={"event_id": event_id},
-                       exc_info=True)
+        logger.warning(
+            "availability invalidation lost", extra={"event_id": event_id}, exc_info=True
+        )
 
 
-def cached_event_seats(*, event_id: int, build: Callable[[], bytes | None],
-                       held: Collection[str] = ()) -> Catalog | None:
+def cached_event_seats(
+    *, event_id: int, build: Callable[[], bytes | None], held: Collection[str] = ()
+) -> Catalog | None:
     """The seats of ``event_id``: the body ``build`` makes from the database
     (None: no such event, which is not cached), from the cache while the
     event's version holds. ``held``: the ETags the client holds
@@ -114,8 +117,15 @@ def cached_event_list(*, build: Callable[[], bytes], held: Collection[str] = ())
     return _cached(_EVENTS, build, held)
 
 
-def _cached(scope: int | str, build: Callable[[], bytes | None],
-            held: Collection[str]) -> Catalog | None:
+@overload
+def _cached(scope: int | str, build: Callable[[], bytes], held: Collection[str]) -> Catalog: ...
+@overload
+def _cached(
+    scope: int | str, build: Callable[[], bytes | None], held: Collection[str]
+) -> Catalog | None: ...
+def _cached(
+    scope: int | str, build: Callable[[], bytes | None], held: Collection[str]
+) -> Catalog | None:
     if not settings.AVAILABILITY_CACHE:
         return _from_database(build)
     try:
@@ -143,9 +153,13 @@ def _cached(scope: int | str, build: Callable[[], bytes | None],
         return None
     etag = f'W/"{version}.{hashlib.blake2b(body, digest_size=8).hexdigest()}"'
     try:
-        cache.set_many({_tag_key(scope): {"version": version, "etag": etag},
-                        _body_key(scope, version): {"etag": etag, "body": body}},
-                       settings.AVAILABILITY_MAX_STALE_SECONDS)
+        cache.set_many(
+            {
+                _tag_key(scope): {"version": version, "etag": etag},
+                _body_key(scope, version): {"etag": etag, "body": body},
+            },
+            settings.AVAILABILITY_MAX_STALE_SECONDS,
+        )
     except Exception:  # whatever the backend raises: the next read builds it again
         logger.warning("availability cache unreachable", extra={"scope": scope}, exc_info=True)
     return Catalog(etag=etag, body=None if _names(held, etag) else body)

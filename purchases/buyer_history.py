@@ -55,15 +55,13 @@ SENTENCES: dict[tuple[SagaState | None, SagaState], str | ByRefund] = {
     (S.UNKNOWN, S.CONFIRMED): _BOOKED,
     (S.UNKNOWN, S.PAYMENT_FAILED): _DECLINED,
     (S.UNKNOWN, S.UNKNOWN_EXPIRED): (
-        "Confirming the payment is taking longer than usual; our team is checking it "
-        "with the bank"
+        "Confirming the payment is taking longer than usual; our team is checking it with the bank"
     ),
     (S.UNKNOWN, S.EXPIRED): _EXPIRED,
     (S.UNKNOWN_EXPIRED, S.CONFIRMED): _BOOKED,
     (S.UNKNOWN_EXPIRED, S.EXPIRED): _EXPIRED,
     (S.UNKNOWN_EXPIRED, S.COMPENSATING): (
-        "The payment did not go through; we are cancelling the purchase and releasing "
-        "your seats"
+        "The payment did not go through; we are cancelling the purchase and releasing your seats"
     ),
     (S.PAYMENT_FAILED, S.COMPENSATING): _CANCELLING,
     (S.EXPIRED, S.COMPENSATING): _CANCELLING,
@@ -117,7 +115,12 @@ def buyer_history(saga: PurchaseSaga) -> list[BuyerMove]:
             refunded = LedgerEntry.objects.filter(
                 intent_id=saga.intent_id, kind=EntryKind.REFUND
             ).exists()
-        told.append(BuyerMove(move.from_state, move.to_state, move.at,
-                              buyer_sentence(move.from_state, move.to_state,
-                                             refunded=bool(refunded))))
+        told.append(
+            BuyerMove(
+                move.from_state,
+                move.to_state,
+                move.at,
+                buyer_sentence(move.from_state, move.to_state, refunded=bool(refunded)),
+            )
+        )
     return told

@@ -23,8 +23,7 @@ def event_list_body() -> bytes:
 
 def event_seats_body(event_id: int) -> bytes | None:
     seats = selectors.event_seats(event_id=event_id)
-    return None if seats is None else JSONRenderer().render(
-        SeatSerializer(seats, many=True).data)
+    return None if seats is None else JSONRenderer().render(SeatSerializer(seats, many=True).data)
 
 
 def event_list(*, held: Collection[str] = ()) -> availability.Catalog:
@@ -35,4 +34,5 @@ def event_list(*, held: Collection[str] = ()) -> availability.Catalog:
 def event_seats(*, event_id: int, held: Collection[str] = ()) -> availability.Catalog | None:
     """The seats of ``event_id`` (None: no such event)."""
     return availability.cached_event_seats(
-        event_id=event_id, build=lambda: event_seats_body(event_id), held=held)
+        event_id=event_id, build=lambda: event_seats_body(event_id), held=held
+    )

@@ -46,14 +46,18 @@ def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
     if connection.vendor != "postgresql":
         # SQLite (the embedded default) has no row locks: its transactions
         # are IMMEDIATE, so this one is the only writer until it commits.
-        available = set(Seat.objects.filter(event_id=event_id, id__in=seat_ids,
-                                            status=SeatStatus.AVAILABLE)
-                        .values_list("id", flat=True))
+        available = set(
+            Seat.objects.filter(
+                event_id=event_id, id__in=seat_ids, status=SeatStatus.AVAILABLE
+            ).values_list("id", flat=True)
+        )
         Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
         return available
     with connection.cursor() as cursor:
-        cursor.execute(_HOLD_SQL.format(seat=Seat._meta.db_table),
-                       [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE])
+        cursor.execute(
+            _HOLD_SQL.format(seat=Seat._meta.db_table),
+            [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE],
+        )
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -82,17 +86,20 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int
     """
     if connection.vendor != "postgresql":
         # SQLite: the transaction is the only writer (see seats_lock_and_hold).
-        available = set(Seat.objects.filter(event_id=event_id, id__in=seat_ids,
-                                            status=SeatStatus.AVAILABLE)
-                        .values_list("id", flat=True))
+        available = set(
+            Seat.objects.filter(
+                event_id=event_id, id__in=seat_ids, status=SeatStatus.AVAILABLE
+            ).values_list("id", flat=True)
+        )
         if available == set(seat_ids):
             Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
         return set(seat_ids) - available
     savepoint = transaction.savepoint()
     with connection.cursor() as cursor:
-        cursor.execute(_HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
-                       [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE,
-                        SeatStatus.AVAILABLE])
+        cursor.execute(
+            _HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
+            [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE, SeatStatus.AVAILABLE],
+        )
         held = {row[0] for row in cursor.fetchall()}
     if held == set(seat_ids):
         transaction.savepoint_commit(savepoint)

@@ -40,6 +40,10 @@ class Seat(models.Model):
     status = models.CharField(
         max_length=10, choices=SeatStatus.choices, default=SeatStatus.AVAILABLE
     )
+    # Not columns: the first and last number of the seat's row, on the seats
+    # best available reads (purchases/saga/start.py, ``_CANDIDATES_SQL``).
+    row_first: int
+    row_last: int
 
     class Meta:
         ordering = ["row", "number"]
@@ -76,8 +80,9 @@ class Reservation(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["ref", "event"],
-                                    name="reservation_ref_unique_per_event"),
+            models.UniqueConstraint(
+                fields=["ref", "event"], name="reservation_ref_unique_per_event"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -98,8 +103,7 @@ class ReservationSeat(models.Model):
     reservation = models.ForeignKey(
         Reservation, on_delete=models.PROTECT, related_name="seat_links", db_constraint=False
     )
-    seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+",
-                             db_constraint=False)
+    seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+", db_constraint=False)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -153,8 +157,11 @@ class PurchaseSaga(models.Model):
     class Meta:
         ordering = ["-created_at"]
         permissions = [
-            ("run_saga_runbook", "Can run runbook actions (reconcile, resume, confirm, "
-             "compensate, refund) on purchase sagas"),
+            (
+                "run_saga_runbook",
+                "Can run runbook actions (reconcile, resume, confirm, "
+                "compensate, refund) on purchase sagas",
+            ),
         ]
         indexes = [
             # The resumer and the chaser only look at live sagas: the index
@@ -167,8 +174,9 @@ class PurchaseSaga(models.Model):
             models.Index(fields=["buyer", "-created_at"], name="saga_buyer_recent_idx"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["intent_id", "event"],
-                                    name="saga_intent_unique_per_event"),
+            models.UniqueConstraint(
+                fields=["intent_id", "event"], name="saga_intent_unique_per_event"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -186,8 +194,9 @@ class Actor(models.TextChoices):
 
 
 class SagaHistory(models.Model):
-    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="history",
-                             db_constraint=False)
+    saga = models.ForeignKey(
+        PurchaseSaga, on_delete=models.PROTECT, related_name="history", db_constraint=False
+    )
     # The saga's event: the row lives on the saga's shard.
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     from_state = models.CharField(max_length=30, null=True, blank=True)
@@ -212,8 +221,9 @@ class GatewayAnswer(models.Model):
     charge, a look-up, a cancel, a refund) and what came back, kept beside the
     saga whatever the saga made of it."""
 
-    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT,
-                             related_name="gateway_answers", db_constraint=False)
+    saga = models.ForeignKey(
+        PurchaseSaga, on_delete=models.PROTECT, related_name="gateway_answers", db_constraint=False
+    )
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     at = models.DateTimeField()
     # What was asked: "retrieve", "charge", "cancel", "refund".
@@ -242,8 +252,9 @@ class IdempotencyRecord(models.Model):
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
     response_body = models.JSONField()
-    saga = models.ForeignKey(PurchaseSaga, on_delete=models.PROTECT, related_name="+",
-                             db_constraint=False)
+    saga = models.ForeignKey(
+        PurchaseSaga, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
     created_at = models.DateTimeField()
 
     class Meta:

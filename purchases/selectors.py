@@ -48,15 +48,13 @@ def purchase_get(*, user, saga_id) -> PurchaseSaga | None:
         _with_seats(PurchaseSaga.objects.filter(buyer=user, pk=saga_id))
         .annotate(
             has_refund=Exists(
-                LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"),
-                                           kind=EntryKind.REFUND)
+                LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"), kind=EntryKind.REFUND)
             )
         )
         .prefetch_related(
             Prefetch(
                 "history",
-                queryset=SagaHistory.objects.exclude(from_state=F("to_state"))
-                .order_by("at", "id"),
+                queryset=SagaHistory.objects.exclude(from_state=F("to_state")).order_by("at", "id"),
                 to_attr="moves",
             )
         )
@@ -69,8 +67,9 @@ def purchase_version(*, user, saga_id) -> tuple[int, str] | None:
     user's is as missing as a missing one). One indexed query: what the
     purchase page's poll compares its ETag with before anything is rendered
     (docs/api.md, "Pages for buyers")."""
-    return (PurchaseSaga.objects.filter(buyer=user, pk=saga_id)
-            .values_list("version", "state").first())
+    return (
+        PurchaseSaga.objects.filter(buyer=user, pk=saga_id).values_list("version", "state").first()
+    )
 
 
 def saga_seat_refs(saga: PurchaseSaga) -> list[str]:
@@ -87,8 +86,11 @@ PAYMENT_STATUSES = [
     ("not_started", "PENDING: no charge attempted yet"),
     ("processing", "CHARGING: the charge is on its way"),
     ("unknown", "UNKNOWN, UNKNOWN_EXPIRED: we are finding out whether the charge landed"),
-    ("not_captured", "any other state without a charge in the ledger (declined, expired, "
-                     "cancelled before any charge)"),
+    (
+        "not_captured",
+        "any other state without a charge in the ledger (declined, expired, "
+        "cancelled before any charge)",
+    ),
 ]
 # Before the ledger has a word on it, the state tells.
 _BEFORE_THE_LEDGER = {
@@ -111,5 +113,6 @@ def payment_status(*, state: str, has_charge: bool, has_refund: bool) -> str:
 
 def saga_payment_status(saga: PurchaseSaga) -> str:
     kinds = set(LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True))
-    return payment_status(state=saga.state, has_charge=EntryKind.CHARGE in kinds,
-                          has_refund=EntryKind.REFUND in kinds)
+    return payment_status(
+        state=saga.state, has_charge=EntryKind.CHARGE in kinds, has_refund=EntryKind.REFUND in kinds
+    )

@@ -7,10 +7,11 @@ output serializers are read-only so that a response field is required.
 """
 
 from collections.abc import Mapping
+from typing import Any
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
-from drf_spectacular.utils import extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from common.api import ErrorSerializer
@@ -33,13 +34,14 @@ _STATE_MEANINGS = {
     S.UNKNOWN_EXPIRED: "we could not find out in time; an operator is on it",
     S.EXPIRED: "the hold ran out before the payment went through; being undone",
     S.COMPENSATING: "the purchase is being undone (seats released, any charge refunded)",
-    S.COMPENSATION_PENDING: "undoing is taking longer (a refund is retried); an operator is "
-                            "on it",
+    S.COMPENSATION_PENDING: "undoing is taking longer (a refund is retried); an operator is on it",
     S.COMPENSATED: "the purchase was undone: seats released, any charge refunded",
 }
 PURCHASE_STATUSES = [
-    (state.value, f"terminal: {_STATE_MEANINGS[state]}" if state in TERMINAL
-     else _STATE_MEANINGS[state])
+    (
+        state.value,
+        f"terminal: {_STATE_MEANINGS[state]}" if state in TERMINAL else _STATE_MEANINGS[state],
+    )
     for state in SagaState
 ]
 
@@ -69,7 +71,8 @@ class SeatSerializer(serializers.ModelSerializer):
         fields = ["ref", "row", "number", "status", "price"]
         read_only_fields = fields
 
-    def get_price(self, seat) -> MoneySerializer:
+    @extend_schema_field(MoneySerializer)
+    def get_price(self, seat) -> dict[str, Any]:
         return {"amount": seat.price_amount, "currency": seat.currency}
 
 
@@ -135,8 +138,9 @@ class PurchaseRequestSerializer(serializers.Serializer):
     `field` `quantity`; neither: 400 `invalid` with `field` `seats`."""
 
     event = serializers.IntegerField(min_value=1, help_text="The event's id")
-    seats = SeatRefsField(required=False,
-                          help_text="Seat refs of that event, e.g. A1. Not with `quantity`")
+    seats = SeatRefsField(
+        required=False, help_text="Seat refs of that event, e.g. A1. Not with `quantity`"
+    )
     quantity = QuantityField(
         required=False,
         help_text="Best available, instead of `seats`: how many seats next to each other "
@@ -152,10 +156,12 @@ class PurchaseRequestSerializer(serializers.Serializer):
         if isinstance(data, Mapping):
             if "seats" in data and "quantity" in data:
                 raise serializers.ValidationError(
-                    {"quantity": ["give either seats or quantity, not both"]})
+                    {"quantity": ["give either seats or quantity, not both"]}
+                )
             if "seats" not in data and "quantity" not in data:
                 raise serializers.ValidationError(
-                    {"seats": ["This field is required (or quantity, for best available)."]})
+                    {"seats": ["This field is required (or quantity, for best available)."]}
+                )
         return super().to_internal_value(data)
 
 
@@ -164,9 +170,11 @@ class PurchaseConflictSerializer(ErrorSerializer):
     the code is `not_enough_seats`."""
 
     available = serializers.IntegerField(
-        required=False, min_value=0,
+        required=False,
+        min_value=0,
         help_text="409 not_enough_seats: the event's seats available and not being taken "
-        "right now (none of them N next to each other in a row)")
+        "right now (none of them N next to each other in a row)",
+    )
 
 
 class PurchaseLinksSerializer(serializers.Serializer):
@@ -181,12 +189,17 @@ class HistoryEntrySerializer(serializers.Serializer):
         # "from" is a Python keyword, so the fields are declared here.
         return {
             "from": serializers.ChoiceField(
-                PURCHASE_STATUSES, source="from_state", allow_null=True, read_only=True,
-                help_text="null for the creation"),
+                PURCHASE_STATUSES,
+                source="from_state",
+                allow_null=True,
+                read_only=True,
+                help_text="null for the creation",
+            ),
             "to": serializers.ChoiceField(PURCHASE_STATUSES, source="to_state", read_only=True),
             "at": serializers.DateTimeField(read_only=True),
-            "reason": serializers.CharField(help_text="A sentence written for the buyer",
-                                            read_only=True),
+            "reason": serializers.CharField(
+                help_text="A sentence written for the buyer", read_only=True
+            ),
         }
 
 
@@ -200,8 +213,9 @@ class PurchaseSummarySerializer(serializers.ModelSerializer):
     event = serializers.IntegerField(source="event_id", read_only=True)
     seats = serializers.SerializerMethodField()
     total = serializers.SerializerMethodField()
-    hold_expires_at = serializers.DateTimeField(source="reservation.hold_expires_at",
-                                                read_only=True)
+    hold_expires_at = serializers.DateTimeField(
+        source="reservation.hold_expires_at", read_only=True
+    )
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -212,10 +226,12 @@ class PurchaseSummarySerializer(serializers.ModelSerializer):
     def get_seats(self, saga) -> list[str]:
         return saga_seat_refs(saga)
 
-    def get_total(self, saga) -> MoneySerializer:
+    @extend_schema_field(MoneySerializer)
+    def get_total(self, saga) -> dict[str, Any]:
         return {"amount": saga.amount, "currency": saga.currency}
 
-    def get_links(self, saga) -> PurchaseLinksSerializer:
+    @extend_schema_field(PurchaseLinksSerializer)
+    def get_links(self, saga) -> dict[str, str]:
         return {"self": f"/api/purchases/{saga.pk}/"}
 
 
@@ -227,10 +243,12 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
         fields = [*PurchaseSummarySerializer.Meta.fields, "payment", "history"]
         read_only_fields = fields
 
-    def get_payment(self, saga) -> PaymentSerializer:
+    @extend_schema_field(PaymentSerializer)
+    def get_payment(self, saga) -> dict[str, Any]:
         return {"intent_id": saga.intent_id, "status": saga_payment_status(saga)}
 
-    def get_history(self, saga) -> HistoryEntrySerializer(many=True):
+    @extend_schema_field(HistoryEntrySerializer(many=True))
+    def get_history(self, saga) -> Any:  # a list (the stubs type .data as a dict)
         return HistoryEntrySerializer(buyer_history(saga), many=True).data
 
 
@@ -247,5 +265,6 @@ class PurchaseAcceptedSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.Serializer):
-    token = serializers.CharField(read_only=True,
-                                  help_text="Send it as `Authorization: Token <token>`")
+    token = serializers.CharField(
+        read_only=True, help_text="Send it as `Authorization: Token <token>`"
+    )

@@ -13,18 +13,17 @@ from .ops.heartbeats import sweeps_stalled
 from .ops.sweeps import sweep_chase, sweep_resume
 from .saga.topics import CHARGE_TASK
 
-_RETRY = {
-    "bind": True,
-    "acks_late": True,
-    "autoretry_for": (Exception,),
-    "retry_backoff": 2,
-    "retry_backoff_max": 120,
-    "retry_jitter": True,
-    "max_retries": 5,
-}
 
-
-@shared_task(name=CHARGE_TASK, **_RETRY)
+@shared_task(
+    name=CHARGE_TASK,
+    bind=True,
+    acks_late=True,
+    autoretry_for=(Exception,),
+    retry_backoff=2,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=5,
+)
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
     return services.saga_charge(saga_id=saga_id).state

@@ -38,35 +38,54 @@ HOLDING = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED})
 
 _CONFIRMING = "We are confirming with your bank"
 _WORDS: dict[SagaState, Status] = {
-    S.PENDING: Status("Seats held", "Your seats are held while we take the payment.",
-                      "progress"),
-    S.CHARGING: Status("Taking the payment", "We are taking the payment; this takes a "
-                       "few seconds.", "progress"),
-    S.UNKNOWN: Status(_CONFIRMING, "The bank has not told us yet whether the payment went "
-                      "through. Your seats stay held meanwhile, and you are never charged "
-                      "twice.", "waiting"),
-    S.UNKNOWN_EXPIRED: Status(_CONFIRMING, "This is taking longer than usual; our team is "
-                              "checking it with the bank. Your seats stay held, and you are "
-                              "never charged twice.", "waiting"),
-    S.CONFIRMED: Status("Confirmed", "Payment received; your seats are booked. Your tickets "
-                        "are below.", "success"),
-    S.PAYMENT_FAILED: Status("Payment declined", "Your payment was declined; we are "
-                             "cancelling the purchase.", "failure"),
-    S.EXPIRED: Status("Hold ran out", "The hold on your seats ran out before the payment "
-                      "went through; we are cancelling the purchase.", "failure"),
+    S.PENDING: Status("Seats held", "Your seats are held while we take the payment.", "progress"),
+    S.CHARGING: Status(
+        "Taking the payment", "We are taking the payment; this takes a few seconds.", "progress"
+    ),
+    S.UNKNOWN: Status(
+        _CONFIRMING,
+        "The bank has not told us yet whether the payment went "
+        "through. Your seats stay held meanwhile, and you are never charged "
+        "twice.",
+        "waiting",
+    ),
+    S.UNKNOWN_EXPIRED: Status(
+        _CONFIRMING,
+        "This is taking longer than usual; our team is "
+        "checking it with the bank. Your seats stay held, and you are "
+        "never charged twice.",
+        "waiting",
+    ),
+    S.CONFIRMED: Status(
+        "Confirmed", "Payment received; your seats are booked. Your tickets are below.", "success"
+    ),
+    S.PAYMENT_FAILED: Status(
+        "Payment declined", "Your payment was declined; we are cancelling the purchase.", "failure"
+    ),
+    S.EXPIRED: Status(
+        "Hold ran out",
+        "The hold on your seats ran out before the payment "
+        "went through; we are cancelling the purchase.",
+        "failure",
+    ),
     S.COMPENSATING: Status("Cancelling", "We are cancelling the purchase.", "failure"),
-    S.COMPENSATION_PENDING: Status("Refund on its way", "Your refund is taking longer than "
-                                   "usual; we keep trying.", "waiting"),
+    S.COMPENSATION_PENDING: Status(
+        "Refund on its way", "Your refund is taking longer than usual; we keep trying.", "waiting"
+    ),
 }
 # The end of a cancelled purchase: the ledger says whether money came back.
-_REFUNDED = Status("Cancelled and refunded", "Your payment was refunded and the purchase "
-                   "cancelled.", "failure")
+_REFUNDED = Status(
+    "Cancelled and refunded", "Your payment was refunded and the purchase cancelled.", "failure"
+)
 
 
 def _not_charged(seat_count: int) -> Status:
     released = "the seat was released" if seat_count == 1 else "the seats were released"
-    return Status("Not booked", f"The payment did not go through: nothing was charged and "
-                  f"{released}.", "failure")
+    return Status(
+        "Not booked",
+        f"The payment did not go through: nothing was charged and {released}.",
+        "failure",
+    )
 
 
 def _state(state: str) -> SagaState | None:
@@ -77,9 +96,11 @@ def _state(state: str) -> SagaState | None:
 
 
 def status_of(state: str, *, refunded: bool, seat_count: int) -> Status:
-    if _state(state) is S.COMPENSATED:
+    known = _state(state)
+    if known is S.COMPENSATED:
         return _REFUNDED if refunded else _not_charged(seat_count)
-    return _WORDS.get(_state(state), Status("Updated", "Your purchase was updated.", "progress"))
+    updated = Status("Updated", "Your purchase was updated.", "progress")
+    return _WORDS.get(known, updated) if known is not None else updated
 
 
 def list_headline(state: str) -> str:
@@ -137,9 +158,14 @@ def hall(seats_json: bytes) -> tuple[list[tuple[str, list[SeatView]]], list[Pric
     prices = sorted({(s["price"]["currency"], s["price"]["amount"]) for s in seats})
     band_of = {price: n for n, price in enumerate(prices, start=1)}
     views = [
-        SeatView(ref=s["ref"], row=s["row"], number=s["number"], status=s["status"],
-                 price=format_money(s["price"]["amount"], s["price"]["currency"]),
-                 band=band_of[(s["price"]["currency"], s["price"]["amount"])])
+        SeatView(
+            ref=s["ref"],
+            row=s["row"],
+            number=s["number"],
+            status=s["status"],
+            price=format_money(s["price"]["amount"], s["price"]["currency"]),
+            band=band_of[(s["price"]["currency"], s["price"]["amount"])],
+        )
         for s in seats
     ]
     views.sort(key=lambda v: (v.row, v.number))
@@ -148,15 +174,22 @@ def hall(seats_json: bytes) -> tuple[list[tuple[str, list[SeatView]]], list[Pric
     for (currency, amount), number in band_of.items():
         in_band = [v for v in views if v.band == number]
         band_rows = sorted({v.row for v in in_band})
-        bands.append(PriceBand(number=number, price=format_money(amount, currency),
-                               rows=_rows_text(band_rows, [r for r, _ in rows]),
-                               count=len(in_band)))
+        bands.append(
+            PriceBand(
+                number=number,
+                price=format_money(amount, currency),
+                rows=_rows_text(band_rows, [r for r, _ in rows]),
+                count=len(in_band),
+            )
+        )
     return rows, bands
 
 
 def _rows_text(band_rows: list[str], all_rows: list[str]) -> str:
-    if len(band_rows) > 2 and all_rows[all_rows.index(band_rows[0]):
-                                        all_rows.index(band_rows[-1]) + 1] == band_rows:
+    if (
+        len(band_rows) > 2
+        and all_rows[all_rows.index(band_rows[0]) : all_rows.index(band_rows[-1]) + 1] == band_rows
+    ):
         return f"{band_rows[0]}–{band_rows[-1]}"
     return ", ".join(band_rows)
 
@@ -173,8 +206,15 @@ class EventView:
 
 
 def events(events_json: bytes) -> list[EventView]:
-    return [EventView(id=e["id"], name=e["name"], starts_at=parse_datetime(e["starts_at"]),
-                      seats_available=e["seats_available"]) for e in json.loads(events_json)]
+    return [
+        EventView(
+            id=e["id"],
+            name=e["name"],
+            starts_at=parse_datetime(e["starts_at"]),
+            seats_available=e["seats_available"],
+        )
+        for e in json.loads(events_json)
+    ]
 
 
 # --- tickets ------------------------------------------------------------------------
@@ -194,7 +234,8 @@ def tickets(reservation_ref: str, seat_refs: list[str]) -> list[Ticket]:
         # segno writes the SVG itself (no user input reaches it but the two
         # refs, which the service drew): safe to inline.
         # A full QR code (make_qr), never a Micro QR, which most phones cannot read.
-        svg = segno.make_qr(code, error="m").svg_inline(scale=5, border=2, title=code,
-                                                      svgclass="qr", lineclass=None)
+        svg = segno.make_qr(code, error="m").svg_inline(
+            scale=5, border=2, title=code, svgclass="qr", lineclass=None
+        )
         made.append(Ticket(seat=seat, code=code, qr_svg=mark_safe(svg)))
     return made

@@ -16,10 +16,11 @@ from django.core.validators import MaxValueValidator
 TEST_PAYMENT_METHODS = [
     ("pm_card_visa", "Test card: charges (pm_card_visa)"),
     ("pm_card_chargeDeclined", "Test card: declined (pm_card_chargeDeclined)"),
-    ("pm_card_timeout_charged",
-     "Test card: charges, answer lost (pm_card_timeout_charged)"),
-    ("pm_card_timeout_not_charged",
-     "Test card: first call lost, then charges (pm_card_timeout_not_charged)"),
+    ("pm_card_timeout_charged", "Test card: charges, answer lost (pm_card_timeout_charged)"),
+    (
+        "pm_card_timeout_not_charged",
+        "Test card: first call lost, then charges (pm_card_timeout_not_charged)",
+    ),
     ("pm_card_unreachable", "Test card: bank unreachable (pm_card_unreachable)"),
 ]
 
@@ -45,8 +46,9 @@ class SeatRefsField(forms.Field):
             raise forms.ValidationError("That is not a seat of this hall.")
         limit = settings.MAX_SEATS_PER_PURCHASE
         if len(refs) > limit:
-            raise forms.ValidationError(f"At most {limit} seats per purchase: you chose "
-                                        f"{len(refs)}.")
+            raise forms.ValidationError(
+                f"At most {limit} seats per purchase: you chose {len(refs)}."
+            )
         return refs
 
 
@@ -54,7 +56,9 @@ class PurchaseForm(forms.Form):
     idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=255)
     seats = SeatRefsField(required=False)
     quantity = forms.IntegerField(
-        required=False, min_value=1, label="How many seats",
+        required=False,
+        min_value=1,
+        label="How many seats",
         help_text="With no seat chosen on the map: we pick the best seats side by side.",
         widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
     )
@@ -65,16 +69,16 @@ class PurchaseForm(forms.Form):
         limit = settings.MAX_SEATS_PER_PURCHASE
         quantity = self.fields["quantity"]
         # The limit is read per form, so that it follows the setting (as the API's).
-        quantity.validators.append(MaxValueValidator(
-            limit, message=f"At most {limit} seats per purchase."))
+        quantity.validators.append(
+            MaxValueValidator(limit, message=f"At most {limit} seats per purchase.")
+        )
         quantity.widget.attrs.update(min=1, max=limit)
         method = self.fields["payment_method"]
         if settings.FAKE_GATEWAY_ENABLED:
             method.widget = forms.Select(choices=TEST_PAYMENT_METHODS)
         else:
             method.help_text = "The payment method token your card processor gave you."
-            method.widget = forms.TextInput(attrs={"autocomplete": "off",
-                                                   "spellcheck": "false"})
+            method.widget = forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
 
     def clean_idempotency_key(self) -> str:
         key = self.cleaned_data["idempotency_key"]
@@ -85,8 +89,10 @@ class PurchaseForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        if not self.errors and not cleaned.get("seats") and not cleaned.get("quantity"):
+        data = self.cleaned_data  # what Form.clean returned (the stubs say "or None")
+        if not self.errors and not data.get("seats") and not data.get("quantity"):
             raise forms.ValidationError(
                 "Choose your seats on the map, or say how many seats you want.",
-                code="nothing_chosen")
+                code="nothing_chosen",
+            )
         return cleaned

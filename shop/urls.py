@@ -11,11 +11,13 @@ urlpatterns = [
     path("purchases/", views.purchase_list, name="shop-purchases"),
     path("purchases/<uuid:saga_id>/", views.purchase_detail, name="shop-purchase"),
     path("purchases/<uuid:saga_id>/live/", views.purchase_live, name="shop-purchase-live"),
-    path("accounts/login/",
-         auth_views.LoginView.as_view(template_name="shop/login.html",
-                                      redirect_authenticated_user=True),
-         name="login"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(
+            template_name="shop/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
     # POST only (Django's LogoutView), with the CSRF token of the page's form.
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"),
-         name="logout"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
 ]

@@ -8,12 +8,13 @@ follows the saga with a light poll that costs a 304 while nothing moves."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import EmptyPage, PageNotAnInteger, Paginator
-from django.http import Http404, HttpResponseNotModified, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseNotModified, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import parse_etags
@@ -48,7 +49,9 @@ PAGE_SIZE = 20
 
 
 def _events() -> list[display.EventView]:
-    return display.events(catalog_answers.event_list().body)
+    body = catalog_answers.event_list().body
+    assert body is not None  # asked with no ETag held: the body comes with the answer
+    return display.events(body)
 
 
 def _event_names() -> dict[int, str]:
@@ -70,39 +73,56 @@ def event_seat_map(request, event_id: int):
     return _seat_map(request, event_id, PurchaseForm(initial=initial))
 
 
-def _seat_map(request, event_id: int, form: PurchaseForm, *, status: int = 200,
-              problem: dict | None = None, chosen: list[str] = ()):
+def _seat_map(
+    request,
+    event_id: int,
+    form: PurchaseForm,
+    *,
+    status: int = 200,
+    problem: dict | None = None,
+    chosen: Iterable[str] = (),
+):
     """The seat map, from the catalog's cache, with the form, a fresh key
     and, after a refusal, the problem in words."""
     seats = catalog_answers.event_seats(event_id=event_id)
     if seats is None:
         raise Http404("no such event")
+    assert seats.body is not None  # asked with no ETag held: the body comes with the answer
     rows, bands = display.hall(seats.body)
-    return render(request, "shop/seat_map.html", {
-        "event": next((e for e in _events() if e.id == event_id), None),
-        "event_id": event_id,
-        "nav": "events",
-        "rows": rows,
-        "bands": bands,
-        "form": form,
-        # A new key for every form drawn; a reload of a refused POST sends
-        # the old one again, which the service refuses (or replays) the same way.
-        "idempotency_key": new_idempotency_key(),
-        "problem": problem,
-        "chosen": set(chosen),
-        "any_available": any(s.status == "available" for _, row in rows for s in row),
-    }, status=status)
+    return render(
+        request,
+        "shop/seat_map.html",
+        {
+            "event": next((e for e in _events() if e.id == event_id), None),
+            "event_id": event_id,
+            "nav": "events",
+            "rows": rows,
+            "bands": bands,
+            "form": form,
+            # A new key for every form drawn; a reload of a refused POST sends
+            # the old one again, which the service refuses (or replays) the same way.
+            "idempotency_key": new_idempotency_key(),
+            "problem": problem,
+            "chosen": set(chosen),
+            "any_available": any(s.status == "available" for _, row in rows for s in row),
+        },
+        status=status,
+    )
 
 
 def _purchase_post(request, event_id: int):
     # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE): a page
     # and the API count one user's starts together.
     throttle = PurchaseStartThrottle()
-    if not throttle.allow_request(request, None):
+    if not throttle.allow_request(request, None):  # type: ignore[arg-type]  # its key needs no view
         wait = throttle.wait()
         retry_after = max(1, math.ceil(wait)) if wait is not None else None
-        response = render(request, "shop/throttled.html",
-                          {"retry_after": retry_after, "event_id": event_id}, status=429)
+        response = render(
+            request,
+            "shop/throttled.html",
+            {"retry_after": retry_after, "event_id": event_id},
+            status=429,
+        )
         if retry_after is not None:
             response["Retry-After"] = str(retry_after)
         return response
@@ -110,43 +130,90 @@ def _purchase_post(request, event_id: int):
     form = PurchaseForm(request.POST)
     chosen = request.POST.getlist("seats")
     if not form.is_valid():
-        return _seat_map(request, event_id, form, status=400, chosen=chosen,
-                         problem={"code": "invalid", "text": _form_problem(form)})
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=400,
+            chosen=chosen,
+            problem={"code": "invalid", "text": _form_problem(form)},
+        )
     data = form.cleaned_data
     try:
         if data["seats"]:
             started = services.purchase_start(
-                user=request.user, idempotency_key=data["idempotency_key"], event_id=event_id,
-                seat_refs=data["seats"], payment_method=data["payment_method"])
+                user=request.user,
+                idempotency_key=data["idempotency_key"],
+                event_id=event_id,
+                seat_refs=data["seats"],
+                payment_method=data["payment_method"],
+            )
         else:
             # Best available (docs/api.md, "Best available"): N adjacent seats the
             # service chooses; exclusive with seat_refs.
             started = services.purchase_start(
-                user=request.user, idempotency_key=data["idempotency_key"], event_id=event_id,
-                seat_refs=None, quantity=data["quantity"],
-                payment_method=data["payment_method"])
+                user=request.user,
+                idempotency_key=data["idempotency_key"],
+                event_id=event_id,
+                seat_refs=None,
+                quantity=data["quantity"],
+                payment_method=data["payment_method"],
+            )
     except SeatUnavailable as exc:
         taken = ", ".join(exc.seats)
-        return _seat_map(request, event_id, form, status=409, chosen=chosen, problem={
-            "code": exc.code, "seats": exc.seats,
-            "text": f"Sorry, {_seat_words(exc.seats)} {taken} "
-                    f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
-                    f"Nothing was charged. The map below is up to date: choose again."})
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=409,
+            chosen=chosen,
+            problem={
+                "code": exc.code,
+                "seats": exc.seats,
+                "text": f"Sorry, {_seat_words(exc.seats)} {taken} "
+                f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
+                f"Nothing was charged. The map below is up to date: choose again.",
+            },
+        )
     except IdempotencyKeyReused as exc:
-        return _seat_map(request, event_id, form, status=422, chosen=chosen, problem={
-            "code": exc.code,
-            "text": "This form was already used for another purchase (see your purchases). "
-                    "Nothing new was bought; choose again below to make a new purchase."})
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=422,
+            chosen=chosen,
+            problem={
+                "code": exc.code,
+                "text": "This form was already used for another purchase (see your purchases). "
+                "Nothing new was bought; choose again below to make a new purchase.",
+            },
+        )
     except (UnknownSeats, UnknownEvent) as exc:
-        return _seat_map(request, event_id, form, status=400, chosen=chosen, problem={
-            "code": "invalid", "text": f"Those seats are not in this hall ({exc}). "
-                                       f"Choose seats on the map."})
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=400,
+            chosen=chosen,
+            problem={
+                "code": "invalid",
+                "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
+            },
+        )
     except NotEnoughSeats as exc:
-        return _seat_map(request, event_id, form, status=409, chosen=chosen, problem={
-            "code": exc.code,
-            "text": f"No row has {data['quantity']} free seats side by side "
-                    f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
-                    f"in all). Nothing was charged. Choose seats on the map, or ask for fewer."})
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=409,
+            chosen=chosen,
+            problem={
+                "code": exc.code,
+                "text": f"No row has {data['quantity']} free seats side by side "
+                f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
+                f"in all). Nothing was charged. Choose seats on the map, or ask for fewer.",
+            },
+        )
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
     # 303: the browser GETs the purchase; a reload there cannot POST again.
     response.status_code = 303
@@ -178,17 +245,21 @@ def purchase_list(request):
     except (EmptyPage, PageNotAnInteger) as exc:
         raise Http404("no such page") from exc
     names = _event_names()
-    rows = [{
-        "id": saga.pk,
-        "event": names.get(saga.event_id, f"event {saga.event_id}"),
-        "seats": selectors.saga_seat_refs(saga),
-        "total": format_money(saga.amount, saga.currency),
-        "created_at": saga.created_at,
-        "state": saga.state,
-        "status": display.list_headline(saga.state),
-    } for saga in page.object_list]
-    return render(request, "shop/purchase_list.html", {"page": page, "purchases": rows,
-                                                        "nav": "purchases"})
+    rows = [
+        {
+            "id": saga.pk,
+            "event": names.get(saga.event_id, f"event {saga.event_id}"),
+            "seats": selectors.saga_seat_refs(saga),
+            "total": format_money(saga.amount, saga.currency),
+            "created_at": saga.created_at,
+            "state": saga.state,
+            "status": display.list_headline(saga.state),
+        }
+        for saga in page.object_list
+    ]
+    return render(
+        request, "shop/purchase_list.html", {"page": page, "purchases": rows, "nav": "purchases"}
+    )
 
 
 def _purchase_context(saga) -> dict:
@@ -207,8 +278,9 @@ def _purchase_context(saga) -> dict:
         "history": buyer_history(saga),
         "holding": display.is_holding(saga.state),
         "hold_expires_at": saga.reservation.hold_expires_at,
-        "tickets": (display.tickets(saga.reservation.ref, seats)
-                    if saga.state == "CONFIRMED" else []),
+        "tickets": (
+            display.tickets(saga.reservation.ref, seats) if saga.state == "CONFIRMED" else []
+        ),
         "reservation": saga.reservation.ref,
         "terminal": terminal,
         "poll_every": POLL_EVERY,
@@ -245,8 +317,8 @@ def purchase_live(request, saga_id):
         raise Http404("no such purchase")
     version, _state = found
     etag = display.purchase_etag(version)
-    held = {tag.removeprefix("W/") for tag in parse_etags(request.headers.get("If-None-Match",
-                                                                                 ""))}
+    held = {tag.removeprefix("W/") for tag in parse_etags(request.headers.get("If-None-Match", ""))}
+    response: HttpResponse
     if etag.removeprefix("W/") in held or "*" in held:
         response = HttpResponseNotModified()
     else:

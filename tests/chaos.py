@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import random
@@ -35,9 +36,11 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from standardwebhooks import Webhook
 
@@ -67,7 +70,7 @@ PAYMENT_METHODS = {
 }
 # Short timings so that a whole story fits in seconds; every one of them is an
 # ordinary setting (README, "Settings").
-SETTINGS = {
+SETTINGS: dict[str, Any] = {
     "PURCHASE_HOLD_SECONDS": 8,
     "RECONCILE_BACKOFF_SECONDS": "1,1,2,2,3,3",
     "RESUME_AFTER_SECONDS": 5,
@@ -99,8 +102,12 @@ SETTINGS = {
     # delivered, and one that ends failed is a bug, not bad luck.
     "WEBHOOK_RETRY_SECONDS": ",".join(["1", "1", "2", "2", "3", "3"] + ["5"] * 14),
 }
-WEBHOOK_TYPES = ("purchase.confirmed", "purchase.failed", "purchase.refunded",
-                 "purchase.needs_attention")
+WEBHOOK_TYPES = (
+    "purchase.confirmed",
+    "purchase.failed",
+    "purchase.refunded",
+    "purchase.needs_attention",
+)
 TERMINAL = ("CONFIRMED", "COMPENSATED")
 ESCALATED = ("UNKNOWN_EXPIRED", "COMPENSATION_PENDING")
 
@@ -145,8 +152,13 @@ class Postgres:
         return f"postgres://{self.user}@127.0.0.1:{self.port}/boxoffice"
 
     def _run(self, *argv: str, timeout: float = 60) -> None:
-        subprocess.run([*self.as_user, *argv], check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            [*self.as_user, *argv],
+            check=True,
+            timeout=timeout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def start(self) -> None:
         self.dir.mkdir(parents=True)
@@ -155,10 +167,21 @@ class Postgres:
         self._run(_pg_bin("initdb"), "-D", str(self.dir), "-U", self.user, "--auth=trust")
         # fsync off: the data is thrown away; the restart we test is a
         # process restart (-m fast), which loses nothing that was committed.
-        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c max_connections=300")
-        self._run(self.pg_ctl, "-D", str(self.dir), "-l", str(self.dir / "log"), "-w",
-                  "-o", options, "start")
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=300"
+        )
+        self._run(
+            self.pg_ctl,
+            "-D",
+            str(self.dir),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-o",
+            options,
+            "start",
+        )
         import psycopg
 
         with psycopg.connect(self.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as c:
@@ -168,8 +191,17 @@ class Postgres:
         """``pg_ctl restart -m fast``: every connection is cut. Returns seconds down."""
         started = time.monotonic()
         down = datetime.datetime.now()
-        self._run(self.pg_ctl, "-D", str(self.dir), "-l", str(self.dir / "log"), "-w",
-                  "-m", "fast", "restart")
+        self._run(
+            self.pg_ctl,
+            "-D",
+            str(self.dir),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-m",
+            "fast",
+            "restart",
+        )
         self.restarts += 1
         self.outages.append((down, datetime.datetime.now()))
         return time.monotonic() - started
@@ -195,8 +227,19 @@ class Redis:
 
     def start(self) -> None:
         self.proc = spawn(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
             log=self.dir / "redis.log",
         )
         wait_until(lambda: listening(self.port), "Redis to listen", 10)
@@ -204,16 +247,24 @@ class Redis:
     def restart_empty(self, *, down_seconds: float = 1.0) -> None:
         """``shutdown nosave``, then a new empty server on the same port: every
         queued and unacknowledged task is gone."""
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
-                       timeout=10, capture_output=True)
+        subprocess.run(
+            ["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
+            timeout=10,
+            capture_output=True,
+        )
+        assert self.proc is not None  # started
         self.proc.wait(10)
         time.sleep(down_seconds)
         self.start()
         self.restarts += 1
 
     def queue_length(self, queue: str) -> int | None:
-        done = subprocess.run(["redis-cli", "-p", str(self.port), "llen", queue],
-                              capture_output=True, text=True, timeout=5)
+        done = subprocess.run(
+            ["redis-cli", "-p", str(self.port), "llen", queue],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         try:
             return int(done.stdout.strip())
         except ValueError:
@@ -238,10 +289,25 @@ class Watchdog:
 
     def __init__(self, *, pg: Postgres, folder: Path, log: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos", "watchdog", "--parent", str(os.getpid()),
-             "--pgdata", str(pg.dir), "--pg-ctl", pg.pg_ctl, "--as-postgres",
-             "1" if pg.as_user else "0", "--folder", str(folder)],
-            cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            [
+                sys.executable,
+                "-m",
+                "tests.chaos",
+                "watchdog",
+                "--parent",
+                str(os.getpid()),
+                "--pgdata",
+                str(pg.dir),
+                "--pg-ctl",
+                pg.pg_ctl,
+                "--as-postgres",
+                "1" if pg.as_user else "0",
+                "--folder",
+                str(folder),
+            ],
+            cwd=ROOT,
+            stdout=open(log, "ab"),
+            stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True,
         )
 
@@ -256,8 +322,11 @@ def _watchdog_main(args) -> None:
     while os.getppid() == args.parent:
         time.sleep(0.5)
     as_user = ["runuser", "-u", "postgres", "--"] if args.as_postgres == "1" else []
-    subprocess.run([*as_user, args.pg_ctl, "-D", args.pgdata, "-m", "immediate", "stop"],
-                   timeout=60, check=False)
+    subprocess.run(
+        [*as_user, args.pg_ctl, "-D", args.pgdata, "-m", "immediate", "stop"],
+        timeout=60,
+        check=False,
+    )
     shutil.rmtree(args.folder, ignore_errors=True)
 
 
@@ -336,8 +405,12 @@ class FlakyReceiver:
             allow_reuse_address = True
 
         self.server = Server(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                         name="webhook-receiver", daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="webhook-receiver",
+            daemon=True,
+        ).start()
         if self.outages and self.outages[-1][1] is None:
             self.outages[-1][1] = datetime.datetime.now(datetime.UTC)
 
@@ -360,6 +433,8 @@ class FlakyReceiver:
     def _answer(self, body: bytes, headers: dict[str, str]) -> str:
         webhook_id = headers.get("webhook-id", "")
         try:
+            if self.secret is None:
+                raise LookupError("no secret yet")
             Webhook(self.secret).verify(body, headers)
             verified = True
         except Exception:  # any refusal of the library, or no secret yet
@@ -372,8 +447,7 @@ class FlakyReceiver:
         with self.lock:
             if not verified:
                 answer = "400"
-            elif (webhook_id in self.accepted
-                  or self.failures[webhook_id] >= self.MAX_FAILURES):
+            elif webhook_id in self.accepted or self.failures[webhook_id] >= self.MAX_FAILURES:
                 answer = "204"
             else:
                 answer = self.rng.choice(("500", "hang", "204"))
@@ -420,28 +494,33 @@ class ChaosStack(ProcessGroup):
         self.queue = f"boxoffice-chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.webhook_queue = f"{self.queue}-webhooks"
         self.base_url = f"http://127.0.0.1:{self.web_port}"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYTEST", "DJANGO", "CELERY", "EMAIL", "CACHE"))}
-        env.update({
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "DEBUG": "false",
-            "SECRET_KEY": "x",
-            "ALLOWED_HOSTS": "127.0.0.1",
-            "FAKE_GATEWAY_ENABLED": "true",
-            "PURCHASE_THROTTLE_RATE": "1000000/min",
-            "DATABASE_URL": pg.url,
-            "CELERY_BROKER_URL": redis.url,
-            "REDIS_URL": redis.url,
-            "CELERY_TASK_DEFAULT_QUEUE": self.queue,
-            "CELERY_WEBHOOK_QUEUE": self.webhook_queue,
-            "PAYMENT_GATEWAY_URL": f"{self.base_url}/fake-gateway/v1",
-            "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-            "EMAIL_FILE_PATH": str(self.mail_dir),
-            "BOXOFFICE_VAR_DIR": str(workdir / "var"),
-            "PYTHONUNBUFFERED": "1",
-            "LOG_LEVEL": "INFO",
-            **{k: str(v) for k, v in settings.items()},
-        })
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PYTEST", "DJANGO", "CELERY", "EMAIL", "CACHE"))
+        }
+        env.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "config.settings",
+                "DEBUG": "false",
+                "SECRET_KEY": "x",
+                "ALLOWED_HOSTS": "127.0.0.1",
+                "FAKE_GATEWAY_ENABLED": "true",
+                "PURCHASE_THROTTLE_RATE": "1000000/min",
+                "DATABASE_URL": pg.url,
+                "CELERY_BROKER_URL": redis.url,
+                "REDIS_URL": redis.url,
+                "CELERY_TASK_DEFAULT_QUEUE": self.queue,
+                "CELERY_WEBHOOK_QUEUE": self.webhook_queue,
+                "PAYMENT_GATEWAY_URL": f"{self.base_url}/fake-gateway/v1",
+                "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+                "EMAIL_FILE_PATH": str(self.mail_dir),
+                "BOXOFFICE_VAR_DIR": str(workdir / "var"),
+                "PYTHONUNBUFFERED": "1",
+                "LOG_LEVEL": "INFO",
+                **{k: str(v) for k, v in settings.items()},
+            }
+        )
         super().__init__(workdir, env)
         self.kills: list[tuple[float, str, int]] = []
         # (name, exit code, log tail) of every process that died on its own
@@ -451,25 +530,50 @@ class ChaosStack(ProcessGroup):
 
     def manage(self, *args: str, timeout: float = 120, check: bool = True):
         return subprocess.run(
-            manage_argv(*args), cwd=ROOT, env=self.env, timeout=timeout,
-            capture_output=True, text=True, check=check, preexec_fn=die_with_parent,
+            manage_argv(*args),
+            cwd=ROOT,
+            env=self.env,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+            check=check,
+            preexec_fn=die_with_parent,
         )
 
     def start_web(self, *, workers: int = 2, threads: int = 16) -> None:
-        self.start("web", gunicorn_argv(
-            port=self.web_port, workers=workers, threads=threads, extra=[
-                "--timeout", "60", "--graceful-timeout", "5", "--access-logfile", "-",
-                "--access-logformat", '%(m)s %(U)s %(s)s %(L)s',
-            ]))
+        self.start(
+            "web",
+            gunicorn_argv(
+                port=self.web_port,
+                workers=workers,
+                threads=threads,
+                extra=[
+                    "--timeout",
+                    "60",
+                    "--graceful-timeout",
+                    "5",
+                    "--access-logfile",
+                    "-",
+                    "--access-logformat",
+                    "%(m)s %(U)s %(s)s %(L)s",
+                ],
+            ),
+        )
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
-        self.start(name, celery_worker_argv(queue=self.queue, concurrency=concurrency,
-                                            hostname=f"{name}@%h"))
+        self.start(
+            name,
+            celery_worker_argv(queue=self.queue, concurrency=concurrency, hostname=f"{name}@%h"),
+        )
 
     def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
         """The pool of webhook attempts (settings.CELERY_WEBHOOK_QUEUE)."""
-        self.start(name, celery_worker_argv(queue=self.webhook_queue, concurrency=concurrency,
-                                            hostname=f"{name}@%h"))
+        self.start(
+            name,
+            celery_worker_argv(
+                queue=self.webhook_queue, concurrency=concurrency, hostname=f"{name}@%h"
+            ),
+        )
 
     def start_relay(self) -> None:
         self.start("relay", relay_argv(poll=0.5))
@@ -486,11 +590,15 @@ class ChaosStack(ProcessGroup):
             except httpx.HTTPError:
                 return False
 
+        def ready(name: str) -> bool:
+            return " ready." in self.log(name)
+
         self.wait_for(web_up, "gunicorn to answer", timeout, every=0.3)
         for name in self.procs:
             if name.startswith("worker"):
-                self.wait_for(lambda n=name: " ready." in self.log(n), f"{name} to be ready",
-                              timeout, every=0.3)
+                self.wait_for(
+                    functools.partial(ready, name), f"{name} to be ready", timeout, every=0.3
+                )
 
     def supervise(self) -> list[str]:
         """Start again every process that exited, as a supervisor would
@@ -500,8 +608,11 @@ class ChaosStack(ProcessGroup):
         restarted = []
         for name, code in self.dead().items():
             self.crashes.append((name, code, self.log(name)[-3000:]))
-            self.start(name, self.argv[name],
-                       header=f"\n=== exited with {code}; restarted by the harness ===\n")
+            self.start(
+                name,
+                self.argv[name],
+                header=f"\n=== exited with {code}; restarted by the harness ===\n",
+            )
             restarted.append(name)
         return restarted
 
@@ -522,9 +633,17 @@ class ChaosStack(ProcessGroup):
                     return name, pid
         return None
 
-    def stop(self, name: str | None = None) -> None:
-        super().stop(name, first=("beat", "relay",
-                            *sorted(n for n in self.procs if n.startswith("worker")), "web"))
+    def stop(self, name: str | None = None, *, first: Iterable[str] = ()) -> None:
+        super().stop(
+            name,
+            first=(
+                *first,
+                "beat",
+                "relay",
+                *sorted(n for n in self.procs if n.startswith("worker")),
+                "web",
+            ),
+        )
 
     # logs and mail
 
@@ -540,10 +659,12 @@ class ChaosStack(ProcessGroup):
     DEAD_CONNECTION = re.compile(
         r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/(ForkPoolWorker-\d+)\] .*"
         r"OperationalError\('(the connection is (?:closed|lost)|terminating connection[^']*)",
-        re.M)
+        re.M,
+    )
 
-    def dead_connection_errors(self, *, after: datetime.datetime,
-                               before: datetime.datetime | None = None) -> list[str]:
+    def dead_connection_errors(
+        self, *, after: datetime.datetime, before: datetime.datetime | None = None
+    ) -> list[str]:
         """Task runs between ``after`` and ``before`` that failed on a dead
         database connection, per pool process: "worker/process: first..last (count)"."""
         spans: dict[str, list] = {}
@@ -556,12 +677,13 @@ class ChaosStack(ProcessGroup):
                     span = spans.setdefault(f"{name}/{process}", [when, when, 0])
                     span[1] = when
                     span[2] += 1
-        return [f"{k}: {a:%H:%M:%S}..{b:%H:%M:%S} ({n} task runs)"
-                for k, (a, b, n) in spans.items()]
+        return [
+            f"{k}: {a:%H:%M:%S}..{b:%H:%M:%S} ({n} task runs)" for k, (a, b, n) in spans.items()
+        ]
 
     def task_results(self) -> Counter:
         """(task, result) -> count, from the workers' "succeeded" log lines."""
-        found = Counter()
+        found: Counter[tuple[str, str]] = Counter()
         pattern = re.compile(r"Task ([\w.]+)\[[^\]]+\] succeeded in [\d.]+s: '?([\w]+)")
         for path in self.workdir.glob("worker*.log"):
             for task, result in pattern.findall(path.read_text(errors="replace")):
@@ -618,8 +740,7 @@ sys.stdout.write("SEED " + json.dumps({{"event": event.pk, "tokens": tokens, "se
 
 
 def seed(stack: ChaosStack, *, users: int, rows: str, per_row: int) -> dict:
-    done = stack.manage("shell", "-c", SEED_SCRIPT.format(users=users, rows=rows,
-                                                          per_row=per_row))
+    done = stack.manage("shell", "-c", SEED_SCRIPT.format(users=users, rows=rows, per_row=per_row))
     return json.loads(done.stdout.split("SEED ", 1)[1])
 
 
@@ -638,8 +759,16 @@ class PurchaseLoad:
     many users; some requests repeat their Idempotency-Key (same body: must
     replay the same purchase; another body: must be refused with 422)."""
 
-    def __init__(self, *, base_url: str, seed_data: dict, threads: int, mean_gap: float,
-                 rng_seed: int, hot_seats: int = 12) -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        seed_data: dict,
+        threads: int,
+        mean_gap: float,
+        rng_seed: int,
+        hot_seats: int = 12,
+    ) -> None:
         self.base_url = base_url
         self.event = seed_data["event"]
         self.tokens = seed_data["tokens"]
@@ -655,8 +784,12 @@ class PurchaseLoad:
 
     def start(self) -> None:
         for n in range(self.threads_n):
-            t = threading.Thread(target=self._run, args=(random.Random(self.rng_seed + n),),
-                                 name=f"load-{n}", daemon=True)
+            t = threading.Thread(
+                target=self._run,
+                args=(random.Random(self.rng_seed + n),),
+                name=f"load-{n}",
+                daemon=True,
+            )
             t.start()
             self.threads.append(t)
 
@@ -673,8 +806,11 @@ class PurchaseLoad:
         import httpx
 
         try:
-            answer = client.post("/api/purchases/", json=body, headers={
-                "Authorization": f"Token {token}", "Idempotency-Key": key})
+            answer = client.post(
+                "/api/purchases/",
+                json=body,
+                headers={"Authorization": f"Token {token}", "Idempotency-Key": key},
+            )
         except httpx.HTTPError as exc:
             self._count(type(exc).__name__)
             return None
@@ -713,12 +849,16 @@ class PurchaseLoad:
             self.stats.replays += 1
             if again.status_code != 202 or again.content != first.content:
                 self.stats.replay_mismatches.append(
-                    (key, first.status_code, first.text[:200], again.status_code,
-                     again.text[:200]))
+                    (key, first.status_code, first.text[:200], again.status_code, again.text[:200])
+                )
 
     def _reuse_with_other_body(self, client, token, key, body) -> None:
-        other = {**body, "payment_method": "pm_card_visa"
-                 if body["payment_method"] != "pm_card_visa" else "pm_card_chargeDeclined"}
+        other = {
+            **body,
+            "payment_method": "pm_card_visa"
+            if body["payment_method"] != "pm_card_visa"
+            else "pm_card_chargeDeclined",
+        }
         again = self._post(client, token, key, other)
         if again is None or again.status_code >= 500:
             return
@@ -746,22 +886,31 @@ class Db:
 
     def unsettled(self) -> tuple[int, int]:
         """(sagas neither terminal nor escalated, outbox rows due and not done)."""
-        live = self.rows("SELECT count(*) FROM purchases_purchasesaga WHERE state <> ALL(%s)",
-                         (list(TERMINAL + ESCALATED),))[0][0]
-        due = self.rows("SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL "
-                        "AND cancelled_at IS NULL AND available_at <= now()")[0][0]
+        live = self.rows(
+            "SELECT count(*) FROM purchases_purchasesaga WHERE state <> ALL(%s)",
+            (list(TERMINAL + ESCALATED),),
+        )[0][0]
+        due = self.rows(
+            "SELECT count(*) FROM outbox_outboxmessage WHERE completed_at IS NULL "
+            "AND cancelled_at IS NULL AND available_at <= now()"
+        )[0][0]
         return live, due
 
     def pending_deliveries(self) -> int:
         """Webhook deliveries still owed an attempt."""
-        return self.rows("SELECT count(*) FROM webhooks_webhookdelivery "
-                         "WHERE status = 'pending'")[0][0]
+        return self.rows("SELECT count(*) FROM webhooks_webhookdelivery WHERE status = 'pending'")[
+            0
+        ][0]
 
     def webhook_deliveries(self) -> list[tuple[str, str, str, str, int]]:
         """(saga id, type, status, webhook-id, attempts) of every delivery."""
-        return [(str(saga_id), *rest) for saga_id, *rest in self.rows(
-            "SELECT saga_id, event_type, status, message_id, armed_attempt "
-            "FROM webhooks_webhookdelivery ORDER BY id")]
+        return [
+            (str(saga_id), *rest)
+            for saga_id, *rest in self.rows(
+                "SELECT saga_id, event_type, status, message_id, armed_attempt "
+                "FROM webhooks_webhookdelivery ORDER BY id"
+            )
+        ]
 
     def webhook_attempts(self) -> list[tuple[datetime.datetime, int | None, str]]:
         """(started at, status code, error) of every attempt."""
@@ -810,7 +959,8 @@ class Db:
                 "SELECT s.id, s.state, EXTRACT(EPOCH FROM min(h.at) - s.created_at) "
                 "FROM purchases_purchasesaga s JOIN purchases_sagahistory h ON h.saga_id = s.id "
                 "WHERE h.to_state = ANY(%s) GROUP BY s.id, s.state, s.created_at",
-                (list(TERMINAL + ESCALATED),))
+                (list(TERMINAL + ESCALATED),),
+            )
         ]
 
     def states(self) -> dict[str, str]:
@@ -850,11 +1000,15 @@ class Db:
             "GROUP BY 1, 2"
         ):
             if state == "CONFIRMED" and (charges, refunds) != (1, 0):
-                problems.append(f"saga {saga_id} CONFIRMED with {charges} charge(s), "
-                                f"{refunds} refund(s) in the ledger")
+                problems.append(
+                    f"saga {saga_id} CONFIRMED with {charges} charge(s), "
+                    f"{refunds} refund(s) in the ledger"
+                )
             if state == "COMPENSATED" and charges != refunds:
-                problems.append(f"saga {saga_id} COMPENSATED with {charges} charge(s), "
-                                f"{refunds} refund(s) in the ledger")
+                problems.append(
+                    f"saga {saga_id} COMPENSATED with {charges} charge(s), "
+                    f"{refunds} refund(s) in the ledger"
+                )
         return problems
 
     def export(self, path: Path) -> None:
@@ -863,69 +1017,88 @@ class Db:
         for saga_id, state, method, intent, created in self.rows(
             "SELECT id, state, payment_method, intent_id, created_at FROM purchases_purchasesaga"
         ):
-            sagas[str(saga_id)] = {"state": state, "method": method, "intent": intent,
-                                   "created": created.isoformat(), "history": []}
+            sagas[str(saga_id)] = {
+                "state": state,
+                "method": method,
+                "intent": intent,
+                "created": created.isoformat(),
+                "history": [],
+            }
         for saga_id, at, frm, to, actor, reason in self.rows(
             "SELECT saga_id, at, from_state, to_state, actor, reason FROM purchases_sagahistory "
             "ORDER BY at, id"
         ):
-            sagas[str(saga_id)]["history"].append(
-                [at.isoformat(), frm, to, actor, reason])
+            sagas[str(saga_id)]["history"].append([at.isoformat(), frm, to, actor, reason])
         path.write_text(json.dumps(sagas, indent=1))
 
     def dossier(self, saga_id: str) -> str:
         """Everything the tables know about one saga, for a failure report."""
-        (saga,) = self.rows(
+        found = self.rows(
             "SELECT id, state, version, payment_method, intent_id, created_at, updated_at "
-            "FROM purchases_purchasesaga WHERE id = %s", (saga_id,)) or [None]
-        if saga is None:
+            "FROM purchases_purchasesaga WHERE id = %s",
+            (saga_id,),
+        )
+        if not found:
             return f"saga {saga_id}: no such saga"
-        lines = [f"saga {saga[0]} {saga[1]} v{saga[2]} {saga[3]} {saga[4]} "
-                 f"created {saga[5]:%H:%M:%S.%f} updated {saga[6]:%H:%M:%S.%f}", "  history:"]
+        (saga,) = found
+        lines = [
+            f"saga {saga[0]} {saga[1]} v{saga[2]} {saga[3]} {saga[4]} "
+            f"created {saga[5]:%H:%M:%S.%f} updated {saga[6]:%H:%M:%S.%f}",
+            "  history:",
+        ]
         for at, frm, to, actor, reason in self.rows(
             "SELECT at, from_state, to_state, actor, reason FROM purchases_sagahistory "
-            "WHERE saga_id = %s ORDER BY at, id", (saga_id,)
+            "WHERE saga_id = %s ORDER BY at, id",
+            (saga_id,),
         ):
             lines.append(f"    {at:%H:%M:%S.%f} {frm or '-'} -> {to} [{actor}] {reason}")
         lines.append("  probes:")
         for at, asked, answer, detail, attempt in self.rows(
             "SELECT at, asked, answer, detail, attempt FROM purchases_reconciliationprobe "
-            "WHERE saga_id = %s ORDER BY at, id", (saga_id,)
+            "WHERE saga_id = %s ORDER BY at, id",
+            (saga_id,),
         ):
             lines.append(f"    {at:%H:%M:%S.%f} {asked} -> {answer} ({detail}) attempt {attempt}")
         lines.append("  outbox:")
         for row in self.rows(
             "SELECT id, topic, key, available_at, fired_at, handed_over_at, completed_at, "
             "cancelled_at, deliveries FROM outbox_outboxmessage WHERE saga_id = %s ORDER BY id",
-            (saga_id,)
+            (saga_id,),
         ):
             stamp = [f"{t:%H:%M:%S.%f}" if t else "-" for t in row[3:8]]
-            lines.append(f"    #{row[0]} {row[1]} {row[2]} due {stamp[0]} fired {stamp[1]} "
-                         f"handed {stamp[2]} done {stamp[3]} cancelled {stamp[4]} "
-                         f"deliveries {row[8]}")
+            lines.append(
+                f"    #{row[0]} {row[1]} {row[2]} due {stamp[0]} fired {stamp[1]} "
+                f"handed {stamp[2]} done {stamp[3]} cancelled {stamp[4]} "
+                f"deliveries {row[8]}"
+            )
         lines.append("  gateway requests:")
         for created, endpoint, status, timed_out in self.rows(
             "SELECT r.created, r.endpoint, r.status_code, r.timed_out "
             "FROM fake_gateway_fakerequest r WHERE r.intent_id = %s ORDER BY r.id",
-            (saga[4],)
+            (saga[4],),
         ):
-            lines.append(f"    {created:%H:%M:%S.%f} {endpoint} -> {status}"
-                         + (" (timed out)" if timed_out else ""))
+            lines.append(
+                f"    {created:%H:%M:%S.%f} {endpoint} -> {status}"
+                + (" (timed out)" if timed_out else "")
+            )
         lines.append("  webhooks:")
         for delivery_id, event_type, status, message_id in self.rows(
             "SELECT id, event_type, status, message_id FROM webhooks_webhookdelivery "
-            "WHERE saga_id = %s ORDER BY id", (saga_id,)
+            "WHERE saga_id = %s ORDER BY id",
+            (saga_id,),
         ):
             lines.append(f"    {event_type} {message_id} {status}")
             for number, at, code, error in self.rows(
                 "SELECT number, at, status_code, error FROM webhooks_webhookattempt "
-                "WHERE delivery_id = %s ORDER BY number", (delivery_id,)
+                "WHERE delivery_id = %s ORDER BY number",
+                (delivery_id,),
             ):
                 lines.append(f"      #{number} {at:%H:%M:%S.%f} -> {code or '-'} {error}")
         lines.append("  ledger:")
         for kind, amount, at in self.rows(
             "SELECT kind, amount, created_at FROM ledger_ledgerentry WHERE intent_id = %s "
-            "ORDER BY id", (saga[4],)
+            "ORDER BY id",
+            (saga[4],),
         ):
             lines.append(f"    {at:%H:%M:%S.%f} {kind} {amount}")
         return "\n".join(lines)
@@ -948,8 +1121,10 @@ def webhook_problems(db: Db, receiver: FlakyReceiver) -> tuple[list[str], set[st
     for saga_id, event_type, status, message_id, attempts in deliveries:
         got[saga_id].add(event_type)
         if status != "delivered":
-            problems.append(f"webhook: {event_type} for saga {saga_id} ({message_id}) is "
-                            f"{status} after {attempts} attempt(s) with the receiver up")
+            problems.append(
+                f"webhook: {event_type} for saga {saga_id} ({message_id}) is "
+                f"{status} after {attempts} attempt(s) with the receiver up"
+            )
             suspects.add(saga_id)
     for saga_id in sorted(set(owed) | set(got)):
         if saga_id not in owed:
@@ -957,8 +1132,10 @@ def webhook_problems(db: Db, receiver: FlakyReceiver) -> tuple[list[str], set[st
             continue
         missing, extra = owed[saga_id] - got[saga_id], got[saga_id] - owed[saga_id]
         if missing or extra:
-            problems.append(f"webhook: saga {saga_id} owes {sorted(owed[saga_id])}; missing "
-                            f"{sorted(missing)}, contradicting {sorted(extra)}")
+            problems.append(
+                f"webhook: saga {saga_id} owes {sorted(owed[saga_id])}; missing "
+                f"{sorted(missing)}, contradicting {sorted(extra)}"
+            )
             suspects.add(saga_id)
 
     with receiver.lock:
@@ -969,21 +1146,33 @@ def webhook_problems(db: Db, receiver: FlakyReceiver) -> tuple[list[str], set[st
         ids[h.saga_id, h.event_type].add(h.webhook_id)
     unsigned = [h for h in heard if not h.verified]
     if unsigned:
-        problems.append(f"webhook: {len(unsigned)} request(s) failed signature verification, "
-                        f"e.g. {unsigned[:3]}")
-    stored = {(saga_id, event_type): message_id
-              for saga_id, event_type, _, message_id, _ in deliveries}
+        problems.append(
+            f"webhook: {len(unsigned)} request(s) failed signature verification, "
+            f"e.g. {unsigned[:3]}"
+        )
+    stored = {
+        (saga_id, event_type): message_id for saga_id, event_type, _, message_id, _ in deliveries
+    }
     for key, seen in sorted(ids.items(), key=str):
-        message_id = stored.get(key)
-        if seen != {message_id}:
-            problems.append(f"webhook: the receiver heard webhook-id(s) {sorted(seen)} for "
-                            f"{key[1]} of saga {key[0]}; the delivery's is {message_id}")
+        heard_saga, heard_type = key
+        theirs = (
+            stored.get((heard_saga, heard_type))
+            if heard_saga is not None and heard_type is not None
+            else None
+        )
+        if seen != {theirs}:
+            problems.append(
+                f"webhook: the receiver heard webhook-id(s) {sorted(seen)} for "
+                f"{key[1]} of saga {key[0]}; the delivery's is {theirs}"
+            )
             if key[0]:
                 suspects.add(key[0])
     for (saga_id, event_type), message_id in stored.items():
         if message_id not in accepted:
-            problems.append(f"webhook: {event_type} for saga {saga_id} ({message_id}) was "
-                            "never answered 2xx by the receiver")
+            problems.append(
+                f"webhook: {event_type} for saga {saga_id} ({message_id}) was "
+                "never answered 2xx by the receiver"
+            )
             suspects.add(saga_id)
     return problems, suspects
 
@@ -993,18 +1182,29 @@ def webhook_summary(db: Db, receiver: FlakyReceiver) -> list[str]:
     statuses = Counter(d[2] for d in deliveries)
     types = Counter(d[1] for d in deliveries)
     attempts = db.webhook_attempts()
-    outages = [(down, up) for down, up in receiver.outages if up is not None]
+    outages = [
+        (down, up) for down, up in receiver.outages if down is not None and up is not None
+    ]  # (down: always set)
     refused = [at for at, code, error in attempts if error.startswith("ConnectError")]
     # An attempt's time is taken just before it connects.
-    while_down = sum(1 for at in refused for down, up in outages
-                     if down - datetime.timedelta(seconds=1) <= at <= up)
+    while_down = sum(
+        1
+        for at in refused
+        for down, up in outages
+        if down - datetime.timedelta(seconds=1) <= at <= up
+    )
     kinds = Counter(
-        "2xx" if code is not None and 200 <= code < 300
-        else f"HTTP {code}" if code is not None
-        else "timeout" if error.startswith("timeout")
-        else "refused" if error.startswith("ConnectError")
+        "2xx"
+        if code is not None and 200 <= code < 300
+        else f"HTTP {code}"
+        if code is not None
+        else "timeout"
+        if error.startswith("timeout")
+        else "refused"
+        if error.startswith("ConnectError")
         else "other"
-        for _, code, error in attempts)
+        for _, code, error in attempts
+    )
     down_for = sum((up - down).total_seconds() for down, up in outages)
     return [
         f"webhooks: {len(deliveries)} deliveries {dict(statuses)}, by type {dict(types)}",

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Any
 
 import pytest
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
 from django.db import connection
 from django.utils import timezone
+from redis import Redis
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -123,6 +127,14 @@ def start_purchase(user, event, seats=("A1",), payment_method="pm_card_visa", ke
     return PurchaseSaga.objects.get(pk=started.saga_id)
 
 
+def cache_redis(*, write: bool = False) -> Redis:
+    """The Redis client under the default cache (Redis, as on the real stack:
+    tests/settings.py)."""
+    backend = caches["default"]
+    assert isinstance(backend, RedisCache), "the tests' cache is Redis (tests/settings.py)"
+    return backend._cache.get_client(write=write)
+
+
 class BrokerQueue:
     """The real Celery queue of this test session on Redis."""
 
@@ -136,14 +148,20 @@ class BrokerQueue:
 
     def purge(self) -> None:
         with self.app.connection_for_write() as conn:
-            conn.default_channel.queue_purge(self.name)
+            conn.default_channel.queue_purge(  # type: ignore[attr-defined]  # channels have it
+                self.name
+            )
 
     def messages(self) -> list[dict]:
         """Drain and return the queued task messages (name and args)."""
         out = []
         with self.app.connection_for_write() as conn:
             channel = conn.default_channel
-            while (msg := channel.basic_get(self.name, no_ack=True)) is not None:
+            while (
+                msg := channel.basic_get(  # type: ignore[attr-defined]  # channels have it
+                    self.name, no_ack=True
+                )
+            ) is not None:
                 out.append({"task": msg.headers["task"], "args": msg.decode()[0]})
         return out
 
@@ -168,7 +186,7 @@ def race(n, attempt, *, lock_timeout=None):
     thread has its own database connection (with ``lock_timeout`` set on it
     when given). Returns the results (or exceptions) by index."""
     barrier = threading.Barrier(n, timeout=60)
-    results = [None] * n
+    results: list[Any] = [None] * n
 
     def run(i):
         try:

@@ -1,11 +1,25 @@
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import factory
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from purchases.models import Event, Seat
 
+T = TypeVar("T")
 
-class UserFactory(factory.django.DjangoModelFactory):
+if TYPE_CHECKING:
+    # ``SomeFactory(...)`` returns the model instance (factory_boy's metaclass
+    # makes it so, untyped): said here, for the type checker only.
+    class ModelFactory(factory.django.DjangoModelFactory[T]):
+        def __new__(cls, **kwargs: Any) -> T: ...  # type: ignore[misc]  # the metaclass's doing
+else:
+    ModelFactory = factory.django.DjangoModelFactory
+
+
+class UserFactory(ModelFactory[User]):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
@@ -16,13 +30,13 @@ class UserFactory(factory.django.DjangoModelFactory):
     password = factory.django.Password("pw")
 
 
-class EventFactory(factory.django.DjangoModelFactory):
+class EventFactory(ModelFactory[Event]):
     class Meta:
         model = Event
         skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"event {n}")
-    starts_at = factory.LazyFunction(lambda: timezone.now() + timezone.timedelta(days=7))
+    starts_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
 
     @factory.post_generation
     def seats(event, create, extracted, **kwargs):
@@ -30,11 +44,10 @@ class EventFactory(factory.django.DjangoModelFactory):
         refs = extracted if extracted is not None else [f"A{n}" for n in range(1, 5)]
         price = kwargs.get("price", 2500)
         for ref in refs:
-            SeatFactory(event=event, ref=ref, row=ref[0], number=int(ref[1:]),
-                        price_amount=price)
+            SeatFactory(event=event, ref=ref, row=ref[0], number=int(ref[1:]), price_amount=price)
 
 
-class SeatFactory(factory.django.DjangoModelFactory):
+class SeatFactory(ModelFactory[Seat]):
     class Meta:
         model = Seat
 

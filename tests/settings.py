@@ -6,9 +6,7 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-not-secret")
 os.environ.setdefault("FAKE_GATEWAY_ENABLED", "true")
-os.environ.setdefault(
-    "DATABASE_URL", f"postgres://{getpass.getuser()}@127.0.0.1:5432/boxoffice"
-)
+os.environ.setdefault("DATABASE_URL", f"postgres://{getpass.getuser()}@127.0.0.1:5432/boxoffice")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
 # One queue per test session, so that nothing a concurrent `make run` (or
@@ -28,8 +26,12 @@ from config.settings import *  # noqa: E402,F403
 # web process. Never cleared by a test: that would flush the Redis database
 # other sessions share; tests/test_catalog_cache.py takes a prefix per test.
 if "CACHE_URL" not in os.environ:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": os.environ["REDIS_URL"]}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["REDIS_URL"],
+        }
+    }
 CACHES["default"]["KEY_PREFIX"] = os.environ["TEST_CACHE_KEY_PREFIX"]  # noqa: F405
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

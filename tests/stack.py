@@ -22,35 +22,47 @@ class Stack(ProcessGroup):
         self.mail_dir = workdir / "mail"
         self.mail_dir.mkdir(parents=True, exist_ok=True)
         db = connection.settings_dict
-        super().__init__(workdir, {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": (
-                f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
-                f"/{db['NAME']}"
-            ),
-            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-            "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
-            "CELERY_WEBHOOK_QUEUE": settings.CELERY_WEBHOOK_QUEUE,
-            "PAYMENT_GATEWAY_URL": gateway_url,
-            "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-            "EMAIL_FILE_PATH": str(self.mail_dir),
-            "OUTBOX_POLL_SECONDS": "0.2",
-            "OUTBOX_HAND_OVER_ON_COMMIT": "true",
-            "PYTHONUNBUFFERED": "1",
-            "LOG_LEVEL": "INFO",
-            **(extra_env or {}),
-        }, tail_chars=6000)
+        super().__init__(
+            workdir,
+            {
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "DATABASE_URL": (
+                    f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+                    f"/{db['NAME']}"
+                ),
+                "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+                "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+                "CELERY_WEBHOOK_QUEUE": settings.CELERY_WEBHOOK_QUEUE,
+                "PAYMENT_GATEWAY_URL": gateway_url,
+                "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+                "EMAIL_FILE_PATH": str(self.mail_dir),
+                "OUTBOX_POLL_SECONDS": "0.2",
+                "OUTBOX_HAND_OVER_ON_COMMIT": "true",
+                "PYTHONUNBUFFERED": "1",
+                "LOG_LEVEL": "INFO",
+                **(extra_env or {}),
+            },
+            tail_chars=6000,
+        )
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, live_server, workdir: Path, *, extra_env: dict | None = None,
-                concurrency: int = 2, webhooks: bool = False) -> Iterator[Stack]:
+    def running(
+        cls,
+        live_server,
+        workdir: Path,
+        *,
+        extra_env: dict | None = None,
+        concurrency: int = 2,
+        webhooks: bool = False,
+    ) -> Iterator[Stack]:
         """A worker (and, with ``webhooks``, a webhook worker) and a relay,
         started and ready, calling the fake gateway on ``live_server``;
         stopped on the way out."""
-        stack = cls(gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=workdir,
-                    extra_env=extra_env)
+        stack = cls(
+            gateway_url=f"{live_server.url}/fake-gateway/v1", workdir=workdir, extra_env=extra_env
+        )
         try:
             stack.start_worker(concurrency=concurrency)
             if webhooks:
@@ -62,13 +74,23 @@ class Stack(ProcessGroup):
             stack.stop()
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
-        self.start(name, celery_worker_argv(queue=settings.CELERY_TASK_DEFAULT_QUEUE,
-                                            concurrency=concurrency, hostname=f"{name}@%h"))
+        self.start(
+            name,
+            celery_worker_argv(
+                queue=settings.CELERY_TASK_DEFAULT_QUEUE,
+                concurrency=concurrency,
+                hostname=f"{name}@%h",
+            ),
+        )
 
     def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
         """The pool of webhook attempts (settings.CELERY_WEBHOOK_QUEUE)."""
-        self.start(name, celery_worker_argv(queue=settings.CELERY_WEBHOOK_QUEUE,
-                                            concurrency=concurrency, hostname=f"{name}@%h"))
+        self.start(
+            name,
+            celery_worker_argv(
+                queue=settings.CELERY_WEBHOOK_QUEUE, concurrency=concurrency, hostname=f"{name}@%h"
+            ),
+        )
 
     def start_relay(self, name: str = "relay") -> None:
         self.start(name, relay_argv(poll=0.2))

@@ -63,7 +63,7 @@ class Emails:
 def emails_by_reservation() -> Emails:
     out = Emails()
     for message in mail.outbox:
-        match = _SUBJECT.match(message.subject)
+        match = _SUBJECT.match(str(message.subject))
         assert match, f"unexpected email subject {message.subject!r}"
         ref = match["r1"] or match["r2"] or match["r3"]
         kind = "confirmed" if match["confirmed"] else "failed" if match["failed"] else "corrected"
@@ -143,7 +143,8 @@ def check_money(*, saga_ids) -> None:
         net = sum(amount for _, amount in entries)
         assert all(n == 1 for n in kinds.values()), f"saga {sid}: ledger kinds {kinds}"
         refund_in_doubt = (
-            state in REFUND_IN_DOUBT and kinds == Counter({"charge": 1})
+            state in REFUND_IN_DOUBT
+            and kinds == Counter({"charge": 1})
             and [status for status, _ in made] == ["refunded"]
         )
         if entries and not refund_in_doubt:
@@ -208,7 +209,9 @@ def check_emails(*, saga_ids) -> Emails:
         saga = sagas[ref]
         sid, state = saga["pk"], saga["state"]
         confirmed, failed, corrected = (
-            emails.confirmed[ref], emails.failed[ref], emails.corrected[ref]
+            emails.confirmed[ref],
+            emails.failed[ref],
+            emails.corrected[ref],
         )
         assert confirmed <= 1, f"saga {sid}: {confirmed} confirmation emails"
         assert failed + corrected <= 1, f"saga {sid}: {failed} failure + {corrected} correction"
@@ -259,7 +262,9 @@ def check_settled(*, event_id: int, saga_ids) -> None:
             history = list(saga.history.order_by("at", "id").values_list("to_state", "reason"))
             raise AssertionError(f"saga {sid} stuck in {state}; history {history}")
     stuck = OutboxMessage.objects.filter(
-        saga_id__in=saga_ids, completed_at__isnull=True, cancelled_at__isnull=True,
+        saga_id__in=saga_ids,
+        completed_at__isnull=True,
+        cancelled_at__isnull=True,
         fired_at__isnull=False,
     ).values_list("topic", "payload")
     assert not list(stuck), f"outbox rows handed over but never completed: {list(stuck)}"

@@ -13,6 +13,7 @@ from freezegun import freeze_time
 from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
 from purchases.models import GatewayAnswer, PurchaseSaga, SagaHistory, Seat
+from purchases.saga.states import SagaState
 from purchases.services import By, purchase_refund, saga_charge, saga_transition
 
 from .conftest import drain_outbox, start_purchase
@@ -22,8 +23,10 @@ CHANGELIST = "/admin/purchases/purchasesaga/"
 T0 = "2026-12-02 12:00:00"
 BACKOFF = [60, 120, 240, 480, 960, 1920]
 SEATS = [f"A{n}" for n in range(1, 9)]
-RUNBOOK_TEMPLATES = {"admin/purchases/purchasesaga/runbook_confirm.html",
-                     "admin/purchases/purchasesaga/runbook_result.html"}
+RUNBOOK_TEMPLATES = {
+    "admin/purchases/purchasesaga/runbook_confirm.html",
+    "admin/purchases/purchasesaga/runbook_result.html",
+}
 
 
 def change_url(saga) -> str:
@@ -92,7 +95,9 @@ def unknown(user, event, seat, payment_method="pm_card_timeout_charged"):
 
 def unknown_expired(user, event, seat, payment_method="pm_card_timeout_charged"):
     saga = unknown(user, event, seat, payment_method=payment_method)
-    return saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="schedule exhausted")
+    return saga_transition(
+        saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="schedule exhausted"
+    )
 
 
 def compensation_pending(user, event, seat, gateway):
@@ -120,8 +125,9 @@ def _counts() -> dict:
     }
 
 
-def _post_action(client, action, sagas, *, reason="checked at the gateway", confirm=True,
-                 follow=False, **extra):
+def _post_action(
+    client, action, sagas, *, reason="checked at the gateway", confirm=True, follow=False, **extra
+):
     data = {"action": action, "_selected_action": [str(s.pk) for s in sagas], **extra}
     if confirm:
         data.update(confirm="yes", reason=reason)
@@ -189,8 +195,10 @@ def test_age_bucket_filter(client, operator, alice, big_event, faulty_gateway):
         old = pending(alice, big_event, "A5", now=now - timedelta(days=3))
         client.force_login(operator)
 
-        buckets = {b: _listed(client.get(CHANGELIST, {"age": b}))
-                   for b in ("lt5m", "5m-1h", "1h-1d", "gt1d")}
+        buckets = {
+            b: _listed(client.get(CHANGELIST, {"age": b}))
+            for b in ("lt5m", "5m-1h", "1h-1d", "gt1d")
+        }
         everything = client.get(CHANGELIST)
         by_age = client.get(CHANGELIST, {"o": "3"})  # the age column (after the checkbox)
 
@@ -201,15 +209,21 @@ def test_age_bucket_filter(client, operator, alice, big_event, faulty_gateway):
         "gt1d": {old.pk},
     }
     assert [s.pk for s in by_age.context["cl"].result_list] == [
-        young.pk, five_minutes.pk, mid.pk, hours.pk, old.pk]
+        young.pk,
+        five_minutes.pk,
+        mid.pk,
+        hours.pk,
+        old.pk,
+    ]
     html = everything.content.decode()
     assert "&lt; 5 min" in html and "&gt; 1 day" in html
     assert "3\xa0days" in html and "30\xa0minutes" in html  # the humanized age column
 
 
 @pytest.mark.django_db
-def test_search_by_saga_id_intent_reservation_and_buyer(op_client, alice, bob, big_event,
-                                                         faulty_gateway):
+def test_search_by_saga_id_intent_reservation_and_buyer(
+    op_client, alice, bob, big_event, faulty_gateway
+):
     first = pending(alice, big_event, "A1")
     second = confirmed(alice, big_event, "A2")
     bobs = pending(bob, big_event, "A3")
@@ -234,7 +248,8 @@ def test_search_by_saga_id_intent_reservation_and_buyer(op_client, alice, bob, b
 
 @pytest.mark.django_db
 def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
-        op_client, alice, event, gateway, long_hold):
+    op_client, alice, event, gateway, long_hold
+):
     # given: a charge whose answer was lost, reconciled by the first probe
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
@@ -253,11 +268,17 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
     assert "gateway_view" not in response.context
     html = response.content.decode()
     history = [(h.from_state, h.to_state) for h in response.context["history"]]
-    assert history == [(None, "PENDING"), ("PENDING", "CHARGING"), ("CHARGING", "UNKNOWN"),
-                       ("UNKNOWN", "CONFIRMED")]
+    assert history == [
+        (None, "PENDING"),
+        ("PENDING", "CHARGING"),
+        ("CHARGING", "UNKNOWN"),
+        ("UNKNOWN", "CONFIRMED"),
+    ]
     assert "reconciled: charged at the gateway" in html
     assert [(p.asked, p.answer, p.attempt) for p in response.context["gateway_answers"]] == [
-        ("charge", "unknown", 0), ("retrieve", "succeeded", 1)]
+        ("charge", "unknown", 0),
+        ("retrieve", "succeeded", 1),
+    ]
     hold = next(r for r in response.context["outbox"] if r.message.key == f"hold:{saga.pk}")
     assert (hold.kind, hold.status) == ("timer", "cancelled")
     assert hold.message.cancelled_at is not None and hold.message.fired_at is None
@@ -274,8 +295,10 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
 
     # then: one live look-up, shown with its charge
     assert response.status_code == 200
-    assert gateway.calls[len(calls_before):] == [("retrieve", saga.intent_id),
-                                                 ("list_charges", saga.intent_id)]
+    assert gateway.calls[len(calls_before) :] == [
+        ("retrieve", saga.intent_id),
+        ("list_charges", saga.intent_id),
+    ]
     view = response.context["gateway_view"]
     assert view["status"] == "succeeded"
     [(charge, amount)] = view["charges"]
@@ -287,8 +310,9 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
 
 
 @pytest.mark.django_db
-def test_saga_page_renders_when_the_gateway_does_not_answer(op_client, alice, event,
-                                                            faulty_gateway, monkeypatch):
+def test_saga_page_renders_when_the_gateway_does_not_answer(
+    op_client, alice, event, faulty_gateway, monkeypatch
+):
     from payments.interface import GatewayUnavailable
 
     saga = unknown(alice, event, "A1")
@@ -330,11 +354,16 @@ def test_saga_page_of_an_escalated_saga_offers_its_runbook(op_client, alice, eve
 
     assert "Needs an operator" in response.content.decode()
     assert [name for name, _ in response.context["runbook_actions"]] == [
-        "reconcile_now", "confirm_after_manual_check", "compensate_after_manual_check"]
+        "reconcile_now",
+        "confirm_after_manual_check",
+        "compensate_after_manual_check",
+    ]
 
     # the page's button leads to the dry run
-    dry_run = op_client.post(CHANGELIST, {"action": "confirm_after_manual_check",
-                                          "_selected_action": str(saga.pk), "index": "0"})
+    dry_run = op_client.post(
+        CHANGELIST,
+        {"action": "confirm_after_manual_check", "_selected_action": str(saga.pk), "index": "0"},
+    )
     assert dry_run.templates[0].name == "admin/purchases/purchasesaga/runbook_confirm.html"
     assert _state(saga) == "UNKNOWN_EXPIRED"
 
@@ -377,24 +406,47 @@ ALLOWED = [
     # action, given, expected state, expected seat status, ledger (kind, amount)
     ("reconcile_now", _reconcile_unknown, "CONFIRMED", "sold", [("charge", 2500)]),
     ("resume_now", _resume_pending, "CONFIRMED", "sold", [("charge", 2500)]),
-    ("confirm_after_manual_check", _confirm_unknown_expired, "CONFIRMED", "sold",
-     [("charge", 2500)]),
-    ("confirm_after_manual_check", _confirm_compensation_pending, "COMPENSATED", "available",
-     [("charge", 2500), ("refund", -2500)]),
-    ("compensate_after_manual_check", _compensate_unknown_expired, "COMPENSATED", "available",
-     []),
-    ("compensate_after_manual_check", _compensate_compensation_pending, "COMPENSATED",
-     "available", [("charge", 2500), ("refund", -2500)]),
-    ("refund", _refund_confirmed, "COMPENSATED", "available",
-     [("charge", 2500), ("refund", -2500)]),
+    (
+        "confirm_after_manual_check",
+        _confirm_unknown_expired,
+        "CONFIRMED",
+        "sold",
+        [("charge", 2500)],
+    ),
+    (
+        "confirm_after_manual_check",
+        _confirm_compensation_pending,
+        "COMPENSATED",
+        "available",
+        [("charge", 2500), ("refund", -2500)],
+    ),
+    ("compensate_after_manual_check", _compensate_unknown_expired, "COMPENSATED", "available", []),
+    (
+        "compensate_after_manual_check",
+        _compensate_compensation_pending,
+        "COMPENSATED",
+        "available",
+        [("charge", 2500), ("refund", -2500)],
+    ),
+    (
+        "refund",
+        _refund_confirmed,
+        "COMPENSATED",
+        "available",
+        [("charge", 2500), ("refund", -2500)],
+    ),
 ]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("action", "given", "expected", "seat", "ledger"), ALLOWED,
-                         ids=[f"{a[0]}-from-{a[1].__name__.split('_', 2)[-1]}" for a in ALLOWED])
-def test_each_action_runs_through_the_admin(op_client, operator, alice, event, faulty_gateway,
-                                            action, given, expected, seat, ledger):
+@pytest.mark.parametrize(
+    ("action", "given", "expected", "seat", "ledger"),
+    ALLOWED,
+    ids=[f"{a[0]}-from-{a[1].__name__.split('_', 2)[-1]}" for a in ALLOWED],
+)
+def test_each_action_runs_through_the_admin(
+    op_client, operator, alice, event, faulty_gateway, action, given, expected, seat, ledger
+):
     # given
     saga = given(alice, event, faulty_gateway)
     before = saga.state
@@ -409,8 +461,12 @@ def test_each_action_runs_through_the_admin(op_client, operator, alice, event, f
     assert (row.outcome, row.before, row.after) == ("done", before, expected)
     assert _state(saga) == expected
     assert Seat.objects.get(event=event, ref="A1").status == seat
-    assert list(LedgerEntry.objects.filter(saga_id=saga.pk).order_by("id")
-                .values_list("kind", "amount")) == ledger
+    assert (
+        list(
+            LedgerEntry.objects.filter(saga_id=saga.pk).order_by("id").values_list("kind", "amount")
+        )
+        == ledger
+    )
     new_history = SagaHistory.objects.filter(saga=saga, pk__gt=last_history)
     assert new_history.exists()
     assert {h.actor for h in new_history if h.to_state == expected} == {"operator"}
@@ -422,10 +478,14 @@ def test_each_action_runs_through_the_admin(op_client, operator, alice, event, f
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("action", "given", "expected", "seat", "ledger"), ALLOWED,
-                         ids=[f"{a[0]}-from-{a[1].__name__.split('_', 2)[-1]}" for a in ALLOWED])
-def test_each_action_names_the_operator_in_the_history(op_client, alice, event, faulty_gateway,
-                                                       action, given, expected, seat, ledger):
+@pytest.mark.parametrize(
+    ("action", "given", "expected", "seat", "ledger"),
+    ALLOWED,
+    ids=[f"{a[0]}-from-{a[1].__name__.split('_', 2)[-1]}" for a in ALLOWED],
+)
+def test_each_action_names_the_operator_in_the_history(
+    op_client, alice, event, faulty_gateway, action, given, expected, seat, ledger
+):
     saga = given(alice, event, faulty_gateway)
     last_history = SagaHistory.objects.filter(saga=saga).latest("id").pk
 
@@ -451,10 +511,12 @@ REFUSED = [
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("action", "given", "why"), REFUSED,
-                         ids=[f"{a}-on-{g.__name__}" for a, g, _ in REFUSED])
+@pytest.mark.parametrize(
+    ("action", "given", "why"), REFUSED, ids=[f"{a}-on-{g.__name__}" for a, g, _ in REFUSED]
+)
 def test_an_action_the_table_forbids_is_refused_and_changes_nothing(
-        op_client, alice, event, faulty_gateway, action, given, why):
+    op_client, alice, event, faulty_gateway, action, given, why
+):
     saga = given(alice, event, "A1")
     calls = len(faulty_gateway.calls)
     before = _counts()
@@ -471,7 +533,8 @@ def test_an_action_the_table_forbids_is_refused_and_changes_nothing(
 
 @pytest.mark.django_db
 def test_compensating_an_intent_the_gateway_says_was_charged_is_refused(
-        op_client, operator, alice, event, gateway):
+    op_client, operator, alice, event, gateway
+):
     # given: escalated, but the charge did land
     saga = unknown_expired(alice, event, "A1", payment_method="pm_card_timeout_charged")
     last_history = SagaHistory.objects.latest("id").pk
@@ -493,15 +556,15 @@ def test_compensating_an_intent_the_gateway_says_was_charged_is_refused(
 
 
 @pytest.mark.django_db
-def test_the_dry_run_of_reconcile_now_says_what_it_will_do(op_client, alice, big_event,
-                                                           faulty_gateway):
+def test_the_dry_run_of_reconcile_now_says_what_it_will_do(
+    op_client, alice, big_event, faulty_gateway
+):
     never_charged = pending(alice, big_event, "A1")
     declined = pending(alice, big_event, "A2", payment_method="pm_card_chargeDeclined")
-    saga_transition(saga_id=declined.pk, to="CHARGING", reason="charge started")
-    saga_transition(saga_id=declined.pk, to="PAYMENT_FAILED", reason="charge declined")
+    saga_transition(saga_id=declined.pk, to=SagaState.CHARGING, reason="charge started")
+    saga_transition(saga_id=declined.pk, to=SagaState.PAYMENT_FAILED, reason="charge declined")
 
-    response = _post_action(op_client, "reconcile_now", [never_charged, declined],
-                            confirm=False)
+    response = _post_action(op_client, "reconcile_now", [never_charged, declined], confirm=False)
     plans = {str(s.pk): p for s, p in response.context["rows"]}
     calls = len(faulty_gateway.calls)
     _post_action(op_client, "reconcile_now", [never_charged, declined])
@@ -519,7 +582,8 @@ def test_the_dry_run_of_reconcile_now_says_what_it_will_do(op_client, alice, big
 
 @pytest.mark.django_db
 def test_bulk_action_with_mixed_rows_reports_each_and_runs_only_the_allowed(
-        op_client, operator, alice, bob, big_event, faulty_gateway):
+    op_client, operator, alice, bob, big_event, faulty_gateway
+):
     refundable = [confirmed(alice, big_event, "A1"), confirmed(bob, big_event, "A2")]
     done_already = compensated(alice, big_event, "A3")
     held = pending(bob, big_event, "A4")
@@ -538,20 +602,23 @@ def test_bulk_action_with_mixed_rows_reports_each_and_runs_only_the_allowed(
     assert _state(held) == "PENDING"
     assert Seat.objects.get(event=big_event, ref="A4").status == "held"
     assert set(LogEntry.objects.filter(user=operator).values_list("object_id", flat=True)) == {
-        str(s.pk) for s in refundable}
+        str(s.pk) for s in refundable
+    }
     assert "2 done, 2 refused, 0 failed" in response.content.decode()
 
 
 @pytest.mark.django_db
-def test_one_rows_failure_does_not_stop_the_others(op_client, alice, big_event, faulty_gateway,
-                                                   monkeypatch):
+def test_one_rows_failure_does_not_stop_the_others(
+    op_client, alice, big_event, faulty_gateway, monkeypatch
+):
     first, second = confirmed(alice, big_event, "A1"), confirmed(alice, big_event, "A2")
 
     def exploding_refund(intent_id, *, idempotency_key):
         if intent_id == first.intent_id:
             raise RuntimeError("gateway adapter crashed")
-        return type(faulty_gateway).refund(faulty_gateway, intent_id,
-                                           idempotency_key=idempotency_key)
+        return type(faulty_gateway).refund(
+            faulty_gateway, intent_id, idempotency_key=idempotency_key
+        )
 
     monkeypatch.setattr(faulty_gateway, "refund", exploding_refund)
 
@@ -564,8 +631,9 @@ def test_one_rows_failure_does_not_stop_the_others(op_client, alice, big_event, 
 
 
 @pytest.mark.django_db
-def test_a_bulk_action_over_too_many_sagas_runs_nothing(op_client, alice, big_event,
-                                                        faulty_gateway, monkeypatch):
+def test_a_bulk_action_over_too_many_sagas_runs_nothing(
+    op_client, alice, big_event, faulty_gateway, monkeypatch
+):
     monkeypatch.setattr("purchases.ops.admin.RUNBOOK_MAX_SAGAS", 1)
     sagas = [confirmed(alice, big_event, "A1"), confirmed(alice, big_event, "A2")]
     before = _counts()
@@ -577,8 +645,7 @@ def test_a_bulk_action_over_too_many_sagas_runs_nothing(op_client, alice, big_ev
 
 
 @pytest.mark.django_db
-def test_the_dry_run_shows_the_plan_and_writes_nothing(op_client, alice, big_event,
-                                                       faulty_gateway):
+def test_the_dry_run_shows_the_plan_and_writes_nothing(op_client, alice, big_event, faulty_gateway):
     refundable = confirmed(alice, big_event, "A1")
     held = pending(alice, big_event, "A2")
     calls = len(faulty_gateway.calls)
@@ -590,8 +657,13 @@ def test_the_dry_run_shows_the_plan_and_writes_nothing(op_client, alice, big_eve
     assert response.templates[0].name == "admin/purchases/purchasesaga/runbook_confirm.html"
     plans = {str(s.pk): p for s, p in response.context["rows"]}
     allowed = plans[str(refundable.pk)]
-    assert (allowed.allowed, allowed.refund, allowed.seats_freed, allowed.emails,
-            allowed.gateway_calls) == (True, True, ["A1"], ["correction"], ["refund"])
+    assert (
+        allowed.allowed,
+        allowed.refund,
+        allowed.seats_freed,
+        allowed.emails,
+        allowed.gateway_calls,
+    ) == (True, True, ["A1"], ["correction"], ["refund"])
     assert allowed.ledger == "refund -25.00 EUR"
     refused = plans[str(held.pk)]
     assert (refused.allowed, refused.why) == (False, "not allowed from PENDING")
@@ -619,19 +691,19 @@ def test_a_missing_reason_runs_nothing(op_client, alice, event, faulty_gateway, 
 
 
 @pytest.mark.django_db
-def test_a_saga_that_moved_since_the_dry_run_is_refused(op_client, alice, event,
-                                                        faulty_gateway):
+def test_a_saga_that_moved_since_the_dry_run_is_refused(op_client, alice, event, faulty_gateway):
     # given: the operator saw it UNKNOWN_EXPIRED at version v ...
     saga = unknown_expired(alice, event, "A1", payment_method="pm_card_timeout_not_charged")
     seen = saga.version
     # ... then it moved to COMPENSATION_PENDING, where the same action means
     # something else (confirm a refund, not a charge)
-    saga = saga_transition(saga_id=saga.pk, to="COMPENSATING", reason="operator elsewhere")
-    saga_transition(saga_id=saga.pk, to="COMPENSATION_PENDING", reason="refund retry")
+    saga = saga_transition(saga_id=saga.pk, to=SagaState.COMPENSATING, reason="operator elsewhere")
+    saga_transition(saga_id=saga.pk, to=SagaState.COMPENSATION_PENDING, reason="refund retry")
     before = _counts()
 
-    response = _post_action(op_client, "confirm_after_manual_check", [saga],
-                            **{f"version_{saga.pk}": str(seen)})
+    response = _post_action(
+        op_client, "confirm_after_manual_check", [saga], **{f"version_{saga.pk}": str(seen)}
+    )
 
     row = _results(response)[str(saga.pk)]
     assert row.outcome == "refused" and "moved on since the dry run" in row.message
@@ -656,8 +728,7 @@ def test_a_non_staff_user_is_sent_to_the_admin_login(client, alice, event, gatew
 
 
 @pytest.mark.django_db
-def test_staff_without_the_permission_can_look_but_not_act(client, viewer, alice, event,
-                                                           gateway):
+def test_staff_without_the_permission_can_look_but_not_act(client, viewer, alice, event, gateway):
     saga = confirmed(alice, event, "A1")
     client.force_login(viewer)
 
@@ -667,8 +738,13 @@ def test_staff_without_the_permission_can_look_but_not_act(client, viewer, alice
     assert listing.status_code == 200 and _listed(listing) == {saga.pk}
     html = listing.content.decode()
     assert "action-checkbox" not in html
-    for action in ("reconcile_now", "resume_now", "confirm_after_manual_check",
-                   "compensate_after_manual_check", "refund"):
+    for action in (
+        "reconcile_now",
+        "resume_now",
+        "confirm_after_manual_check",
+        "compensate_after_manual_check",
+        "refund",
+    ):
         assert f'value="{action}"' not in html
     assert page.status_code == 200
     assert "runbook_actions" not in page.context
@@ -693,15 +769,19 @@ def test_staff_with_the_permission_are_offered_every_action(op_client, alice, ev
     html = op_client.get(CHANGELIST).content.decode()
 
     assert "action-checkbox" in html
-    for action in ("reconcile_now", "resume_now", "confirm_after_manual_check",
-                   "compensate_after_manual_check", "refund"):
+    for action in (
+        "reconcile_now",
+        "resume_now",
+        "confirm_after_manual_check",
+        "compensate_after_manual_check",
+        "refund",
+    ):
         assert f'value="{action}"' in html
     assert 'value="delete_selected"' not in html
 
 
 @pytest.mark.django_db
-def test_staff_without_the_view_permission_cannot_open_the_sagas(client, alice, event,
-                                                                  gateway):
+def test_staff_without_the_view_permission_cannot_open_the_sagas(client, alice, event, gateway):
     saga = confirmed(alice, event, "A1")
     client.force_login(_staff("frank", "run_saga_runbook"))
 
@@ -710,14 +790,13 @@ def test_staff_without_the_view_permission_cannot_open_the_sagas(client, alice, 
     assert gateway.calls == [("charge", saga.intent_id)]  # no look-up for the unauthorized
 
 
-
-
 # --- a manual confirmation asks the gateway; the override is explicit ------------------
 
 
 @pytest.mark.django_db
 def test_the_confirm_dry_run_shows_the_gateways_answer_and_refuses_a_contradiction(
-        op_client, alice, event, gateway):
+    op_client, alice, event, gateway
+):
     # escalated, and nothing was ever charged
     saga = unknown_expired(alice, event, "A1", payment_method="pm_card_timeout_not_charged")
 
@@ -735,7 +814,8 @@ def test_the_confirm_dry_run_shows_the_gateways_answer_and_refuses_a_contradicti
 
 @pytest.mark.django_db
 def test_the_override_is_offered_when_the_gateway_cannot_be_reached_and_marks_the_money(
-        op_client, alice, event, gateway, monkeypatch):
+    op_client, alice, event, gateway, monkeypatch
+):
     from payments.interface import GatewayUnavailable
 
     saga = unknown_expired(alice, event, "A1")  # charged; the answer was lost
@@ -747,8 +827,7 @@ def test_the_override_is_offered_when_the_gateway_cannot_be_reached_and_marks_th
 
     dry_run = _post_action(op_client, "confirm_after_manual_check", [saga], confirm=False)
     without = _post_action(op_client, "confirm_after_manual_check", [saga])
-    with_override = _post_action(op_client, "confirm_after_manual_check", [saga],
-                                 override="on")
+    with_override = _post_action(op_client, "confirm_after_manual_check", [saga], override="on")
 
     html = dry_run.content.decode()
     assert "cannot be reached" in html and 'name="override"' in html

@@ -37,8 +37,11 @@ def world(alice, event, gateway) -> World:
     """A sold seat (with its charge at the fake) and a charge the fake dropped."""
     sold = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
     assert sold.state == "CONFIRMED"
-    dropped = saga_charge(saga_id=start_purchase(
-        alice, event, seats=["A2"], payment_method="pm_card_timeout_not_charged").pk)
+    dropped = saga_charge(
+        saga_id=start_purchase(
+            alice, event, seats=["A2"], payment_method="pm_card_timeout_not_charged"
+        ).pk
+    )
     assert dropped.state == "UNKNOWN"
     return World(sold=sold, dropped=dropped)
 
@@ -52,38 +55,61 @@ def root_client(client, db):
 @dataclass
 class Case:
     model: type[models.Model]
-    row: Callable[[World], models.Model]
+    row: Callable[[World], models.Model | None]
     # Form data a hand-made row (add) or a hand edit (change) would post.
     new: dict
     edit: dict
 
 
 CASES = {
-    "seat": Case(Seat, lambda w: Seat.objects.get(event=w.sold.event, ref="A1"),
-                 new={"ref": "B9", "row": "B", "number": 9},
-                 edit={"price_amount": 1, "status": "available"}),
-    "reservation": Case(Reservation, lambda w: w.sold.reservation,
-                        new={"ref": "RHANDMADE"},
-                        edit={"status": "CANCELLED", "total_amount": 1}),
-    "purchasesaga": Case(PurchaseSaga, lambda w: w.sold,
-                         new={"intent_id": "pi_handmade"},
-                         edit={"state": "COMPENSATED"}),
-    "fakeintent": Case(FakeIntent, lambda w: FakeIntent.objects.get(pk=w.sold.intent_id),
-                       new={"intent_id": "pi_handmade", "charges-TOTAL_FORMS": "0",
-                            "charges-INITIAL_FORMS": "0"},
-                       edit={"status": "refunded", "amount": 1}),
-    "fakecharge": Case(FakeCharge, lambda w: FakeCharge.objects.get(intent_id=w.sold.intent_id),
-                       new={}, edit={"status": "refunded", "amount": 1}),
+    "seat": Case(
+        Seat,
+        lambda w: Seat.objects.get(event=w.sold.event, ref="A1"),
+        new={"ref": "B9", "row": "B", "number": 9},
+        edit={"price_amount": 1, "status": "available"},
+    ),
+    "reservation": Case(
+        Reservation,
+        lambda w: w.sold.reservation,
+        new={"ref": "RHANDMADE"},
+        edit={"status": "CANCELLED", "total_amount": 1},
+    ),
+    "purchasesaga": Case(
+        PurchaseSaga,
+        lambda w: w.sold,
+        new={"intent_id": "pi_handmade"},
+        edit={"state": "COMPENSATED"},
+    ),
+    "fakeintent": Case(
+        FakeIntent,
+        lambda w: FakeIntent.objects.get(pk=w.sold.intent_id),
+        new={"intent_id": "pi_handmade", "charges-TOTAL_FORMS": "0", "charges-INITIAL_FORMS": "0"},
+        edit={"status": "refunded", "amount": 1},
+    ),
+    "fakecharge": Case(
+        FakeCharge,
+        lambda w: FakeCharge.objects.get(intent_id=w.sold.intent_id),
+        new={},
+        edit={"status": "refunded", "amount": 1},
+    ),
     "fakeidempotentanswer": Case(
         FakeIdempotentAnswer,
         lambda w: FakeIdempotentAnswer.objects.get(intent_id=w.sold.intent_id),
-        new={"idempotency_key": "handmade"}, edit={"status_code": 500}),
+        new={"idempotency_key": "handmade"},
+        edit={"status_code": 500},
+    ),
     "fakedroppedcharge": Case(
-        FakeDroppedCharge, lambda w: FakeDroppedCharge.objects.get(intent_id=w.dropped.intent_id),
-        new={"idempotency_key": "handmade"}, edit={"intent_id": "pi_elsewhere"}),
+        FakeDroppedCharge,
+        lambda w: FakeDroppedCharge.objects.get(intent_id=w.dropped.intent_id),
+        new={"idempotency_key": "handmade"},
+        edit={"intent_id": "pi_elsewhere"},
+    ),
     "fakerequest": Case(
-        FakeRequest, lambda w: FakeRequest.objects.filter(intent_id=w.sold.intent_id).first(),
-        new={}, edit={"status_code": 500, "timed_out": True}),
+        FakeRequest,
+        lambda w: FakeRequest.objects.filter(intent_id=w.sold.intent_id).first(),
+        new={},
+        edit={"status_code": 500, "timed_out": True},
+    ),
 }
 
 
@@ -117,6 +143,7 @@ def _snapshot(model) -> list[dict]:
 def test_a_superuser_can_look_but_not_write(root_client, world, name):
     case = CASES[name]
     row = case.row(world)
+    assert row is not None
     before = _snapshot(case.model)
 
     # adding: neither the form nor a post
@@ -129,8 +156,10 @@ def test_a_superuser_can_look_but_not_write(root_client, world, name):
     delete = _url(case.model, "delete", row.pk)
     assert root_client.get(delete).status_code == 403
     assert root_client.post(delete, {"post": "yes"}).status_code == 403
-    root_client.post(_url(case.model, "changelist"),
-                     {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"})
+    root_client.post(
+        _url(case.model, "changelist"),
+        {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"},
+    )
 
     assert _snapshot(case.model) == before
 
@@ -150,8 +179,9 @@ def test_a_sold_seats_price_and_status_cannot_be_edited(root_client, world):
     seat = Seat.objects.get(event=world.sold.event, ref="A1")
     assert (seat.status, seat.price_amount) == ("sold", 2500)
 
-    response = root_client.post(_url(Seat, "change", seat.pk),
-                                _form(seat, price_amount=1, status="available"))
+    response = root_client.post(
+        _url(Seat, "change", seat.pk), _form(seat, price_amount=1, status="available")
+    )
 
     assert response.status_code == 403
     seat.refresh_from_db()
@@ -163,8 +193,10 @@ def test_events_stay_editable(root_client, world):
     # The catalogue (name, start time) is not money nor inventory.
     event = world.sold.event
 
-    response = root_client.post(_url(Event, "change", event.pk), {
-        "name": "renamed", "starts_at_0": "2027-01-02", "starts_at_1": "20:00:00"})
+    response = root_client.post(
+        _url(Event, "change", event.pk),
+        {"name": "renamed", "starts_at_0": "2027-01-02", "starts_at_1": "20:00:00"},
+    )
 
     assert response.status_code == 302
     event.refresh_from_db()

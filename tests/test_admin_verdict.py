@@ -27,6 +27,7 @@ from purchases.models import GatewayAnswer, PurchaseSaga, SagaHistory
 from purchases.ops.runbook import Action, action_run
 from purchases.ops.sweeps import sweep_chase
 from purchases.ops.verdict import Verdict, saga_verdict
+from purchases.saga.states import SagaState
 from purchases.selectors import saga_payment_status
 from purchases.services import (
     DRIVES,
@@ -64,9 +65,12 @@ def two_seats(db):
 @pytest.fixture
 def op_client(client, db):
     user = UserFactory(username="carol", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(
-        content_type__app_label="purchases",
-        codename__in=["view_purchasesaga", "run_saga_runbook"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="purchases",
+            codename__in=["view_purchasesaga", "run_saga_runbook"],
+        )
+    )
     client.force_login(user)
     return client
 
@@ -122,7 +126,8 @@ def test_verdict_of_a_visa_purchase(alice, event, gateway):
     assert isinstance(verdict, Verdict)
     assert verdict.headline == (
         f"charged 25.00 EUR once ({_charge_ref(saga)}), 1 seat sold (A1), "
-        "confirmation email sent 2026-12-02 12:00:00 UTC")
+        "confirmation email sent 2026-12-02 12:00:00 UTC"
+    )
     assert verdict.next_step == SETTLED
     assert verdict.needs_operator is False
     assert any("charge succeeded" in line for line in verdict.details)
@@ -137,7 +142,8 @@ def test_verdict_of_a_declined_purchase(alice, event, gateway):
         verdict = saga_verdict(_fresh(saga))
 
     assert verdict.headline == (
-        "not charged, 1 seat released (A1), failure email sent 2026-12-02 12:00:00 UTC")
+        "not charged, 1 seat released (A1), failure email sent 2026-12-02 12:00:00 UTC"
+    )
     assert verdict.next_step == SETTLED
     assert verdict.needs_operator is False
     assert any("declined" in line for line in verdict.details)
@@ -155,7 +161,8 @@ def test_verdict_of_a_reconciled_purchase(alice, event, gateway):
 
     assert verdict.headline == (
         f"charged 25.00 EUR once ({_charge_ref(saga)}), 1 seat sold (A1), "
-        "confirmation email sent 2026-12-02 12:01:00 UTC")
+        "confirmation email sent 2026-12-02 12:01:00 UTC"
+    )
     assert verdict.next_step == SETTLED
     assert verdict.needs_operator is False
     assert any("reconciled" in line and "probe 1" in line for line in verdict.details)
@@ -173,7 +180,8 @@ def test_verdict_of_a_refunded_purchase(alice, two_seats, gateway):
 
     assert verdict.headline == (
         "refunded 50.00 EUR, 2 seats released (A1, A2), "
-        "correction email sent 2026-12-02 12:10:00 UTC")
+        "correction email sent 2026-12-02 12:10:00 UTC"
+    )
     assert verdict.next_step == SETTLED
     assert verdict.needs_operator is False
     assert any("customer asked" in line for line in verdict.details)
@@ -189,12 +197,14 @@ def test_verdict_of_an_unknown_with_its_probe_armed(alice, event, gateway):
 
     assert verdict.headline == (
         "UNKNOWN: not known yet whether 25.00 EUR was charged (the charge's answer was lost: "
-        "timeout); 1 seat held (A1)")
+        "timeout); 1 seat held (A1)"
+    )
     assert verdict.next_step == (
         "Reconcile probe 1 of 6 at 2026-12-02 12:01:00 UTC; the hold expires "
         "2026-12-02 12:15:00 UTC, then the intent is cancelled and the purchase compensated "
         "(or confirmed, if the gateway says it was charged). Should it stop moving, the "
-        f"resumer will act: {DRIVES['UNKNOWN'].why}.")
+        f"resumer will act: {DRIVES[SagaState.UNKNOWN].why}."
+    )
     assert verdict.needs_operator is False
     assert gateway.calls == calls  # a verdict never asks the gateway
 
@@ -215,12 +225,14 @@ def test_verdict_of_an_escalated_unknown_expired(alice, event, faulty_gateway, s
     assert verdict.headline == (
         "UNKNOWN_EXPIRED: needs an operator (alert raised 2026-12-02 12:01:00 UTC: "
         "reconciliation exhausted) — not known whether 25.00 EUR was charged; "
-        "1 seat held (A1)")
+        "1 seat held (A1)"
+    )
     assert verdict.next_step == (
         "Check the gateway (“Ask the gateway”), then confirm after manual check (charged) "
         "or compensate after manual check (not charged); nothing automatic decides it. "
         "Meanwhile the hold expiry at 2026-12-02 16:00:00 UTC cancels the intent and "
-        "compensates, or confirms if the gateway says it was charged.")
+        "compensates, or confirms if the gateway says it was charged."
+    )
     assert verdict.needs_operator is True
 
 
@@ -236,17 +248,20 @@ def test_verdict_of_a_compensation_pending_retrying_the_refund(alice, event, fau
 
     assert verdict.headline == (
         "COMPENSATION_PENDING: refund of 25.00 EUR not confirmed yet (the gateway answered "
-        "unknown: timeout, 2026-12-02 12:10:00 UTC); retrying; 1 seat still sold (A1)")
+        "unknown: timeout, 2026-12-02 12:10:00 UTC); retrying; 1 seat still sold (A1)"
+    )
     assert verdict.next_step == (
         "Refund retry 1 at 2026-12-02 12:11:00 UTC; the chaser alerts if "
         "it is not refunded by 2026-12-03 12:10:00 UTC. Should it stop moving, the resumer "
-        f"will act: {DRIVES['COMPENSATION_PENDING'].why}.")
+        f"will act: {DRIVES[SagaState.COMPENSATION_PENDING].why}."
+    )
     assert verdict.needs_operator is False
 
 
 @pytest.mark.django_db
-def test_verdict_of_a_compensation_pending_waiting_for_an_operator(alice, event, gateway,
-                                                                    monkeypatch):
+def test_verdict_of_a_compensation_pending_waiting_for_an_operator(
+    alice, event, gateway, monkeypatch
+):
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
         drain_outbox()
@@ -260,15 +275,19 @@ def test_verdict_of_a_compensation_pending_waiting_for_an_operator(alice, event,
     assert verdict.headline == (
         "COMPENSATION_PENDING: needs an operator since 2026-12-02 12:10:00 UTC — the gateway "
         "says there is no charge to refund (not_charged) while the ledger holds 25.00 EUR "
-        f"({_charge_ref(saga)}); 1 seat still sold (A1)")
+        f"({_charge_ref(saga)}); 1 seat still sold (A1)"
+    )
     assert verdict.next_step == (
         "Compare the ledger with the gateway's view (“Ask the gateway”), then confirm after "
         "manual check (the gateway holds none of the money) or compensate after manual check "
-        "(retry the refund); no retry or resumer moves it.")
+        "(retry the refund); no retry or resumer moves it."
+    )
     assert verdict.needs_operator is True
     # raised by the operator's own refund, in its commit: not an answer to it
-    assert "alert raised 2026-12-02 12:10:00 UTC: the gateway has no charge for a refund the " \
-           "ledger owes (unanswered)" in verdict.details
+    assert (
+        "alert raised 2026-12-02 12:10:00 UTC: the gateway has no charge for a refund the "
+        "ledger owes (unanswered)" in verdict.details
+    )
 
 
 # The states the brief does not list: each live one still names what drives it
@@ -279,17 +298,21 @@ def _to(*states):
         for state in states:
             saga = saga_transition(saga_id=saga.pk, to=state, reason=f"test: {state}")
         return saga
+
     return build
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("state", "build"), [
-    ("PENDING", _to()),
-    ("CHARGING", _to("CHARGING")),
-    ("PAYMENT_FAILED", _to("CHARGING", "PAYMENT_FAILED")),
-    ("EXPIRED", _to("EXPIRED")),
-    ("COMPENSATING", _to("EXPIRED", "COMPENSATING")),
-])
+@pytest.mark.parametrize(
+    ("state", "build"),
+    [
+        ("PENDING", _to()),
+        ("CHARGING", _to("CHARGING")),
+        ("PAYMENT_FAILED", _to("CHARGING", "PAYMENT_FAILED")),
+        ("EXPIRED", _to("EXPIRED")),
+        ("COMPENSATING", _to("EXPIRED", "COMPENSATING")),
+    ],
+)
 def test_every_live_state_names_what_drives_it_next(alice, event, gateway, state, build):
     with freeze_time(T0):
         saga = build(alice, event)
@@ -303,8 +326,9 @@ def test_every_live_state_names_what_drives_it_next(alice, event, gateway, state
 
 
 @pytest.mark.django_db
-def test_an_unanswered_alert_needs_an_operator_until_one_acts(alice, event, faulty_gateway,
-                                                               settings):
+def test_an_unanswered_alert_needs_an_operator_until_one_acts(
+    alice, event, faulty_gateway, settings
+):
     settings.COMPENSATION_DEADLINE_SECONDS = 3600
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
@@ -314,8 +338,13 @@ def test_an_unanswered_alert_needs_an_operator_until_one_acts(alice, event, faul
         sweep_chase()  # past the deadline: one alert
         raised = saga_verdict(_fresh(saga))
         clock.tick(60)
-        action_run(saga_id=saga.pk, action=Action.COMPENSATE_MANUAL, operator="carol",
-                   reason="gateway down, retrying by hand", gateway=faulty_gateway)
+        action_run(
+            saga_id=saga.pk,
+            action=Action.COMPENSATE_MANUAL,
+            operator="carol",
+            reason="gateway down, retrying by hand",
+            gateway=faulty_gateway,
+        )
         answered = saga_verdict(_fresh(saga))
 
     assert _fresh(saga).state == "COMPENSATION_PENDING"
@@ -330,14 +359,18 @@ def test_a_dead_letter_needs_an_operator(op_client, alice, event, gateway):
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
         # the confirmation's redelivery schedule ran out (as the relay marks it)
         OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.confirmed").update(
-            dead_at=timezone.now(), fired_at=timezone.now(), deliveries=13,
-            last_error="purchases.consumers.confirmation_email: SMTPException: down")
+            dead_at=timezone.now(),
+            fired_at=timezone.now(),
+            deliveries=13,
+            last_error="purchases.consumers.confirmation_email: SMTPException: down",
+        )
         verdict = saga_verdict(_fresh(saga))
         listing = op_client.get(CHANGELIST).content.decode()
 
     assert verdict.needs_operator is True
     assert verdict.headline.endswith(
-        "confirmation email NOT sent: a dead letter since 2026-12-02 12:00:00 UTC")
+        "confirmation email NOT sent: a dead letter since 2026-12-02 12:00:00 UTC"
+    )
     assert verdict.next_step.startswith("Fix the failing consumer, then replay the dead letter")
     assert _cell(_row(listing, saga), "needs_operator") == "yes"
 
@@ -346,16 +379,24 @@ def test_a_dead_letter_needs_an_operator(op_client, alice, event, gateway):
 def test_a_verdict_reads_and_writes_nothing_else(alice, event, gateway):
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     drain_outbox()
-    counts = (SagaHistory.objects.count(), OutboxMessage.objects.count(),
-              LedgerEntry.objects.count(), GatewayAnswer.objects.count())
+    counts = (
+        SagaHistory.objects.count(),
+        OutboxMessage.objects.count(),
+        LedgerEntry.objects.count(),
+        GatewayAnswer.objects.count(),
+    )
     calls = list(gateway.calls)
 
     with CaptureQueriesContext(connection) as queries:
         saga_verdict(_fresh(saga))
 
     assert gateway.calls == calls
-    assert (SagaHistory.objects.count(), OutboxMessage.objects.count(),
-            LedgerEntry.objects.count(), GatewayAnswer.objects.count()) == counts
+    assert (
+        SagaHistory.objects.count(),
+        OutboxMessage.objects.count(),
+        LedgerEntry.objects.count(),
+        GatewayAnswer.objects.count(),
+    ) == counts
     assert all(q["sql"].lstrip().upper().startswith("SELECT") for q in queries.captured_queries)
 
 
@@ -385,22 +426,27 @@ def test_the_saga_page_opens_with_the_verdict(op_client, alice, event, gateway):
 
 
 @pytest.mark.django_db
-def test_an_escalated_saga_page_says_it_needs_an_operator_in_the_verdict(op_client, alice,
-                                                                         event, gateway):
+def test_an_escalated_saga_page_says_it_needs_an_operator_in_the_verdict(
+    op_client, alice, event, gateway
+):
     saga = _unknown(alice, event)
-    saga = saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="schedule exhausted")
+    saga = saga_transition(
+        saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="schedule exhausted"
+    )
 
     html = op_client.get(change_url(saga)).content.decode()
 
     assert 'class="saga-verdict saga-verdict-needs-operator"' in html
-    verdict_box = html[html.index('id="saga-verdict"'):html.index('id="purchasesaga_form"')]
+    verdict_box = html[html.index('id="saga-verdict"') : html.index('id="purchasesaga_form"')]
     assert "needs an operator" in verdict_box.lower()
 
 
 _TIMES = re.compile(
-    r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}| UTC)?")
+    r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}| UTC)?"
+)
 _DJANGO_DATES = re.compile(
-    r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\w*\.? \d{1,2}, \d{4}")
+    r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\w*\.? \d{1,2}, \d{4}"
+)
 
 
 def _outside_payloads(html: str) -> str:
@@ -421,8 +467,9 @@ def test_the_saga_page_writes_every_time_one_way(op_client, alice, event, gatewa
     html = _outside_payloads(response.content.decode())
     times = _TIMES.findall(html)
     assert times, "no time on the page?"
-    assert {t for t in times if not re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC", t)
-            } == set()
+    assert {
+        t for t in times if not re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC", t)
+    } == set()
     assert _DJANGO_DATES.findall(html) == []
     assert "noon" not in html and "midnight" not in html
     assert "2026-12-02 12:00:00 UTC" in html and "2026-12-02 12:01:00 UTC" in html
@@ -475,8 +522,7 @@ def test_reservation_and_saga_statuses_read_together(op_client, alice, bob, two_
 
 
 def _row(html: str, saga) -> str:
-    [row] = [r for r in re.findall(r"<tr.*?</tr>", html, flags=re.S)
-             if f'title="{saga.pk}"' in r]
+    [row] = [r for r in re.findall(r"<tr.*?</tr>", html, flags=re.S) if f'title="{saga.pk}"' in r]
     return row
 
 
@@ -490,27 +536,46 @@ def _zoo(alice, bob, event, gateway, monkeypatch):
     """One saga per column value the list must show."""
     visa = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
     pending = start_purchase(bob, event, seats=["A2"])
-    unknown = saga_charge(saga_id=start_purchase(
-        alice, event, seats=["A3"], payment_method="pm_card_timeout_charged").pk)
-    escalated = saga_charge(saga_id=start_purchase(
-        bob, event, seats=["A4"], payment_method="pm_card_timeout_charged").pk)
-    escalated = saga_transition(saga_id=escalated.pk, to="UNKNOWN_EXPIRED", reason="exhausted")
-    declined = saga_charge(saga_id=start_purchase(
-        alice, event, seats=["A5"], payment_method="pm_card_chargeDeclined").pk)
+    unknown = saga_charge(
+        saga_id=start_purchase(
+            alice, event, seats=["A3"], payment_method="pm_card_timeout_charged"
+        ).pk
+    )
+    escalated = saga_charge(
+        saga_id=start_purchase(
+            bob, event, seats=["A4"], payment_method="pm_card_timeout_charged"
+        ).pk
+    )
+    escalated = saga_transition(
+        saga_id=escalated.pk, to=SagaState.UNKNOWN_EXPIRED, reason="exhausted"
+    )
+    declined = saga_charge(
+        saga_id=start_purchase(
+            alice, event, seats=["A5"], payment_method="pm_card_chargeDeclined"
+        ).pk
+    )
     refunded = purchase_refund(
-        saga_id=saga_charge(saga_id=start_purchase(bob, event, seats=["A6"]).pk).pk,
-        reason="asked")
+        saga_id=saga_charge(saga_id=start_purchase(bob, event, seats=["A6"]).pk).pk, reason="asked"
+    )
     waiting = saga_charge(saga_id=start_purchase(alice, event, seats=["A7"]).pk)
     with monkeypatch.context() as patch:
         patch.setattr(gateway, "refund", _NotCharged(gateway))
         waiting = purchase_refund(saga_id=waiting.pk, reason="asked")
-    return {"visa": visa, "pending": pending, "unknown": unknown, "escalated": escalated,
-            "declined": declined, "refunded": refunded, "waiting": waiting}
+    return {
+        "visa": visa,
+        "pending": pending,
+        "unknown": unknown,
+        "escalated": escalated,
+        "declined": declined,
+        "refunded": refunded,
+        "waiting": waiting,
+    }
 
 
 @pytest.mark.django_db
 def test_the_list_shows_payment_needs_an_operator_and_time_in_state(
-        op_client, alice, bob, two_seats, gateway, monkeypatch):
+    op_client, alice, bob, two_seats, gateway, monkeypatch
+):
     with freeze_time(T0) as clock:
         sagas = _zoo(alice, bob, two_seats, gateway, monkeypatch)
         clock.tick(3 * 60)
@@ -521,9 +586,15 @@ def test_the_list_shows_payment_needs_an_operator_and_time_in_state(
     rows = {name: _row(html, s) for name, s in sagas.items()}
     status = {name: _cell(row, "payment_status") for name, row in rows.items()}
     assert status == {name: saga_payment_status(_fresh(s)) for name, s in sagas.items()}
-    assert status == {"visa": "captured", "pending": "not_started", "unknown": "unknown",
-                      "escalated": "unknown", "declined": "not_captured",
-                      "refunded": "refunded", "waiting": "captured"}
+    assert status == {
+        "visa": "captured",
+        "pending": "not_started",
+        "unknown": "unknown",
+        "escalated": "unknown",
+        "declined": "not_captured",
+        "refunded": "refunded",
+        "waiting": "captured",
+    }
     needs = {name: _cell(row, "needs_operator") == "yes" for name, row in rows.items()}
     assert needs == {name: saga_verdict(_fresh(s)).needs_operator for name, s in sagas.items()}
     assert {name for name, yes in needs.items() if yes} == {"escalated", "waiting"}
@@ -539,7 +610,9 @@ def test_the_needs_an_operator_filter(op_client, alice, bob, two_seats, gateway,
     no = op_client.get(CHANGELIST, {"needs_operator": "no"})
 
     assert {s.pk for s in yes.context["cl"].result_list} == {
-        sagas["escalated"].pk, sagas["waiting"].pk}
+        sagas["escalated"].pk,
+        sagas["waiting"].pk,
+    }
     assert len(no.context["cl"].result_list) == len(sagas) - 2
 
 
@@ -568,20 +641,32 @@ def _list_queries(client) -> int:
 
 @pytest.mark.django_db
 def test_the_list_reads_the_same_number_of_queries_for_2_and_10_sagas(
-        op_client, alice, bob, gateway, monkeypatch):
+    op_client, alice, bob, gateway, monkeypatch
+):
     event = EventFactory(seats=[f"A{n}" for n in range(1, 11)])
 
     def add(n, seat):
         builders = [
             lambda: saga_charge(saga_id=start_purchase(alice, event, seats=[seat]).pk),
             lambda: start_purchase(bob, event, seats=[seat]),
-            lambda: purchase_refund(saga_id=saga_charge(
-                saga_id=start_purchase(alice, event, seats=[seat]).pk).pk, reason="asked"),
-            lambda: saga_transition(saga_id=saga_charge(saga_id=start_purchase(
-                bob, event, seats=[seat], payment_method="pm_card_timeout_charged").pk).pk,
-                to="UNKNOWN_EXPIRED", reason="exhausted"),
-            lambda: saga_charge(saga_id=start_purchase(
-                alice, event, seats=[seat], payment_method="pm_card_chargeDeclined").pk),
+            lambda: purchase_refund(
+                saga_id=saga_charge(saga_id=start_purchase(alice, event, seats=[seat]).pk).pk,
+                reason="asked",
+            ),
+            lambda: saga_transition(
+                saga_id=saga_charge(
+                    saga_id=start_purchase(
+                        bob, event, seats=[seat], payment_method="pm_card_timeout_charged"
+                    ).pk
+                ).pk,
+                to=SagaState.UNKNOWN_EXPIRED,
+                reason="exhausted",
+            ),
+            lambda: saga_charge(
+                saga_id=start_purchase(
+                    alice, event, seats=[seat], payment_method="pm_card_chargeDeclined"
+                ).pk
+            ),
         ]
         builders[n % len(builders)]()
 
@@ -602,15 +687,24 @@ def test_the_list_reads_the_same_number_of_queries_for_2_and_10_sagas(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("currency", "price", "shown", "wrong"), [
-    ("KWD", 1234, "1.234 KWD", "12.34"),
-    ("JPY", 5000, "5,000 JPY", "50.00"),
-])
+@pytest.mark.parametrize(
+    ("currency", "price", "shown", "wrong"),
+    [
+        ("KWD", 1234, "1.234 KWD", "12.34"),
+        ("JPY", 5000, "5,000 JPY", "50.00"),
+    ],
+)
 def test_every_amount_on_the_saga_pages_has_its_currencys_decimals(
-        op_client, alice, gateway, currency, price, shown, wrong):
-    event = event_create_with_seats(name=f"{currency} night", rows="A", seats_per_row=1,
-                                    starts_at=timezone.now() + timedelta(days=7),
-                                    price_amount=price, currency=currency)
+    op_client, alice, gateway, currency, price, shown, wrong
+):
+    event = event_create_with_seats(
+        name=f"{currency} night",
+        rows="A",
+        seats_per_row=1,
+        starts_at=timezone.now() + timedelta(days=7),
+        price_amount=price,
+        currency=currency,
+    )
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     drain_outbox()
     selected = {"_selected_action": [str(saga.pk)], "action": "refund"}

@@ -32,8 +32,10 @@ from .factories import EventFactory
 T0 = "2026-12-02 12:00:00"
 TOPIC_CONFIRMED, TOPIC_CANCELLED = Topic.CONFIRMED, Topic.CANCELLED
 ANALYTICS = {TOPIC_CONFIRMED: ON_CONFIRMED, TOPIC_CANCELLED: ON_CANCELLED}
-EMAILS = {TOPIC_CONFIRMED: "purchases.consumers.confirmation_email",
-          TOPIC_CANCELLED: "purchases.consumers.cancellation_email"}
+EMAILS = {
+    TOPIC_CONFIRMED: "purchases.consumers.confirmation_email",
+    TOPIC_CANCELLED: "purchases.consumers.cancellation_email",
+}
 
 
 def _redeliver(messages) -> None:
@@ -63,7 +65,7 @@ class _Outage:
         def add(message, **increments):
             if self.down:
                 self.failed[message.pk] = self.failed.get(message.pk, 0) + 1
-                raise DatabaseError("could not extend file \"daily_sales\": No space left")
+                raise DatabaseError('could not extend file "daily_sales": No space left')
             return write(message, **increments)
 
         monkeypatch.setattr(analytics, "_add", add)
@@ -74,7 +76,8 @@ class _Outage:
 
 @pytest.mark.django_db
 def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once(
-        alice, bob, gateway, monkeypatch):
+    alice, bob, gateway, monkeypatch
+):
     # given: analytics routed as in production, and its write failing while
     # five purchases happen and the emails go out
     outage = _Outage(monkeypatch)
@@ -83,8 +86,11 @@ def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once
         saga_charge(saga_id=start_purchase(alice, event, seats=["A1", "A2"]).pk)  # 5000
         saga_charge(saga_id=start_purchase(bob, event, seats=["A3"]).pk)  # 2500
         saga_charge(saga_id=start_purchase(alice, event, seats=["A4"]).pk)  # 2500
-        declined = saga_charge(saga_id=start_purchase(
-            bob, event, seats=["A5"], payment_method="pm_card_chargeDeclined").pk)
+        declined = saga_charge(
+            saga_id=start_purchase(
+                bob, event, seats=["A5"], payment_method="pm_card_chargeDeclined"
+            ).pk
+        )
         refunded = saga_charge(saga_id=start_purchase(alice, event, seats=["A6"]).pk)
         purchase_refund(saga_id=refunded.pk, reason="customer asked", by=By.operator("carol"))
         for _ in range(3):  # the relay keeps handing the rows over; every delivery fails
@@ -117,12 +123,18 @@ def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once
     assert all(m.completed_at for m in _events()), "analytics never caught up"
     for message in _events():
         assert _ran(message) == {EMAILS[message.topic], ANALYTICS[message.topic]}, message
-    expected = [{
-        "day": dt.date(2026, 12, 2), "currency": "EUR",
-        "confirmed_count": 4, "confirmed_amount": 12500,
-        "cancelled_count": 2, "refunded_count": 1, "refunded_amount": 2500,
-        "net_amount": 10000,
-    }]
+    expected = [
+        {
+            "day": dt.date(2026, 12, 2),
+            "currency": "EUR",
+            "confirmed_count": 4,
+            "confirmed_amount": 12500,
+            "cancelled_count": 2,
+            "refunded_count": 1,
+            "refunded_amount": 2500,
+            "net_amount": 10000,
+        }
+    ]
     assert daily_sales(event_id=event.pk) == expected
     assert len(mail.outbox) == emails  # the emails' inbox kept them from going again
     assert InboxEntry.objects.filter(consumer__in=list(ANALYTICS.values())).count() == 6
@@ -131,8 +143,11 @@ def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once
     with freeze_time(T0):
         _redeliver(_events())
         for message in _events():
-            handle = (analytics_on_confirmed if message.topic == TOPIC_CONFIRMED
-                      else analytics_on_cancelled)
+            handle = (
+                analytics_on_confirmed
+                if message.topic == TOPIC_CONFIRMED
+                else analytics_on_cancelled
+            )
             handle(message)
     assert daily_sales(event_id=event.pk) == expected
     assert len(mail.outbox) == emails
@@ -142,8 +157,9 @@ def _message(event, topic, *, at, amount=2500, refunded=False, was_confirmed=Fal
     payload = {"saga_id": "s", "event_id": event.pk, "amount": amount, "currency": "EUR"}
     if topic == TOPIC_CANCELLED:
         payload.update(refunded=refunded, was_confirmed=was_confirmed)
-    return OutboxMessage.objects.create(topic=topic, payload=payload, event_id=event.pk,
-                                        created_at=at, available_at=at)
+    return OutboxMessage.objects.create(
+        topic=topic, payload=payload, event_id=event.pk, created_at=at, available_at=at
+    )
 
 
 @pytest.mark.django_db
@@ -158,8 +174,16 @@ def test_the_day_is_the_messages_utc_day():
     analytics_on_confirmed(_message(event, TOPIC_CONFIRMED, at=paris, amount=1000))
     analytics_on_cancelled(_message(event, TOPIC_CANCELLED, at=early, refunded=True))
 
-    assert [(r["day"], r["confirmed_count"], r["confirmed_amount"], r["cancelled_count"],
-             r["refunded_amount"]) for r in daily_sales(event_id=event.pk)] == [
+    assert [
+        (
+            r["day"],
+            r["confirmed_count"],
+            r["confirmed_amount"],
+            r["cancelled_count"],
+            r["refunded_amount"],
+        )
+        for r in daily_sales(event_id=event.pk)
+    ] == [
         (dt.date(2026, 12, 2), 2, 3500, 0, 0),
         (dt.date(2026, 12, 3), 0, 0, 1, 2500),
     ]
@@ -217,17 +241,26 @@ def test_different_messages_for_the_same_day_delivered_at_once_add_up_exactly():
     at = dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC)
     for round_ in range(3):  # the first round races on creating the row
         confirmed = [_message(event, TOPIC_CONFIRMED, at=at, amount=1000 + n) for n in range(4)]
-        cancelled = [_message(event, TOPIC_CANCELLED, at=at, amount=500, refunded=n % 2 == 0)
-                     for n in range(4)]
+        cancelled = [
+            _message(event, TOPIC_CANCELLED, at=at, amount=500, refunded=n % 2 == 0)
+            for n in range(4)
+        ]
         _in_threads(
-            [lambda m=m: analytics_on_confirmed(OutboxMessage.objects.get(pk=m.pk))
-             for m in confirmed]
-            + [lambda m=m: analytics_on_cancelled(OutboxMessage.objects.get(pk=m.pk))
-               for m in cancelled]
+            [
+                lambda m=m: analytics_on_confirmed(OutboxMessage.objects.get(pk=m.pk))
+                for m in confirmed
+            ]
+            + [
+                lambda m=m: analytics_on_cancelled(OutboxMessage.objects.get(pk=m.pk))
+                for m in cancelled
+            ]
         )
         rounds = round_ + 1
         assert DailySales.objects.count() == 1
         row = DailySales.objects.get(event=event)
         assert (row.confirmed_count, row.confirmed_amount) == (4 * rounds, 4006 * rounds)
         assert (row.cancelled_count, row.refunded_count, row.refunded_amount) == (
-            4 * rounds, 2 * rounds, 1000 * rounds)
+            4 * rounds,
+            2 * rounds,
+            1000 * rounds,
+        )

@@ -91,9 +91,9 @@ def test_unknown_token_is_401_authentication_failed(event):
 # --- catalog ------------------------------------------------------------------------
 
 
-def test_event_list_is_public_with_exact_seats_available(anon_api, alice_api, event,
-                                                        django_capture_on_commit_callbacks,
-                                                        broker_queue):
+def test_event_list_is_public_with_exact_seats_available(
+    anon_api, alice_api, event, django_capture_on_commit_callbacks, broker_queue
+):
     # given
     other = EventFactory(seats=["B1", "B2", "B3"])
     other.starts_at = event.starts_at + timedelta(days=1)
@@ -113,8 +113,7 @@ def test_event_list_is_public_with_exact_seats_available(anon_api, alice_api, ev
     # when: a purchase holds two seats of the first event, and commits (the
     # catalog is cached and moves on commit: docs/api.md, "Catalog")
     with django_capture_on_commit_callbacks(execute=True):
-        assert post_purchase(alice_api,
-                             purchase_body(event, seats=["A1", "A3"])).status_code == 202
+        assert post_purchase(alice_api, purchase_body(event, seats=["A1", "A3"])).status_code == 202
     after = anon_api.get("/api/events/")
 
     # then
@@ -131,10 +130,20 @@ def test_event_seats_is_public_with_price(anon_api):
 
     assert response.status_code == 200
     assert response.json() == [
-        {"ref": "A1", "row": "A", "number": 1, "status": "available",
-         "price": {"amount": 3100, "currency": "EUR"}},
-        {"ref": "A2", "row": "A", "number": 2, "status": "available",
-         "price": {"amount": 3100, "currency": "EUR"}},
+        {
+            "ref": "A1",
+            "row": "A",
+            "number": 1,
+            "status": "available",
+            "price": {"amount": 3100, "currency": "EUR"},
+        },
+        {
+            "ref": "A2",
+            "row": "A",
+            "number": 2,
+            "status": "available",
+            "price": {"amount": 3100, "currency": "EUR"},
+        },
     ]
 
 
@@ -293,8 +302,14 @@ def test_post_purchase_with_taken_seat_is_409_and_writes_nothing(alice_api, bob_
     data = assert_error(response, 409, "seat_unavailable")
     assert data["seats"] == ["A1", "A3"]
     assert row_counts() == before
-    assert before == {"sagas": 1, "reservations": 1, "reservation_seats": 2, "outbox": 1,
-                      "idempotency": 1, "history": 1}
+    assert before == {
+        "sagas": 1,
+        "reservations": 1,
+        "reservation_seats": 2,
+        "outbox": 1,
+        "idempotency": 1,
+        "history": 1,
+    }
     assert seat_statuses(event) == statuses_before
     assert statuses_before["A2"] == SeatStatus.AVAILABLE
 

@@ -55,8 +55,9 @@ def _problems(get: Get) -> list[str]:
             problems.append(f"{page}: {status} {content_type}")
             continue
         html = body.decode()
-        problems += [f"{page} names another host: {m.group(0)!r}"
-                     for m in ABSOLUTE_URL.finditer(html)]
+        problems += [
+            f"{page} names another host: {m.group(0)!r}" for m in ABSOLUTE_URL.finditer(html)
+        ]
         references = TAG_REFERENCE.findall(html)
         if not any(ref.endswith(".js") for ref in references):
             problems.append(f"{page}: no script found, {references}")
@@ -85,6 +86,7 @@ def _problems(get: Get) -> list[str]:
 def test_the_docs_load_nothing_from_another_host_under_make_run(live_server):
     # The live server serves static files as runserver does under make run.
     with httpx.Client(base_url=live_server.url, timeout=10) as http:
+
         def get(path: str) -> tuple[int, str, bytes]:
             answer = http.get(path)
             return answer.status_code, answer.headers.get("content-type", ""), answer.content
@@ -103,26 +105,37 @@ def test_the_docs_load_nothing_from_another_host_once_collected(settings, tmp_pa
 
     def get(path: str) -> tuple[int, str, bytes]:
         answer = client.get(path)
-        body = (b"".join(answer.streaming_content) if answer.streaming else answer.content)
+        body = (
+            b"".join(answer.streaming_content)  # type: ignore[attr-defined]  # a FileResponse
+            if answer.streaming
+            else answer.content
+        )
         return answer.status_code, answer.get("Content-Type", ""), body
 
     problems = _problems(get)
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("reference, offsite", [
-    ("/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js", False),
-    ("swagger-ui.css", False),
-    ("https://cdn.jsdelivr.net/npm/swagger-ui-dist@latest/swagger-ui.css", True),
-    ("//fonts.googleapis.com/css2?family=Roboto", True),
-])
+@pytest.mark.parametrize(
+    "reference, offsite",
+    [
+        ("/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js", False),
+        ("swagger-ui.css", False),
+        ("https://cdn.jsdelivr.net/npm/swagger-ui-dist@latest/swagger-ui.css", True),
+        ("//fonts.googleapis.com/css2?family=Roboto", True),
+    ],
+)
 def test_an_absolute_reference_is_offsite(reference, offsite):
     assert _offsite(reference) is offsite
 
 
 def test_the_scan_finds_a_cdn_in_a_page():
-    html = ('<link rel="stylesheet" href="https://fonts.googleapis.com/css2?family=Roboto">'
-            '<script src="/static/app.js"></script>')
-    assert TAG_REFERENCE.findall(html) == ["https://fonts.googleapis.com/css2?family=Roboto",
-                                          "/static/app.js"]
+    html = (
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css2?family=Roboto">'
+        '<script src="/static/app.js"></script>'
+    )
+    assert TAG_REFERENCE.findall(html) == [
+        "https://fonts.googleapis.com/css2?family=Roboto",
+        "/static/app.js",
+    ]
     assert ABSOLUTE_URL.search(html)

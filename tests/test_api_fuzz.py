@@ -76,8 +76,13 @@ def api_world(transactional_db, monkeypatch):
     event = EventFactory(seats=SEATS)
 
     def start(buyer, seat):
-        return purchase_start(user=buyer, idempotency_key=f"seed-{seat}", event_id=event.pk,
-                              seat_refs=[seat], payment_method="pm_card_visa").saga_id
+        return purchase_start(
+            user=buyer,
+            idempotency_key=f"seed-{seat}",
+            event_id=event.pk,
+            seat_refs=[seat],
+            payment_method="pm_card_visa",
+        ).saga_id
 
     WORLD.clear()
     WORLD.update(event_id=event.pk, sagas=[start(user, "A1"), start(other, "A2")])
@@ -101,8 +106,7 @@ schema = _load_schema()
 
 def _is(context, method: str, path: str) -> bool:
     operation = context.operation
-    return operation is not None and operation.method.upper() == method and \
-        operation.path == path
+    return operation is not None and operation.method.upper() == method and operation.path == path
 
 
 @schema.hook
@@ -113,8 +117,7 @@ def flatmap_path_parameters(context, path_parameters):
     if "event_id" in real:
         real["event_id"] = WORLD["event_id"]
     if "saga_id" in real:
-        return st.sampled_from([path_parameters, *({**real, "saga_id": s}
-                                                   for s in WORLD["sagas"])])
+        return st.sampled_from([path_parameters, *({**real, "saga_id": s} for s in WORLD["sagas"])])
     return st.sampled_from([path_parameters, real])
 
 
@@ -124,16 +127,26 @@ def flatmap_body(context, body):
         return st.just(body)
     # Named seats or best available (a quantity): exactly one of the two.
     real = st.one_of(
-        st.fixed_dictionaries({
-            "seats": st.lists(st.sampled_from(SEATS), min_size=1, max_size=3, unique=True)}),
+        st.fixed_dictionaries(
+            {"seats": st.lists(st.sampled_from(SEATS), min_size=1, max_size=3, unique=True)}
+        ),
         # Up to all the seats: two are taken from the start, so some answer
         # 409 not_enough_seats.
         st.fixed_dictionaries({"quantity": st.integers(min_value=1, max_value=len(SEATS))}),
-    ).flatmap(lambda chosen: st.fixed_dictionaries({
-        "event": st.just(WORLD["event_id"]),
-        "payment_method": st.sampled_from(PAYMENT_METHODS),
-    }).map(lambda valid: {**{k: v for k, v in body.items() if k not in ("seats", "quantity")},
-                          **chosen, **valid}))
+    ).flatmap(
+        lambda chosen: st.fixed_dictionaries(
+            {
+                "event": st.just(WORLD["event_id"]),
+                "payment_method": st.sampled_from(PAYMENT_METHODS),
+            }
+        ).map(
+            lambda valid: {
+                **{k: v for k, v in body.items() if k not in ("seats", "quantity")},
+                **chosen,
+                **valid,
+            }
+        )
+    )
     return st.one_of(st.just(body), real)
 
 
@@ -144,8 +157,8 @@ def flatmap_headers(context, headers):
     if not isinstance(headers, dict) or "Idempotency-Key" not in headers:
         return st.just(headers)
     keys = st.one_of(st.sampled_from(["k1", "k2"]), st.uuids().map(str))
-    return st.one_of(st.just(headers), keys.map(
-        lambda key: {**headers, "Idempotency-Key": key}))
+    return st.one_of(st.just(headers), keys.map(lambda key: {**headers, "Idempotency-Key": key}))
+
 
 _SETTINGS = settings(
     deadline=None,
@@ -191,8 +204,8 @@ def test_api_without_valid_credentials_conforms_to_its_schema(case, api_world):
     # Without credentials, then with a token that does not exist: the public
     # catalog answers, the purchases answer 401 (whatever else is wrong with
     # the request), and every answer is one the schema documents.
-    case.headers = {k: v for k, v in (case.headers or {}).items()
-                    if k.lower() != "authorization"}
+    case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
     _seen(case, case.call_and_validate(checks=CHECKS))
-    _seen(case, case.call_and_validate(headers={"Authorization": "Token not-a-token"},
-                                       checks=CHECKS))
+    _seen(
+        case, case.call_and_validate(headers={"Authorization": "Token not-a-token"}, checks=CHECKS)
+    )

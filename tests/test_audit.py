@@ -36,6 +36,7 @@ from purchases.ops.audit import (
     audit_run,
 )
 from purchases.ops.runbook import Action, action_run
+from purchases.saga.states import SagaState
 from purchases.services import (
     SYSTEM,
     By,
@@ -77,26 +78,45 @@ def story(alice, bob, gateway, settings):
     event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
     with freeze_time(T0) as clock:
         visa = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
-        declined = saga_charge(saga_id=start_purchase(
-            bob, event, seats=["A2"], payment_method="pm_card_chargeDeclined").pk)
-        reconciled = start_purchase(alice, event, seats=["A3"],
-                                    payment_method="pm_card_timeout_charged")
+        declined = saga_charge(
+            saga_id=start_purchase(
+                bob, event, seats=["A2"], payment_method="pm_card_chargeDeclined"
+            ).pk
+        )
+        reconciled = start_purchase(
+            alice, event, seats=["A3"], payment_method="pm_card_timeout_charged"
+        )
         assert saga_charge(saga_id=reconciled.pk).state == "UNKNOWN"
         refunded = saga_charge(saga_id=start_purchase(bob, event, seats=["A4", "A5"]).pk)
         purchase_refund(saga_id=refunded.pk, reason="customer asked", by=By.operator("carol"))
         # The gateway never answers: reconciled until the hold runs out, then
         # cancelled at the gateway (a definitive answer) and compensated.
-        expired_unknown = start_purchase(bob, event, seats=["A6"],
-                                         payment_method="pm_card_unreachable")
+        expired_unknown = start_purchase(
+            bob, event, seats=["A6"], payment_method="pm_card_unreachable"
+        )
         assert saga_charge(saga_id=expired_unknown.pk).state == "UNKNOWN"
         for _ in range(8):
             clock.tick(60)
             drain_outbox()
-        told = Story(event, clock, _fresh(visa), _fresh(declined), _fresh(reconciled),
-                     _fresh(refunded), _fresh(expired_unknown))
-        assert [s.state for s in (told.visa, told.declined, told.reconciled, told.refunded,
-                                  told.expired_unknown)] == [
-            "CONFIRMED", "COMPENSATED", "CONFIRMED", "COMPENSATED", "COMPENSATED"]
+        told = Story(
+            event,
+            clock,
+            _fresh(visa),
+            _fresh(declined),
+            _fresh(reconciled),
+            _fresh(refunded),
+            _fresh(expired_unknown),
+        )
+        assert [
+            s.state
+            for s in (
+                told.visa,
+                told.declined,
+                told.reconciled,
+                told.refunded,
+                told.expired_unknown,
+            )
+        ] == ["CONFIRMED", "COMPENSATED", "CONFIRMED", "COMPENSATED", "COMPENSATED"]
         yield told
 
 
@@ -113,10 +133,11 @@ def _only(report, invariant, saga=None):
     assert _invariants(report) == {invariant}, report.violations
     if saga is not None:
         assert str(saga.pk) in _sagas(report, invariant)
+    assert report.run_id is not None
     run = AuditRun.objects.get(pk=report.run_id)
     assert run.violations == len(report.violations) > 0
     assert {v["invariant"] for v in run.report} == {invariant}
-    assert run.finished_at >= run.started_at
+    assert run.finished_at is not None and run.finished_at >= run.started_at
 
 
 def _command_fails(invariant, saga=None) -> str:
@@ -147,6 +168,7 @@ def test_a_clean_run_over_every_outcome_finds_nothing(story, gateway):
     # One look-up per intent, through the gateway's API.
     asked = [c[1] for c in gateway.calls if c[0] == "list_charges"]
     assert sorted(asked) == sorted(s.intent_id for s in PurchaseSaga.objects.all())
+    assert report.run_id is not None
     run = AuditRun.objects.get(pk=report.run_id)
     assert (run.sagas_checked, run.violations, run.report) == (5, 0, [])
     beat = SweepHeartbeat.objects.get(name="audit_sagas")
@@ -164,7 +186,8 @@ def test_the_command_prints_the_table_and_exits_0_when_clean(story):
 
     lines = out.getvalue().splitlines()
     assert [line.split() for line in lines[: len(INVARIANTS)]] == [
-        [name, "ok"] for name in INVARIANTS]
+        [name, "ok"] for name in INVARIANTS
+    ]
     assert "5 saga(s) checked" in lines[-1] and "0 violation(s)" in lines[-1]
     assert AuditRun.objects.count() == 1
 
@@ -180,9 +203,14 @@ def test_the_command_prints_json_on_request(story):
     report = json.loads(out.getvalue())
     assert report["sagas_checked"] == 5
     assert report["counts"]["seat_sold_once"] == 1
-    assert report["violations"] == [{
-        "invariant": "seat_sold_once", "saga_id": None, "intent_id": None,
-        "detail": f"seat A8 of event {story.event.pk} is sold to no reservation"}]
+    assert report["violations"] == [
+        {
+            "invariant": "seat_sold_once",
+            "saga_id": None,
+            "intent_id": None,
+            "detail": f"seat A8 of event {story.event.pk} is sold to no reservation",
+        }
+    ]
     assert report["run_id"] == AuditRun.objects.get().pk
 
 
@@ -213,8 +241,9 @@ def test_seat_sold_once(story, breakage):
 @pytest.mark.django_db
 def test_one_charge_per_intent(story):
     # A second charge at "the processor" (refunded, so the net still agrees).
-    FakeCharge.objects.create(intent_id=story.visa.intent_id, amount=2500, currency="EUR",
-                              status="refunded")
+    FakeCharge.objects.create(
+        intent_id=story.visa.intent_id, amount=2500, currency="EUR", status="refunded"
+    )
 
     report = audit_run()
 
@@ -238,9 +267,15 @@ def test_ledger_equals_gateway_when_the_gateway_captured_another_amount(story):
 
 @pytest.mark.django_db
 def test_ledger_equals_gateway_for_ledger_entries_no_saga_owns(story, gateway):
-    LedgerEntry.objects.create(intent_id="pi_BOGUS", kind="charge", amount=2500, currency="EUR",
-                               saga_id=story.visa.pk, event_id=story.event.pk,
-                               created_at=timezone.now())
+    LedgerEntry.objects.create(
+        intent_id="pi_BOGUS",
+        kind="charge",
+        amount=2500,
+        currency="EUR",
+        saga_id=story.visa.pk,
+        event_id=story.event.pk,
+        created_at=timezone.now(),
+    )
 
     report = audit_run()
 
@@ -256,9 +291,15 @@ def test_ledger_equals_gateway_for_ledger_entries_no_saga_owns(story, gateway):
 @pytest.mark.django_db
 def test_a_confirmed_saga_with_a_refund_entry(story):
     # A refund entry of 0: the net (and so the gateway check) still agrees.
-    LedgerEntry.objects.create(intent_id=story.visa.intent_id, kind="refund", amount=0,
-                               currency="EUR", saga_id=story.visa.pk, event_id=story.event.pk,
-                               created_at=timezone.now())
+    LedgerEntry.objects.create(
+        intent_id=story.visa.intent_id,
+        kind="refund",
+        amount=0,
+        currency="EUR",
+        saga_id=story.visa.pk,
+        event_id=story.event.pk,
+        created_at=timezone.now(),
+    )
 
     report = audit_run()
 
@@ -286,8 +327,11 @@ def test_a_compensated_saga_whose_ledger_does_not_net_zero(story):
 @pytest.mark.django_db
 @pytest.mark.parametrize("which", ["confirmation", "cancellation"])
 def test_an_email_never_sent_is_a_violation_once_it_is_overdue(story, which):
-    saga, consumer = ((story.visa, CONFIRMATION_EMAIL) if which == "confirmation"
-                      else (story.declined, CANCELLATION_EMAIL))
+    saga, consumer = (
+        (story.visa, CONFIRMATION_EMAIL)
+        if which == "confirmation"
+        else (story.declined, CANCELLATION_EMAIL)
+    )
     InboxEntry.objects.filter(message__saga_id=saga.pk, consumer=consumer).delete()
 
     assert audit_run().violations == []  # still young: it may be on its way
@@ -303,11 +347,17 @@ def test_an_email_never_sent_is_a_violation_once_it_is_overdue(story, which):
 def test_two_confirmation_messages_for_one_saga(story):
     first = OutboxMessage.objects.get(topic="purchase.confirmed", saga_id=story.visa.pk)
     second = OutboxMessage.objects.create(
-        topic="purchase.confirmed", payload=first.payload, saga_id=story.visa.pk,
-        event_id=story.event.pk, created_at=timezone.now(), available_at=timezone.now(),
-        completed_at=timezone.now())
-    InboxEntry.objects.create(consumer=CONFIRMATION_EMAIL, message=second,
-                              processed_at=timezone.now())
+        topic="purchase.confirmed",
+        payload=first.payload,
+        saga_id=story.visa.pk,
+        event_id=story.event.pk,
+        created_at=timezone.now(),
+        available_at=timezone.now(),
+        completed_at=timezone.now(),
+    )
+    InboxEntry.objects.create(
+        consumer=CONFIRMATION_EMAIL, message=second, processed_at=timezone.now()
+    )
 
     report = audit_run()
 
@@ -324,8 +374,8 @@ def test_a_saga_left_in_payment_failed_with_no_timer_is_silently_stuck(story, al
     # The worker recorded the decline and died before compensating; the hold
     # timer does not count (on an old saga it is long overdue).
     saga = start_purchase(alice, story.event, seats=["A7"])
-    saga_transition(saga_id=saga.pk, to="CHARGING", reason="charge started")
-    saga_transition(saga_id=saga.pk, to="PAYMENT_FAILED", reason="charge declined")
+    saga_transition(saga_id=saga.pk, to=SagaState.CHARGING, reason="charge started")
+    saga_transition(saga_id=saga.pk, to=SagaState.PAYMENT_FAILED, reason="charge declined")
     story.clock.tick(60)
     assert audit_run().violations == []  # young: it may still be moving
 
@@ -339,7 +389,8 @@ def test_a_saga_left_in_payment_failed_with_no_timer_is_silently_stuck(story, al
 
 @pytest.mark.django_db
 def test_a_saga_waiting_on_its_reconcile_timer_is_not_stuck_until_the_timer_is_overdue(
-        story, alice):
+    story, alice
+):
     saga = start_purchase(alice, story.event, seats=["A7"], payment_method="pm_card_unreachable")
     assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"  # probe armed at +60 s
     story.clock.tick(30)
@@ -382,7 +433,7 @@ def test_an_unknown_saga_compensated_without_a_definitive_answer(story, alice, a
     assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
     # Released on an assumption: no look-up, no cancel at the gateway.
     by = By.operator("carol") if actor == "operator" else By(actor)
-    saga_transition(saga_id=saga.pk, to="EXPIRED", reason="assumed", by=by)
+    saga_transition(saga_id=saga.pk, to=SagaState.EXPIRED, reason="assumed", by=by)
     saga_compensate(saga_id=saga.pk, by=by)
     drain_outbox()
     assert _fresh(saga).state == "COMPENSATED"
@@ -398,13 +449,18 @@ def test_an_unknown_saga_compensated_without_a_definitive_answer(story, alice, a
 
 @pytest.mark.django_db
 def test_a_refund_after_an_operator_settled_the_unknown_is_not_blind(story, alice):
-    saga = start_purchase(alice, story.event, seats=["A7"],
-                          payment_method="pm_card_timeout_charged")
+    saga = start_purchase(
+        alice, story.event, seats=["A7"], payment_method="pm_card_timeout_charged"
+    )
     assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
-    saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="probes exhausted")
+    saga_transition(saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="probes exhausted")
     # No look-up ever answered; the operator saw the charge and confirmed it.
-    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-               reason="charge seen in the processor's dashboard")
+    action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="charge seen in the processor's dashboard",
+    )
     faulty = FaultyGateway()
     faulty.down("refund", times=1)
     with override_gateway(faulty):
@@ -452,11 +508,13 @@ def test_an_intent_the_gateway_cannot_answer_about_is_reported_not_fatal(story):
 
     assert report.violations == [] and not report.complete
     assert [(u.saga_id, u.intent_id) for u in report.unverified] == [
-        (str(story.visa.pk), story.visa.intent_id)]
+        (str(story.visa.pk), story.visa.intent_id)
+    ]
     assert report.sagas_checked == 5
     assert report.intents_checked == 5
     assert len([c for c in gateway.calls if c[0] == "list_charges"]) == 4  # + the one lost
     assert "list charges: timeout" in report.unverified[0].detail
+    assert report.run_id is not None
     run = AuditRun.objects.get(pk=report.run_id)
     assert (run.violations, run.unverified) == (0, 1)
 
@@ -564,7 +622,10 @@ def test_an_audit_that_cannot_reach_the_gateway_is_incomplete_not_a_violation(st
 
 @pytest.mark.django_db
 def test_before_any_audit_the_metrics_do_not_claim_zero_violations(client):
-    samples = [line for line in client.get("/metrics").content.decode().splitlines()
-               if line.startswith("boxoffice_audit_")]
+    samples = [
+        line
+        for line in client.get("/metrics").content.decode().splitlines()
+        if line.startswith("boxoffice_audit_")
+    ]
 
     assert samples == []

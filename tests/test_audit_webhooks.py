@@ -66,9 +66,16 @@ def _delivery(saga, event_type) -> WebhookDelivery:
 
 def _add_delivery(endpoint, saga, event_type) -> WebhookDelivery:
     return WebhookDelivery.objects.create(
-        endpoint=endpoint, message_id=f"msg_{uuid.uuid4().hex}", event_type=event_type,
-        saga_id=saga.pk, event_id=saga.event_id, body="{}", status="delivered",
-        created_at=timezone.now(), delivered_at=timezone.now())
+        endpoint=endpoint,
+        message_id=f"msg_{uuid.uuid4().hex}",
+        event_type=event_type,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        body="{}",
+        status="delivered",
+        created_at=timezone.now(),
+        delivered_at=timezone.now(),
+    )
 
 
 def _findings(report) -> list[tuple[str, str]]:
@@ -88,16 +95,20 @@ def test_every_finished_saga_has_the_webhook_its_end_calls_for(hooked, endpoint)
     assert report.counts["webhook_missing"] == report.counts["webhook_contradicts"] == 0
     # What the saga wrote (the compensation decides refunded or failed), all
     # delivered: the auditor's rule agrees with it for every outcome.
-    assert sorted((str(d.saga_id), d.event_type, d.status)
-                  for d in WebhookDelivery.objects.filter(endpoint=endpoint)) == sorted([
-        (str(s.visa.pk), "purchase.confirmed", "delivered"),
-        (str(s.declined.pk), "purchase.failed", "delivered"),
-        (str(s.reconciled.pk), "purchase.confirmed", "delivered"),
-        # Confirmed, then refunded: both are owed, neither contradicts.
-        (str(s.refunded.pk), "purchase.confirmed", "delivered"),
-        (str(s.refunded.pk), "purchase.refunded", "delivered"),
-        (str(s.expired_unknown.pk), "purchase.failed", "delivered"),
-    ])
+    assert sorted(
+        (str(d.saga_id), d.event_type, d.status)
+        for d in WebhookDelivery.objects.filter(endpoint=endpoint)
+    ) == sorted(
+        [
+            (str(s.visa.pk), "purchase.confirmed", "delivered"),
+            (str(s.declined.pk), "purchase.failed", "delivered"),
+            (str(s.reconciled.pk), "purchase.confirmed", "delivered"),
+            # Confirmed, then refunded: both are owed, neither contradicts.
+            (str(s.refunded.pk), "purchase.confirmed", "delivered"),
+            (str(s.refunded.pk), "purchase.refunded", "delivered"),
+            (str(s.expired_unknown.pk), "purchase.failed", "delivered"),
+        ]
+    )
     assert report.as_dict()["findings"] == []
 
 
@@ -105,12 +116,15 @@ def test_every_finished_saga_has_the_webhook_its_end_calls_for(hooked, endpoint)
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("which", "event_type"), [
-    ("visa", "purchase.confirmed"),
-    ("declined", "purchase.failed"),
-    ("refunded", "purchase.refunded"),
-    ("expired_unknown", "purchase.failed"),
-])
+@pytest.mark.parametrize(
+    ("which", "event_type"),
+    [
+        ("visa", "purchase.confirmed"),
+        ("declined", "purchase.failed"),
+        ("refunded", "purchase.refunded"),
+        ("expired_unknown", "purchase.failed"),
+    ],
+)
 def test_a_missing_webhook_is_a_violation(hooked, endpoint, which, event_type):
     saga = getattr(hooked, which)
     _delivery(saga, event_type).delete()
@@ -124,8 +138,9 @@ def test_a_missing_webhook_is_a_violation(hooked, endpoint, which, event_type):
 
 
 @pytest.mark.django_db
-def test_an_endpoint_that_existed_and_was_subscribed_is_owed_one_per_finished_saga(story,
-                                                                                   receiver_url):
+def test_an_endpoint_that_existed_and_was_subscribed_is_owed_one_per_finished_saga(
+    story, receiver_url
+):
     # Registered (on the record) before the story, yet nothing was written
     # for it: every finished saga misses its webhook.
     late = webhook_endpoint_create(url=receiver_url, events=ALL, now=BEFORE)
@@ -133,9 +148,16 @@ def test_an_endpoint_that_existed_and_was_subscribed_is_owed_one_per_finished_sa
     report = audit_run()
 
     assert {v.invariant for v in report.violations} == {"webhook_missing"}
-    assert sorted(v.saga_id for v in report.violations) == sorted(
-        str(s.pk) for s in (story.visa, story.declined, story.reconciled, story.refunded,
-                            story.expired_unknown))
+    assert sorted((v.saga_id for v in report.violations), key=str) == sorted(
+        str(s.pk)
+        for s in (
+            story.visa,
+            story.declined,
+            story.reconciled,
+            story.refunded,
+            story.expired_unknown,
+        )
+    )
     assert all(f"endpoint {late.pk}" in v.detail for v in report.violations)
 
 
@@ -196,14 +218,17 @@ def test_an_alert_owes_needs_attention(hooked, endpoint, alice, settings):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("which", "event_type"), [
-    ("visa", "purchase.failed"),  # confirmed, announced as failed
-    ("visa", "purchase.refunded"),
-    ("declined", "purchase.refunded"),  # nothing was charged
-    ("declined", "purchase.confirmed"),  # never confirmed
-    ("refunded", "purchase.failed"),  # both failed and refunded
-    ("expired_unknown", "purchase.confirmed"),
-])
+@pytest.mark.parametrize(
+    ("which", "event_type"),
+    [
+        ("visa", "purchase.failed"),  # confirmed, announced as failed
+        ("visa", "purchase.refunded"),
+        ("declined", "purchase.refunded"),  # nothing was charged
+        ("declined", "purchase.confirmed"),  # never confirmed
+        ("refunded", "purchase.failed"),  # both failed and refunded
+        ("expired_unknown", "purchase.confirmed"),
+    ],
+)
 def test_a_webhook_that_contradicts_the_end_is_a_violation(hooked, endpoint, which, event_type):
     saga = getattr(hooked, which)
     _add_delivery(endpoint, saga, event_type)
@@ -229,7 +254,8 @@ def test_an_end_announced_for_a_saga_still_moving_contradicts_it(hooked, endpoin
 @pytest.mark.django_db
 def test_a_failed_webhook_is_a_finding_not_a_violation(hooked, endpoint):
     WebhookDelivery.objects.filter(saga_id=hooked.visa.pk).update(
-        status="failed", failed_at=timezone.now(), armed_attempt=8)
+        status="failed", failed_at=timezone.now(), armed_attempt=8
+    )
 
     report = audit_run()
 
@@ -258,7 +284,8 @@ def test_without_endpoints_the_webhook_check_costs_one_query(story):
 
 @pytest.mark.django_db
 def test_with_endpoints_the_number_of_queries_does_not_grow_with_the_number_of_sagas(
-        alice, gateway, endpoint):
+    alice, gateway, endpoint
+):
     event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
     with freeze_time(base.T0):
         for ref in ("A1", "A2"):
@@ -273,4 +300,3 @@ def test_with_endpoints_the_number_of_queries_does_not_grow_with_the_number_of_s
     assert WebhookDelivery.objects.filter(status="delivered").count() == 8
 
     assert few == many
-

@@ -37,8 +37,7 @@ LOCK_TIMEOUT = "200ms"
 
 def hall(rows: str = "A", per_row: int = 10, **kwargs):
     """An event with ``rows`` x 1..``per_row`` seats (refs A1, A2, ...)."""
-    return EventFactory(seats=[f"{r}{n}" for r in rows for n in range(1, per_row + 1)],
-                        **kwargs)
+    return EventFactory(seats=[f"{r}{n}" for r in rows for n in range(1, per_row + 1)], **kwargs)
 
 
 def set_status(event, refs, status="sold") -> None:
@@ -50,8 +49,9 @@ def best_body(event, quantity, payment_method="pm_card_visa") -> dict:
 
 
 def post(client, body, *, key=None):
-    return client.post(PURCHASES, body, format="json",
-                       headers={"Idempotency-Key": key or new_key()})
+    return client.post(
+        PURCHASES, body, format="json", headers={"Idempotency-Key": key or new_key()}
+    )
 
 
 def seat_statuses(event) -> dict[str, str]:
@@ -62,14 +62,17 @@ def seat_statuses(event) -> dict[str, str]:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("quantity", "expected"), [
-    # The row's centre is 5.5 (the mean of its first and last numbers).
-    (3, ["A4", "A5", "A6"]),  # 4-6 and 5-7 are as near: the lower numbers
-    (2, ["A5", "A6"]),
-    (1, ["A5"]),  # 5 and 6 are as near: the lower
-    (4, ["A4", "A5", "A6", "A7"]),
-    (10, [f"A{n}" for n in range(1, 11)]),
-])
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        # The row's centre is 5.5 (the mean of its first and last numbers).
+        (3, ["A4", "A5", "A6"]),  # 4-6 and 5-7 are as near: the lower numbers
+        (2, ["A5", "A6"]),
+        (1, ["A5"]),  # 5 and 6 are as near: the lower
+        (4, ["A4", "A5", "A6", "A7"]),
+        (10, [f"A{n}" for n in range(1, 11)]),
+    ],
+)
 def test_an_empty_row_gives_the_block_nearest_its_middle(alice_api, quantity, expected):
     event = hall()
 
@@ -83,12 +86,15 @@ def test_an_empty_row_gives_the_block_nearest_its_middle(alice_api, quantity, ex
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("quantity", "expected"), [
-    # 5 and 6 are taken: 2-4 and 7-9 are as near the middle (5.5): the lower.
-    (3, ["A2", "A3", "A4"]),
-    (4, ["A1", "A2", "A3", "A4"]),
-    (2, ["A3", "A4"]),  # centre 3.5, as near as 7-8 (7.5): the lower
-])
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        # 5 and 6 are taken: 2-4 and 7-9 are as near the middle (5.5): the lower.
+        (3, ["A2", "A3", "A4"]),
+        (4, ["A1", "A2", "A3", "A4"]),
+        (2, ["A3", "A4"]),  # centre 3.5, as near as 7-8 (7.5): the lower
+    ],
+)
 def test_a_row_with_a_gap_gives_its_best_block(alice_api, quantity, expected):
     event = hall()
     set_status(event, ["A5"], "sold")
@@ -220,17 +226,20 @@ def test_after_the_start_the_saga_is_the_named_seats_one(alice, alice_api, gatew
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("change", "field"), [
-    ({"seats": ["A1"]}, "quantity"),  # both: the quantity is named
-    ({"quantity": None}, "quantity"),
-    ({"quantity": 0}, "quantity"),
-    ({"quantity": -1}, "quantity"),
-    ({"quantity": 11}, "quantity"),  # MAX_SEATS_PER_PURCHASE + 1
-    ({"quantity": "3"}, "quantity"),
-    ({"quantity": True}, "quantity"),
-    ({"quantity": 3.5}, "quantity"),
-    ({"quantity": [3]}, "quantity"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"seats": ["A1"]}, "quantity"),  # both: the quantity is named
+        ({"quantity": None}, "quantity"),
+        ({"quantity": 0}, "quantity"),
+        ({"quantity": -1}, "quantity"),
+        ({"quantity": 11}, "quantity"),  # MAX_SEATS_PER_PURCHASE + 1
+        ({"quantity": "3"}, "quantity"),
+        ({"quantity": True}, "quantity"),
+        ({"quantity": 3.5}, "quantity"),
+        ({"quantity": [3]}, "quantity"),
+    ],
+)
 def test_a_bad_quantity_or_both_fields_is_400_naming_the_field(alice_api, change, field):
     event = hall()
     before = row_counts()
@@ -320,8 +329,14 @@ def test_the_same_key_with_another_quantity_or_named_seats_is_422(alice_api, oth
 def test_a_named_seats_key_is_not_replayed_by_a_quantity_body(alice_api):
     event = hall()
     key = new_key()
-    assert post(alice_api, {"event": event.pk, "seats": ["A1"],
-                            "payment_method": "pm_card_visa"}, key=key).status_code == 202
+    assert (
+        post(
+            alice_api,
+            {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"},
+            key=key,
+        ).status_code
+        == 202
+    )
 
     assert post(alice_api, best_body(event, 1), key=key).status_code == 422
 
@@ -330,11 +345,13 @@ def test_the_fingerprint_of_a_named_seats_body_did_not_change():
     # Records stored before best available must still replay.
     canonical = '{"event":7,"payment_method":"pm_card_visa","seats":["A1","A2"]}'
 
-    assert request_fingerprint(event_id=7, seat_refs=["A1", "A2"],
-                               payment_method="pm_card_visa") == \
-        hashlib.sha256(canonical.encode()).hexdigest()
-    assert request_fingerprint(event_id=7, quantity=2, payment_method="pm_card_visa") != \
-        request_fingerprint(event_id=7, quantity=3, payment_method="pm_card_visa")
+    assert (
+        request_fingerprint(event_id=7, seat_refs=["A1", "A2"], payment_method="pm_card_visa")
+        == hashlib.sha256(canonical.encode()).hexdigest()
+    )
+    assert request_fingerprint(
+        event_id=7, quantity=2, payment_method="pm_card_visa"
+    ) != request_fingerprint(event_id=7, quantity=3, payment_method="pm_card_visa")
 
 
 # --- concurrency, on real connections ----------------------------------------------------
@@ -381,14 +398,20 @@ def test_fifty_best_available_buyers_never_wait_and_never_share_a_seat():
     quantities = [i % 4 + 1 for i in range(50)]
 
     # when: all at once, each with lock_timeout set
-    results = race(50, lambda i: _answer(post(_client(buyers[i]),
-                                               best_body(event, quantities[i]))),
-                    lock_timeout=LOCK_TIMEOUT)
+    results = race(
+        50,
+        lambda i: _answer(post(_client(buyers[i]), best_body(event, quantities[i]))),
+        lock_timeout=LOCK_TIMEOUT,
+    )
 
     # then: a 202 or a 409 for every buyer, nothing else (no lock timeout, no
     # deadlock, no 500)
-    unexpected = [r for r in results if isinstance(r, Exception)
-                  or (r[0], r[1].get("code")) not in {(202, None), (409, "not_enough_seats")}]
+    unexpected = [
+        r
+        for r in results
+        if isinstance(r, Exception)
+        or (r[0], r[1].get("code")) not in {(202, None), (409, "not_enough_seats")}
+    ]
     assert unexpected == [], unexpected
     accepted = {r[1]["id"]: i for i, r in enumerate(results) if r[0] == 202}
     assert accepted, "nobody got a seat"
@@ -428,8 +451,12 @@ def test_best_available_beside_named_seat_buyers_no_double_sale_no_deadlock():
                 cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
             return _answer(post(_client(buyers[i]), best_body(event, quantities[i])))
         if i in named:
-            return _answer(post(_client(buyers[i]), {
-                "event": event.pk, "seats": named[i], "payment_method": "pm_card_visa"}))
+            return _answer(
+                post(
+                    _client(buyers[i]),
+                    {"event": event.pk, "seats": named[i], "payment_method": "pm_card_visa"},
+                )
+            )
         return None
 
     # when
@@ -437,9 +464,12 @@ def test_best_available_beside_named_seat_buyers_no_double_sale_no_deadlock():
 
     # then
     allowed = {(202, None), (409, "not_enough_seats"), (409, "seat_unavailable")}
-    unexpected = [(i, r) for i, r in enumerate(results)
-                  if (i in quantities or i in named)
-                  and (isinstance(r, Exception) or (r[0], r[1].get("code")) not in allowed)]
+    unexpected = [
+        (i, r)
+        for i, r in enumerate(results)
+        if (i in quantities or i in named)
+        and (isinstance(r, Exception) or (r[0], r[1].get("code")) not in allowed)
+    ]
     assert unexpected == [], unexpected
     for i in quantities:
         assert results[i][1].get("code") != "seat_unavailable"
@@ -450,8 +480,7 @@ def test_best_available_beside_named_seat_buyers_no_double_sale_no_deadlock():
             _assert_adjacent_in_one_row(holdings[by_saga[results[i][1]["id"]]], quantities[i])
     for i in named:
         if results[i][0] == 202:
-            assert sorted(s.ref for s in holdings[by_saga[results[i][1]["id"]]]) == \
-                sorted(named[i])
+            assert sorted(s.ref for s in holdings[by_saga[results[i][1]["id"]]]) == sorted(named[i])
 
 
 @pytest.mark.django_db(transaction=True)
@@ -464,13 +493,16 @@ def test_a_seat_locked_by_another_transaction_is_skipped_not_waited_on():
 
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT id FROM {Seat._meta.db_table} WHERE id = %s FOR UPDATE",
-                           [seat.pk])
+            cursor.execute(
+                f"SELECT id FROM {Seat._meta.db_table} WHERE id = %s FOR UPDATE", [seat.pk]
+            )
 
         # when: a best-available buyer on its own connection, lock_timeout set
-        [result] = race(1, lambda i: _answer(post(_client(buyer), best_body(event, 2),
-                                                   key="skip-1")),
-                         lock_timeout=LOCK_TIMEOUT)
+        [result] = race(
+            1,
+            lambda i: _answer(post(_client(buyer), best_body(event, 2), key="skip-1")),
+            lock_timeout=LOCK_TIMEOUT,
+        )
 
         # then: the next best block, at once (a wait would have timed out)
         assert not isinstance(result, Exception), result
@@ -481,7 +513,9 @@ def test_a_seat_locked_by_another_transaction_is_skipped_not_waited_on():
     replay = post(_client(buyer), best_body(event, 2), key="skip-1")
     assert (replay.status_code, replay.json()) == result
     assert IdempotencyRecord.objects.get(user=buyer, key="skip-1").response_body["seats"] == [
-        "A6", "A7"]
+        "A6",
+        "A7",
+    ]
     # And once the lock is gone, 5 is taken by the next buyer, with 4.
     assert post(_client(buyer), best_body(event, 2)).json()["seats"] == ["A4", "A5"]
 
@@ -496,12 +530,21 @@ def test_seats_being_taken_are_not_counted_as_available():
 
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT id FROM {Seat._meta.db_table} WHERE id = %s FOR UPDATE",
-                           [seat.pk])
+            cursor.execute(
+                f"SELECT id FROM {Seat._meta.db_table} WHERE id = %s FOR UPDATE", [seat.pk]
+            )
 
-        [result] = race(1, lambda i: purchase_start(
-            user=buyer, idempotency_key=new_key(), event_id=event.pk, quantity=2,
-            payment_method="pm_card_visa"), lock_timeout=LOCK_TIMEOUT)
+        [result] = race(
+            1,
+            lambda i: purchase_start(
+                user=buyer,
+                idempotency_key=new_key(),
+                event_id=event.pk,
+                quantity=2,
+                payment_method="pm_card_visa",
+            ),
+            lock_timeout=LOCK_TIMEOUT,
+        )
 
     # then: refused at once; A5 is being taken, A6 is the one available
     assert isinstance(result, NotEnoughSeats), result
@@ -522,8 +565,11 @@ def test_a_stale_first_read_costs_one_more_attempt_not_one_per_seat_sold_since(m
     set_status(event, [f"A{n}" for n in range(1, 19)])
     reads = iter([stale])
     real_read = start._best_available_candidates
-    monkeypatch.setattr(start, "_best_available_candidates",
-                        lambda *, event_id: next(reads, None) or real_read(event_id=event_id))
+    monkeypatch.setattr(
+        start,
+        "_best_available_candidates",
+        lambda *, event_id: next(reads, None) or real_read(event_id=event_id),
+    )
     attempts = []
     real_hold = lock_objects.seats_hold_all_skip_locked
 
@@ -533,8 +579,14 @@ def test_a_stale_first_read_costs_one_more_attempt_not_one_per_seat_sold_since(m
 
     monkeypatch.setattr(lock_objects, "seats_hold_all_skip_locked", counting_hold)
 
-    started = purchase_start(user=UserFactory(), idempotency_key=new_key(), event_id=event.pk,
-                             seat_refs=None, quantity=1, payment_method="pm_card_visa")
+    started = purchase_start(
+        user=UserFactory(),
+        idempotency_key=new_key(),
+        event_id=event.pk,
+        seat_refs=None,
+        quantity=1,
+        payment_method="pm_card_visa",
+    )
 
     assert started.purchase["seats"] in (["A19"], ["A20"])
     assert len(attempts) == 2  # the stale pick, then one from a fresh read

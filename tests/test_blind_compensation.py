@@ -41,8 +41,9 @@ def blind_compensate(*, saga_id) -> PurchaseSaga:
     to refund either. Every step is a legal move of the transition table; the
     sin is the missing look-up.
     """
-    saga_transition(saga_id=saga_id, to=SagaState.PAYMENT_FAILED,
-                    reason="charge timed out: assume it failed")
+    saga_transition(
+        saga_id=saga_id, to=SagaState.PAYMENT_FAILED, reason="charge timed out: assume it failed"
+    )
     return saga_compensate(saga_id=saga_id, reason="compensating a timed-out charge")
 
 
@@ -55,22 +56,30 @@ def _captured(saga) -> int:
 def _live_holders(event, ref="A1") -> list[str]:
     """Who holds the seat now (buyers of its live reservations)."""
     return list(
-        ReservationSeat.objects.filter(seat__event=event, seat__ref=ref, released_at__isnull=True)
-        .values_list("reservation__buyer__username", flat=True)
+        ReservationSeat.objects.filter(
+            seat__event=event, seat__ref=ref, released_at__isnull=True
+        ).values_list("reservation__buyer__username", flat=True)
     )
 
 
 def _buy(client, event):
-    return client.post("/api/purchases/", purchase_body(event, seats=["A1"]), format="json",
-                       HTTP_IDEMPOTENCY_KEY=new_key())
+    return client.post(
+        "/api/purchases/",
+        purchase_body(event, seats=["A1"]),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=new_key(),
+    )
 
 
 @pytest.fixture
 def charged_but_unknown(alice, gateway):
     """Alice's purchase of A1: charged at the gateway, the answer lost."""
     event = EventFactory(seats=["A1"])
-    saga = saga_charge(saga_id=start_purchase(
-        alice, event, seats=["A1"], payment_method="pm_card_timeout_charged").pk)
+    saga = saga_charge(
+        saga_id=start_purchase(
+            alice, event, seats=["A1"], payment_method="pm_card_timeout_charged"
+        ).pk
+    )
     assert saga.state == "UNKNOWN"
     assert _captured(saga) == saga.amount == 2500  # it landed; we only did not hear
     assert ledger_net(intent_id=saga.intent_id) == 0
@@ -79,7 +88,8 @@ def charged_but_unknown(alice, gateway):
 
 @pytest.mark.django_db
 def test_a_blind_compensation_of_a_charge_that_landed_loses_the_money_and_sells_the_seat_twice(
-        charged_but_unknown, gateway, bob_api):
+    charged_but_unknown, gateway, bob_api
+):
     event, saga = charged_but_unknown
     asked_before = list(gateway.calls)
 
@@ -107,7 +117,8 @@ def test_a_blind_compensation_of_a_charge_that_landed_loses_the_money_and_sells_
 @pytest.mark.django_db
 @pytest.mark.parametrize("how", ["saga_reconcile", "relay"])
 def test_the_real_path_reconciles_the_same_charge_and_keeps_money_and_seat(
-        charged_but_unknown, gateway, bob, bob_api, how):
+    charged_but_unknown, gateway, bob, bob_api, how
+):
     event, saga = charged_but_unknown
 
     # when: the saga is reconciled, by a look-up now or by the reconcile timer

@@ -49,7 +49,7 @@ def _both(first, second):
 def test_fire_and_cancel_race_never_releases_a_sold_seat(gateway, settings):
     settings.PURCHASE_HOLD_SECONDS = 0  # the hold timer is due at once
     buyer = UserFactory(username="racer")
-    outcomes = Counter()
+    outcomes: Counter[str] = Counter()
     for run in range(RUNS):
         event = EventFactory(seats=["A1"])
         saga = start_purchase(buyer, event)
@@ -75,8 +75,10 @@ def test_fire_and_cancel_race_never_releases_a_sold_seat(gateway, settings):
         stored = PurchaseSaga.objects.get(pk=saga.pk)
         seat = Seat.objects.get(event=event, ref="A1").status
         charges = FakeCharge.objects.filter(intent_id=saga.intent_id, status="succeeded").count()
-        ledger = LedgerEntry.objects.filter(intent_id=saga.intent_id).aggregate(
-            n=Sum("amount"))["n"] or 0
+        ledger = (
+            LedgerEntry.objects.filter(intent_id=saga.intent_id).aggregate(n=Sum("amount"))["n"]
+            or 0
+        )
         timer = OutboxMessage.objects.get(key=f"hold:{saga.pk}")
         if stored.state == "CONFIRMED":
             assert (seat, charges, ledger) == ("sold", 1, 2500), f"run {run}"

@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from purchases import availability, services
 from purchases.models import Seat
 
-from .conftest import new_key, purchase_body, row_counts
+from .conftest import cache_redis, new_key, purchase_body, row_counts
 from .factories import EventFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,10 +49,11 @@ def cache_of_this_test(settings):
     ``cache.clear()``: on Redis that flushes the database other sessions use."""
     config = settings.CACHES["default"]
     assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache", (
-        "the catalog cache is tested on Redis, as on the real stack (tests/settings.py)")
+        "the catalog cache is tested on Redis, as on the real stack (tests/settings.py)"
+    )
     prefix = f"{config.get('KEY_PREFIX') or 'boxoffice-test'}-{uuid.uuid4().hex[:12]}"
     settings.CACHES = {"default": {**config, "KEY_PREFIX": prefix}}
-    client = caches["default"]._cache.get_client(write=True)
+    client = cache_redis(write=True)
     yield prefix
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     if keys:
@@ -72,8 +73,12 @@ def enqueued(monkeypatch) -> list:
 @pytest.fixture
 def locmem_cache(settings):
     """A process-local cache, whose clock freezegun moves (Redis keeps its own)."""
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"catalog-{uuid.uuid4().hex}"}}
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": f"catalog-{uuid.uuid4().hex}",
+        }
+    }
 
 
 def seats_url(event) -> str:
@@ -81,8 +86,12 @@ def seats_url(event) -> str:
 
 
 def buy(client, event, seats, payment_method="pm_card_visa"):
-    return client.post("/api/purchases/", purchase_body(event, seats, payment_method),
-                       format="json", headers={"Idempotency-Key": new_key()})
+    return client.post(
+        "/api/purchases/",
+        purchase_body(event, seats, payment_method),
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
 
 
 def statuses(response) -> dict[str, str]:
@@ -100,7 +109,8 @@ def available(response, event) -> int:
 
 
 def test_a_committed_purchase_is_seen_at_once_and_a_refused_one_changes_nothing(
-        anon_api, alice_api, bob_api, event):
+    anon_api, alice_api, bob_api, event
+):
     # given: both catalog reads cached
     seats_before, list_before = anon_api.get(seats_url(event)), anon_api.get(EVENTS)
     assert set(statuses(seats_before).values()) == {"available"}
@@ -125,8 +135,12 @@ def test_a_committed_purchase_is_seen_at_once_and_a_refused_one_changes_nothing(
     assert availability.availability_version(event.pk) == version
     again = anon_api.get(seats_url(event))
     assert again["ETag"] == seats_after["ETag"]
-    assert statuses(again) == {"A1": "held", "A2": "available", "A3": "available",
-                               "A4": "available"}
+    assert statuses(again) == {
+        "A1": "held",
+        "A2": "available",
+        "A3": "available",
+        "A4": "available",
+    }
     assert anon_api.get(EVENTS)["ETag"] == list_after["ETag"]
 
 
@@ -153,7 +167,8 @@ def test_the_version_moves_after_the_commit_and_never_on_a_rollback(event):
 
 
 def test_a_lost_invalidation_is_stale_for_at_most_the_ttl(
-        anon_api, alice_api, event, locmem_cache, settings, monkeypatch):
+    anon_api, alice_api, event, locmem_cache, settings, monkeypatch
+):
     settings.AVAILABILITY_MAX_STALE_SECONDS = 2
     with freeze_time(datetime(2026, 12, 3, 19, 0, tzinfo=UTC)) as clock:
         # given: the seats cached, and the next invalidation lost (a cache or
@@ -181,14 +196,17 @@ def test_a_lost_invalidation_is_stale_for_at_most_the_ttl(
         assert rebuilt.status_code == 304
 
 
-def test_the_entries_on_redis_expire_within_the_bound(anon_api, event, settings,
-                                                      cache_of_this_test):
+def test_the_entries_on_redis_expire_within_the_bound(
+    anon_api, event, settings, cache_of_this_test
+):
     anon_api.get(seats_url(event))
     anon_api.get(EVENTS)
 
-    client = caches["default"]._cache.get_client()
-    ttl_ms = {key.decode().split(":", 2)[2]: client.pttl(key)
-              for key in client.scan_iter(match=f"{cache_of_this_test}:*")}
+    client = cache_redis()
+    ttl_ms = {
+        key.decode().split(":", 2)[2]: client.pttl(key)
+        for key in client.scan_iter(match=f"{cache_of_this_test}:*")
+    }
     entries = {k: t for k, t in ttl_ms.items() if not k.startswith("availability:version:")}
     versions = {k: t for k, t in ttl_ms.items() if k.startswith("availability:version:")}
     assert len(entries) == 4 and len(versions) == 2, ttl_ms  # a tag and a body each
@@ -200,7 +218,8 @@ def test_the_entries_on_redis_expire_within_the_bound(anon_api, event, settings,
 
 
 def test_an_unreachable_cache_fails_neither_a_purchase_nor_the_catalog(
-        anon_api, alice_api, event, monkeypatch):
+    anon_api, alice_api, event, monkeypatch
+):
     backend = caches["default"]
 
     def down(*args, **kwargs):
@@ -235,8 +254,10 @@ def test_the_etag_changes_exactly_when_availability_changes(anon_api, alice_api,
     assert not_modified.content == b""
     assert not_modified["ETag"] == etag
     # If-None-Match may list several, and * is any current one
-    assert anon_api.get(seats_url(event),
-                        headers={"If-None-Match": f'"nope", {etag}'}).status_code == 304
+    assert (
+        anon_api.get(seats_url(event), headers={"If-None-Match": f'"nope", {etag}'}).status_code
+        == 304
+    )
     assert anon_api.get(seats_url(event), headers={"If-None-Match": "*"}).status_code == 304
 
     # another event's change is not this event's change
@@ -249,8 +270,10 @@ def test_the_etag_changes_exactly_when_availability_changes(anon_api, alice_api,
     assert changed.status_code == 200
     assert statuses(changed)["A2"] == "held"
     assert changed["ETag"] != etag
-    assert anon_api.get(seats_url(event),
-                        headers={"If-None-Match": changed["ETag"]}).status_code == 304
+    assert (
+        anon_api.get(seats_url(event), headers={"If-None-Match": changed["ETag"]}).status_code
+        == 304
+    )
 
 
 def test_the_event_list_has_an_etag_that_any_event_changes(anon_api, alice_api, event):
@@ -302,32 +325,34 @@ def test_a_stale_cache_never_decides_a_purchase(anon_api, alice_api, event, monk
 
 
 def test_the_catalog_follows_a_confirmed_and_a_compensated_purchase(
-        anon_api, alice_api, bob_api, event, gateway):
+    anon_api, alice_api, bob_api, event, gateway
+):
     def look() -> tuple[dict, int]:
         return statuses(anon_api.get(seats_url(event))), available(anon_api.get(EVENTS), event)
 
-    assert look() == ({"A1": "available", "A2": "available", "A3": "available",
-                       "A4": "available"}, 4)
+    assert look() == (
+        {"A1": "available", "A2": "available", "A3": "available", "A4": "available"},
+        4,
+    )
 
     # a purchase held, then confirmed (sold by the confirmation)
     bought = buy(alice_api, event, ["A1"]).json()["id"]
     assert look()[0]["A1"] == "held"
     assert services.saga_charge(saga_id=bought).state == "CONFIRMED"
-    assert look() == ({"A1": "sold", "A2": "available", "A3": "available",
-                       "A4": "available"}, 3)
+    assert look() == ({"A1": "sold", "A2": "available", "A3": "available", "A4": "available"}, 3)
 
     # a declined purchase: held, then released by the compensation
     declined = buy(bob_api, event, ["A2"], payment_method="pm_card_chargeDeclined").json()["id"]
     assert look()[0]["A2"] == "held"
     assert services.saga_charge(saga_id=declined).state == "COMPENSATED"
-    assert look() == ({"A1": "sold", "A2": "available", "A3": "available",
-                       "A4": "available"}, 3)
+    assert look() == ({"A1": "sold", "A2": "available", "A3": "available", "A4": "available"}, 3)
 
     # the confirmed one refunded: sold, then released by the compensation
-    assert services.purchase_refund(saga_id=bought, reason="customer asked").state == \
-        "COMPENSATED"
-    assert look() == ({"A1": "available", "A2": "available", "A3": "available",
-                       "A4": "available"}, 4)
+    assert services.purchase_refund(saga_id=bought, reason="customer asked").state == "COMPENSATED"
+    assert look() == (
+        {"A1": "available", "A2": "available", "A3": "available", "A4": "available"},
+        4,
+    )
 
 
 # --- the cost of a cached read --------------------------------------------------------------
@@ -350,13 +375,13 @@ def test_a_cached_catalog_read_sends_no_query(anon_api, event):
 
 
 def test_asking_for_events_that_do_not_exist_leaves_nothing_in_the_cache(
-        anon_api, cache_of_this_test):
+    anon_api, cache_of_this_test
+):
     """The catalog is public: a version drawn for every id anyone asks about
     would be a key that never expires, per id."""
-    client = caches["default"]._cache.get_client(write=True)
+    client = cache_redis(write=True)
 
-    answers = [anon_api.get(f"{EVENTS}{n}/seats/").status_code
-               for n in range(900_000, 900_020)]
+    answers = [anon_api.get(f"{EVENTS}{n}/seats/").status_code for n in range(900_000, 900_020)]
 
     assert set(answers) == {404}
     assert list(client.scan_iter(match=f"{cache_of_this_test}:*", count=1000)) == []
@@ -368,12 +393,27 @@ def test_the_seats_show_their_row_and_number(anon_api):
     seats = anon_api.get(seats_url(event))
 
     assert seats.json() == [
-        {"ref": "A1", "row": "A", "number": 1, "status": "available",
-         "price": {"amount": 3100, "currency": "EUR"}},
-        {"ref": "A10", "row": "A", "number": 10, "status": "available",
-         "price": {"amount": 3100, "currency": "EUR"}},
-        {"ref": "B2", "row": "B", "number": 2, "status": "available",
-         "price": {"amount": 3100, "currency": "EUR"}},
+        {
+            "ref": "A1",
+            "row": "A",
+            "number": 1,
+            "status": "available",
+            "price": {"amount": 3100, "currency": "EUR"},
+        },
+        {
+            "ref": "A10",
+            "row": "A",
+            "number": 10,
+            "status": "available",
+            "price": {"amount": 3100, "currency": "EUR"},
+        },
+        {
+            "ref": "B2",
+            "row": "B",
+            "number": 2,
+            "status": "available",
+            "price": {"amount": 3100, "currency": "EUR"},
+        },
     ]
 
 
@@ -381,7 +421,8 @@ def test_the_seats_show_their_row_and_number(anon_api):
 
 
 def test_with_the_cache_off_the_database_answers_and_nothing_is_announced(
-        anon_api, event, settings, monkeypatch):
+    anon_api, event, settings, monkeypatch
+):
     settings.AVAILABILITY_CACHE = False
     bumped: list[int] = []
     monkeypatch.setattr(availability, "availability_bump", bumped.append)
@@ -406,13 +447,21 @@ def test_without_cache_url_every_process_of_the_machine_shares_the_catalog(tmp_p
     A process-local default (locmem) would give each process its own version."""
     env = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "DATABASE_URL")}
     env.update(DJANGO_SETTINGS_MODULE="config.settings", BOXOFFICE_VAR_DIR=str(tmp_path))
-    script = ("import django; django.setup(); from purchases import availability; "
-              "import sys; sys.argv[1:] == ['bump'] and availability.availability_bump(7); "
-              "print(availability.availability_version(7))")
+    script = (
+        "import django; django.setup(); from purchases import availability; "
+        "import sys; sys.argv[1:] == ['bump'] and availability.availability_bump(7); "
+        "print(availability.availability_version(7))"
+    )
 
     def version(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-c", script, *args], env=env, check=True,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return done.stdout.strip().splitlines()[-1]
 
     first = version()

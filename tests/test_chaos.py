@@ -44,6 +44,7 @@ import statistics
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -58,10 +59,15 @@ BACKOFF = [int(s) for s in SETTINGS["RECONCILE_BACKOFF_SECONDS"].split(",")]
 # pass, the whole probe schedule, a lost delivery's lease and redelivery.
 # Then the last webhooks: at worst a delivery's whole retry schedule.
 WEBHOOK_RETRY = [int(s) for s in SETTINGS["WEBHOOK_RETRY_SECONDS"].split(",")]
-SETTLE_BOUND = (SETTINGS["PURCHASE_HOLD_SECONDS"] + SETTINGS["RESUME_AFTER_SECONDS"]
-                + sum(BACKOFF) + SETTINGS["OUTBOX_CLAIM_LEASE_SECONDS"]
-                + int(SETTINGS["OUTBOX_REDELIVER_SECONDS"].split(",")[0]) + 15
-                + sum(WEBHOOK_RETRY))
+SETTLE_BOUND = (
+    SETTINGS["PURCHASE_HOLD_SECONDS"]
+    + SETTINGS["RESUME_AFTER_SECONDS"]
+    + sum(BACKOFF)
+    + SETTINGS["OUTBOX_CLAIM_LEASE_SECONDS"]
+    + int(SETTINGS["OUTBOX_REDELIVER_SECONDS"].split(",")[0])
+    + 15
+    + sum(WEBHOOK_RETRY)
+)
 
 unavailable = chaos.servers_available()
 pytestmark = pytest.mark.skipif(unavailable is not None, reason=f"chaos stack: {unavailable}")
@@ -86,12 +92,29 @@ class Scenario:
 # The receiver's outages are bounded by the webhook retry schedule
 # (chaos.SETTINGS, "WEBHOOK_RETRY_SECONDS"): 5 s in the short run, 21 s in
 # the long one.
-SHORT = Scenario("short", load_seconds=35, threads=4, mean_gap=1.0, kill_every=3,
-                 redis_restarts=(0.3,), pg_restarts=(0.6,), receiver_down=((0.4, 0.55),))
-LONG = Scenario("long", load_seconds=420, threads=4, mean_gap=1.0, kill_every=4,
-                redis_restarts=(0.15, 0.45, 0.75), pg_restarts=(0.3, 0.6, 0.9),
-                receiver_down=((0.2, 0.25), (0.65, 0.7)),
-                users=60, rows="ABCDEFGHIJKLMNOPQRSTUVWXYZ", per_row=150)
+SHORT = Scenario(
+    "short",
+    load_seconds=35,
+    threads=4,
+    mean_gap=1.0,
+    kill_every=3,
+    redis_restarts=(0.3,),
+    pg_restarts=(0.6,),
+    receiver_down=((0.4, 0.55),),
+)
+LONG = Scenario(
+    "long",
+    load_seconds=420,
+    threads=4,
+    mean_gap=1.0,
+    kill_every=4,
+    redis_restarts=(0.15, 0.45, 0.75),
+    pg_restarts=(0.3, 0.6, 0.9),
+    receiver_down=((0.2, 0.25), (0.65, 0.7)),
+    users=60,
+    rows="ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    per_row=150,
+)
 
 
 # --- the knob the chaos needs, on the in-process fake ----------------------------
@@ -102,8 +125,12 @@ def test_the_chaos_knob_makes_a_charge_that_landed_time_out(settings):
     assert fake.chaos_timeout_rate() == 0.0  # the default is off
     # given: every successful charge loses its answer
     settings.FAKE_GATEWAY_CHAOS_TIMEOUT_RATE = 1.0
-    charge = {"idempotency_key": "pi_chaos", "amount": 2500, "currency": "EUR",
-              "payment_method": "pm_card_visa"}
+    charge: dict[str, Any] = {
+        "idempotency_key": "pi_chaos",
+        "amount": 2500,
+        "currency": "EUR",
+        "payment_method": "pm_card_visa",
+    }
 
     # when
     first = fake.intent_charge(intent_id="pi_chaos", **charge)
@@ -114,8 +141,10 @@ def test_the_chaos_knob_makes_a_charge_that_landed_time_out(settings):
     assert FakeCharge.objects.filter(intent_id="pi_chaos").count() == 1
     assert not again.times_out and again.body == first.body
     # a decline is never turned into a timeout
-    declined = fake.intent_charge(intent_id="pi_chaos_d", **{
-        **charge, "idempotency_key": "pi_chaos_d", "payment_method": "pm_card_chargeDeclined"})
+    declined = fake.intent_charge(
+        intent_id="pi_chaos_d",
+        **{**charge, "idempotency_key": "pi_chaos_d", "payment_method": "pm_card_chargeDeclined"},
+    )
     assert not declined.times_out
 
 
@@ -153,14 +182,18 @@ def webhook_receiver():
     receiver.close()
 
 
-def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres,
-                 redis: chaos.Redis, receiver: chaos.FlakyReceiver) -> tuple[str, list[str]]:
+def run_scenario(
+    scenario: Scenario,
+    stack: chaos.ChaosStack,
+    pg: chaos.Postgres,
+    redis: chaos.Redis,
+    receiver: chaos.FlakyReceiver,
+) -> tuple[str, list[str]]:
     """Load, faults, settle, audit. Returns (summary, failures)."""
     rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 1_000_000)))
     seed_value = rng.randrange(1_000_000)
     started = time.monotonic()
-    seeded = chaos.seed(stack, users=scenario.users, rows=scenario.rows,
-                        per_row=scenario.per_row)
+    seeded = chaos.seed(stack, users=scenario.users, rows=scenario.rows, per_row=scenario.per_row)
     endpoint = chaos.create_endpoint(stack, url=receiver.url)
     receiver.arm(secret=endpoint["secret"], seed=seed_value)
     stack.start_web()
@@ -181,16 +214,23 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
 
     note("stack ready")
     # when: purchases flow while the faults happen
-    load = chaos.PurchaseLoad(base_url=stack.base_url, seed_data=seeded,
-                              threads=scenario.threads, mean_gap=scenario.mean_gap,
-                              rng_seed=seed_value)
+    load = chaos.PurchaseLoad(
+        base_url=stack.base_url,
+        seed_data=seeded,
+        threads=scenario.threads,
+        mean_gap=scenario.mean_gap,
+        rng_seed=seed_value,
+    )
     t0 = time.monotonic()
-    faults = sorted([(t0 + f * scenario.load_seconds, "redis") for f in scenario.redis_restarts]
-                    + [(t0 + f * scenario.load_seconds, "postgres")
-                       for f in scenario.pg_restarts]
-                    + [(t0 + f * scenario.load_seconds, what)
-                       for down, up in scenario.receiver_down
-                       for f, what in ((down, "receiver down"), (up, "receiver up"))])
+    faults = sorted(
+        [(t0 + f * scenario.load_seconds, "redis") for f in scenario.redis_restarts]
+        + [(t0 + f * scenario.load_seconds, "postgres") for f in scenario.pg_restarts]
+        + [
+            (t0 + f * scenario.load_seconds, what)
+            for down, up in scenario.receiver_down
+            for f, what in ((down, "receiver down"), (up, "receiver up"))
+        ]
+    )
     next_kill = t0 + scenario.kill_every
     next_sample = t0
     queue_lengths: list[int] = []
@@ -232,8 +272,10 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
             receiver.up()
             note("webhook receiver: up again")
     load_seconds = time.monotonic() - t0
-    note(f"load stopped: {sum(load.stats.requests.values())} requests, "
-         f"{len(load.stats.sagas)} purchases accepted")
+    note(
+        f"load stopped: {sum(load.stats.requests.values())} requests, "
+        f"{len(load.stats.sagas)} purchases accepted"
+    )
 
     # then: everything settles, bounded
     db = chaos.Db(pg.url)
@@ -248,8 +290,10 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
             break
         time.sleep(1)
     settle_seconds = time.monotonic() - settle_started
-    note(f"settled after {settle_seconds:.1f}s (live sagas {live}, due outbox rows {due}, "
-         f"pending webhook deliveries {pending})")
+    note(
+        f"settled after {settle_seconds:.1f}s (live sagas {live}, due outbox rows {due}, "
+        f"pending webhook deliveries {pending})"
+    )
 
     audit = stack.manage("audit_sagas", "--json", timeout=600, check=False)
     note(f"audit exited {audit.returncode}")
@@ -259,11 +303,14 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
         report = json.loads(audit.stdout)
     except ValueError:
         report = {"violations": [], "counts": {}}
-        failures.append(f"audit_sagas printed no report (exit {audit.returncode}):\n"
-                        f"{audit.stdout[-2000:]}\n{audit.stderr[-4000:]}")
+        failures.append(
+            f"audit_sagas printed no report (exit {audit.returncode}):\n"
+            f"{audit.stdout[-2000:]}\n{audit.stderr[-4000:]}"
+        )
     for v in report["violations"]:
-        failures.append(f"audit: {v['invariant']} saga {v['saga_id']} {v['intent_id']}: "
-                        f"{v['detail']}")
+        failures.append(
+            f"audit: {v['invariant']} saga {v['saga_id']} {v['intent_id']}: {v['detail']}"
+        )
         if v["saga_id"]:
             suspects.add(v["saga_id"])
     if audit.returncode != 0 and report["violations"] == [] and not failures:
@@ -278,9 +325,11 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     failures += [f"tables: {p}" for p in db.independent_checks()]
     states = db.states()
     if live or due or pending:
-        failures.append(f"not settled after {SETTLE_BOUND}s: {live} saga(s) neither terminal "
-                        f"nor escalated, {due} outbox row(s) due and not done, {pending} "
-                        "webhook deliveries pending")
+        failures.append(
+            f"not settled after {SETTLE_BOUND}s: {live} saga(s) neither terminal "
+            f"nor escalated, {due} outbox row(s) due and not done, {pending} "
+            "webhook deliveries pending"
+        )
         suspects |= {s for s, st in states.items() if st not in chaos.TERMINAL + chaos.ESCALATED}
 
     # exactly one email per finished saga, of the right kind; none for the others
@@ -321,23 +370,43 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
             failures.append(
                 f"worker pool processes still failing every task on a dead database "
                 f"connection more than {grace.seconds} s after PostgreSQL was back "
-                f"({back:%H:%M:%S}): " + "; ".join(late))
+                f"({back:%H:%M:%S}): " + "; ".join(late)
+            )
     stack.supervise()
     for name, code, tail in stack.crashes:
-        failures.append(f"process {name} exited with {code} during the run (the harness "
-                        f"restarted it); its log ended with:\n{tail}")
+        failures.append(
+            f"process {name} exited with {code} during the run (the harness "
+            f"restarted it); its log ended with:\n{tail}"
+        )
 
     db.export(stack.workdir / "sagas.json")
-    note(f"Celery queue length during the load: max {max(queue_lengths, default=0)}, "
-         f"samples {queue_lengths}")
+    note(
+        f"Celery queue length during the load: max {max(queue_lengths, default=0)}, "
+        f"samples {queue_lengths}"
+    )
     settle_times = db.settle_times()
     slow_bound = SETTINGS["RESUME_AFTER_SECONDS"] + SETTINGS["PURCHASE_HOLD_SECONDS"]
     slow = sorted((t for t in settle_times if t[2] > slow_bound), key=lambda t: -t[2])
 
-    summary = _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_times,
-                       slow, slow_bound, load_seconds, settle_seconds,
-                       time.monotonic() - started, emails, rng_seed=seed_value,
-                       webhooks=chaos.webhook_summary(db, receiver))
+    summary = _summary(
+        scenario,
+        load,
+        db,
+        timeline,
+        stack,
+        pg,
+        redis,
+        report,
+        settle_times,
+        slow,
+        slow_bound,
+        load_seconds,
+        settle_seconds,
+        time.monotonic() - started,
+        emails,
+        rng_seed=seed_value,
+        webhooks=chaos.webhook_summary(db, receiver),
+    )
     if failures:
         for saga_id in sorted(suspects)[:8]:
             failures.append(db.dossier(saga_id))
@@ -345,64 +414,110 @@ def run_scenario(scenario: Scenario, stack: chaos.ChaosStack, pg: chaos.Postgres
     return summary, failures
 
 
-def _summary(scenario, load, db, timeline, stack, pg, redis, report, settle_times, slow,
-             slow_bound, load_seconds, settle_seconds, total_seconds, emails, *,
-             rng_seed, webhooks: list[str]) -> str:
+def _summary(
+    scenario,
+    load,
+    db,
+    timeline,
+    stack,
+    pg,
+    redis,
+    report,
+    settle_times,
+    slow,
+    slow_bound,
+    load_seconds,
+    settle_seconds,
+    total_seconds,
+    emails,
+    *,
+    rng_seed,
+    webhooks: list[str],
+) -> str:
     outcomes = db.outcomes()
     states = sorted({s for c in outcomes.values() for s in c})
     width = max(len(m) for m in outcomes) if outcomes else 10
     lines = [f"=== chaos ({scenario.name}) summary; load seed {rng_seed} ==="]
-    lines.append(f"{'payment method':<{width}}  " + "  ".join(f"{s:>12}" for s in states)
-                 + f"  {'total':>6}")
+    lines.append(
+        f"{'payment method':<{width}}  " + "  ".join(f"{s:>12}" for s in states) + f"  {'total':>6}"
+    )
     for method, counts in sorted(outcomes.items()):
-        lines.append(f"{method:<{width}}  " + "  ".join(f"{counts.get(s, 0):>12}" for s in states)
-                     + f"  {sum(counts.values()):>6}")
-    totals = Counter()
+        lines.append(
+            f"{method:<{width}}  "
+            + "  ".join(f"{counts.get(s, 0):>12}" for s in states)
+            + f"  {sum(counts.values()):>6}"
+        )
+    totals: Counter[str] = Counter()
     for counts in outcomes.values():
         totals.update(counts)
-    lines.append(f"{'all':<{width}}  " + "  ".join(f"{totals.get(s, 0):>12}" for s in states)
-                 + f"  {sum(totals.values()):>6}")
+    lines.append(
+        f"{'all':<{width}}  "
+        + "  ".join(f"{totals.get(s, 0):>12}" for s in states)
+        + f"  {sum(totals.values()):>6}"
+    )
     requests = dict(sorted(load.stats.requests.items()))
     lines.append(f"HTTP answers to POST /api/purchases/: {requests}")
-    lines.append(f"idempotent replays checked: {load.stats.replays}; reused keys refused (422): "
-                 f"{load.stats.reused_key_refusals}")
+    lines.append(
+        f"idempotent replays checked: {load.stats.replays}; reused keys refused (422): "
+        f"{load.stats.reused_key_refusals}"
+    )
     kills = Counter(name for _, name, _ in stack.kills)
-    lines.append(f"worker children SIGKILLed: {len(stack.kills)} {dict(kills)}; "
-                 f"redis restarts (empty): {redis.restarts}; postgres restarts: {pg.restarts}")
-    lines.append("processes that exited on their own (restarted by the harness): "
-                 + (", ".join(f"{n} (exit {c})" for n, c, _ in stack.crashes) or "none"))
+    lines.append(
+        f"worker children SIGKILLed: {len(stack.kills)} {dict(kills)}; "
+        f"redis restarts (empty): {redis.restarts}; postgres restarts: {pg.restarts}"
+    )
+    lines.append(
+        "processes that exited on their own (restarted by the harness): "
+        + (", ".join(f"{n} (exit {c})" for n, c, _ in stack.crashes) or "none")
+    )
     if settle_times:
         seconds = sorted(t[2] for t in settle_times)
         by_method = defaultdict(list)
         for saga_id, _, secs in settle_times:
             by_method[load.stats.sagas.get(saga_id, "?")].append(secs)
-        lines.append("time to terminal/escalated by method (median/max): " + ", ".join(
-            f"{m} {statistics.median(v):.1f}/{max(v):.1f}s" for m, v in sorted(by_method.items())))
+        lines.append(
+            "time to terminal/escalated by method (median/max): "
+            + ", ".join(
+                f"{m} {statistics.median(v):.1f}/{max(v):.1f}s"
+                for m, v in sorted(by_method.items())
+            )
+        )
         lines.append(
             f"time to terminal/escalated: median {statistics.median(seconds):.1f}s, "
             f"p95 {seconds[int(0.95 * (len(seconds) - 1))]:.1f}s, max {seconds[-1]:.1f}s; "
             f"{len(slow)} saga(s) over resume+hold ({slow_bound}s)"
-            + (": " + ", ".join(f"{s[0][:8]} {s[1]} {s[2]:.1f}s" for s in slow[:5]) if slow
-               else ""))
+            + (": " + ", ".join(f"{s[0][:8]} {s[1]} {s[2]:.1f}s" for s in slow[:5]) if slow else "")
+        )
     tasks = stack.task_results()
     lines.append(
         f"outbox deliveries: {tasks['outbox.deliver', 'delivered']} delivered, "
         f"{tasks['outbox.deliver', 'skipped']} skipped (a copy already done or in progress), "
         f"{tasks['outbox.deliver_many', 'delivered']} batched tasks; "
         f"charge tasks finished: {sum(n for (t, _), n in tasks.items() if t == 'purchases.charge')}"
-        f"; resume sweeps: {tasks['purchases.resume_sagas', 'ok']}")
-    resumed = Counter(re.findall(r"resuming saga: .*? state=(\w+)", "".join(
-        stack.log(n) for n in stack.procs if n.startswith("worker"))))
+        f"; resume sweeps: {tasks['purchases.resume_sagas', 'ok']}"
+    )
+    resumed = Counter(
+        re.findall(
+            r"resuming saga: .*? state=(\w+)",
+            "".join(stack.log(n) for n in stack.procs if n.startswith("worker")),
+        )
+    )
     lines.append(f"sagas driven by the resumer, by state: {dict(resumed) or 'none'}")
-    lines.append(f"emails: {sum(len(v) for v in emails.values())} for {len(emails)} saga(s); "
-                 f"resent after a crash with the same Message-ID: "
-                 f"{getattr(stack, 'resends', 0)}")
+    lines.append(
+        f"emails: {sum(len(v) for v in emails.values())} for {len(emails)} saga(s); "
+        f"resent after a crash with the same Message-ID: "
+        f"{getattr(stack, 'resends', 0)}"
+    )
     lines += webhooks
-    lines.append(f"audit: {report.get('sagas_checked')} checked, {report.get('sagas_skipped')} "
-                 f"skipped, {report.get('intents_checked')} intents asked, counts "
-                 f"{report.get('counts')}, findings {len(report.get('findings', []))}")
-    lines.append(f"durations: load {load_seconds:.0f}s, settle {settle_seconds:.1f}s, "
-                 f"total {total_seconds:.0f}s; logs in {stack.workdir}")
+    lines.append(
+        f"audit: {report.get('sagas_checked')} checked, {report.get('sagas_skipped')} "
+        f"skipped, {report.get('intents_checked')} intents asked, counts "
+        f"{report.get('counts')}, findings {len(report.get('findings', []))}"
+    )
+    lines.append(
+        f"durations: load {load_seconds:.0f}s, settle {settle_seconds:.1f}s, "
+        f"total {total_seconds:.0f}s; logs in {stack.workdir}"
+    )
     lines.append("timeline:")
     lines += [f"  {t}" for t in timeline]
     return "\n".join(lines)

@@ -68,8 +68,9 @@ class _Table:
     not_null: frozenset[str]
 
 
-def citus_violations(declared: dict[str, Placement], *,
-                     only: Callable[[str], bool] = lambda name: True) -> list[str]:
+def citus_violations(
+    declared: dict[str, Placement], *, only: Callable[[str], bool] = lambda name: True
+) -> list[str]:
     """What Citus would refuse in the current database's schema, one line per
     violation naming the table and the constraint; the tables looked at are
     those ``only`` accepts."""
@@ -94,16 +95,21 @@ def citus_violations(declared: dict[str, Placement], *,
     for table in sorted(tables.values(), key=lambda t: t.name):
         placement = declared.get(table.name)
         if placement is None:
-            found.append(f"{table.name}: not declared in config/distribution.py (distributed, "
-                         "reference, local or elsewhere)")
+            found.append(
+                f"{table.name}: not declared in config/distribution.py (distributed, "
+                "reference, local or elsewhere)"
+            )
         elif isinstance(placement, Distributed):
             if placement.column not in table.columns.values():
                 found.append(f"{table.name}: has no distribution column {placement.column}")
             elif placement.column not in table.not_null:
                 found.append(f"{table.name}: distribution column {placement.column} may be NULL")
     present = {t.name for t in tables.values()}
-    found += [f"{name}: declared but not in the database"
-              for name in sorted(declared) if only(name) and name not in present]
+    found += [
+        f"{name}: declared but not in the database"
+        for name in sorted(declared)
+        if only(name) and name not in present
+    ]
 
     def cols(table: _Table, keys) -> list[str]:
         return [table.columns.get(k, f"#{k}") for k in keys]
@@ -117,33 +123,41 @@ def citus_violations(declared: dict[str, Placement], *,
         dist = distributed(table)
         if contype in _KIND:
             if dist and dist.column not in cols(table, conkey):
-                found.append(f"{table.name}: {_KIND[contype]} {conname} "
-                             f"({', '.join(cols(table, conkey))}) omits the distribution "
-                             f"column {dist.column}")
+                found.append(
+                    f"{table.name}: {_KIND[contype]} {conname} "
+                    f"({', '.join(cols(table, conkey))}) omits the distribution "
+                    f"column {dist.column}"
+                )
             continue
         target = tables.get(confrelid)
         if target is None:
             continue  # a table outside ``only``
-        found += _foreign_key_violations(conname, table, target, cols(table, conkey),
-                                         cols(target, confkey), declared)
+        found += _foreign_key_violations(
+            conname, table, target, cols(table, conkey), cols(target, confkey), declared
+        )
 
     for indexname, indrelid, indkey in unique_indexes:
         table = tables[indrelid]
         dist = distributed(table)
         if dist and dist.column not in cols(table, indkey):
             shown = ", ".join(c if c != "#0" else "(expression)" for c in cols(table, indkey))
-            found.append(f"{table.name}: unique index {indexname} ({shown}) omits the "
-                         f"distribution column {dist.column}")
+            found.append(
+                f"{table.name}: unique index {indexname} ({shown}) omits the "
+                f"distribution column {dist.column}"
+            )
     return sorted(found)
 
 
-def _foreign_key_violations(conname: str, table: _Table, target: _Table, columns: list[str],
-                            referenced: list[str], declared) -> list[str]:
+def _foreign_key_violations(
+    conname: str, table: _Table, target: _Table, columns: list[str], referenced: list[str], declared
+) -> list[str]:
     source, dest = declared.get(table.name), declared.get(target.name)
     if source is None or dest is None:
         return []  # reported as not declared
-    named = (f"{table.name}: foreign key {conname} ({', '.join(columns)}) -> "
-             f"{target.name} ({', '.join(referenced)})")
+    named = (
+        f"{table.name}: foreign key {conname} ({', '.join(columns)}) -> "
+        f"{target.name} ({', '.join(referenced)})"
+    )
     if isinstance(source, Elsewhere) or isinstance(dest, Elsewhere):
         if isinstance(source, Elsewhere) and isinstance(dest, Elsewhere):
             return []
@@ -168,6 +182,12 @@ def _foreign_key_violations(conname: str, table: _Table, target: _Table, columns
 # --- the project's schema -----------------------------------------------------------------
 
 
+def _distributed(table: str) -> Distributed:
+    placement = TABLES[table]
+    assert isinstance(placement, Distributed), f"{table} is {placement}"
+    return placement
+
+
 @pytest.mark.django_db
 def test_the_schema_keeps_citus_rules_for_the_declared_distribution():
     found = citus_violations(TABLES)
@@ -188,8 +208,8 @@ def test_distributed_tables_are_by_event_except_the_declared_few():
     assert by_group.keys() == {"event", "buyer", "session"}
     assert by_group["buyer"] == {"purchases_idempotencyrecord"}
     assert by_group["session"] == {"django_session"}
-    assert {TABLES[name].column for name in by_group["event"]} == {"event_id", "id"}
-    assert TABLES["purchases_event"].column == "id"
+    assert {_distributed(name).column for name in by_group["event"]} == {"event_id", "id"}
+    assert _distributed("purchases_event").column == "id"
 
 
 # --- the checker catches what it must ------------------------------------------------------
@@ -235,7 +255,7 @@ PROBE_SQL = [
     "CREATE TABLE citus_probe_stray (id bigint PRIMARY KEY)",
 ]
 
-PROBES = {
+PROBES: dict[str, Placement] = {
     "citus_probe_parent": Distributed("event_id", "event", "probe"),
     "citus_probe_child": Distributed("event_id", "event", "probe"),
     "citus_probe_good": Distributed("event_id", "event", "probe"),
@@ -257,25 +277,27 @@ def test_the_checker_names_each_broken_rule_with_its_table_and_constraint():
     found = citus_violations(PROBES, only=lambda name: name.startswith("citus_probe_"))
 
     # then
-    assert sorted(found) == sorted([
-        "citus_probe_child: foreign key citus_probe_child_parent (parent_id) -> "
-        "citus_probe_parent (id) omits the distribution columns (event_id -> event_id)",
-        "citus_probe_child: unique constraint citus_probe_child_ref (ref) omits the "
-        "distribution column event_id",
-        "citus_probe_child: unique index citus_probe_child_live (parent_id) omits the "
-        "distribution column event_id",
-        "citus_probe_gone: declared but not in the database",
-        "citus_probe_nullable: distribution column event_id may be NULL",
-        "citus_probe_other: foreign key citus_probe_other_parent (buyer_id, parent_id) -> "
-        "citus_probe_parent (event_id, id) joins two co-location groups (buyer, event)",
-        "citus_probe_parent: primary key citus_probe_parent_pkey (id) omits the "
-        "distribution column event_id",
-        "citus_probe_ref: foreign key citus_probe_ref_parent (parent_event, parent_id) -> "
-        "citus_probe_parent (event_id, id): a reference table cannot refer to a distributed "
-        "table",
-        "citus_probe_stray: not declared in config/distribution.py (distributed, reference, "
-        "local or elsewhere)",
-    ])
+    assert sorted(found) == sorted(
+        [
+            "citus_probe_child: foreign key citus_probe_child_parent (parent_id) -> "
+            "citus_probe_parent (id) omits the distribution columns (event_id -> event_id)",
+            "citus_probe_child: unique constraint citus_probe_child_ref (ref) omits the "
+            "distribution column event_id",
+            "citus_probe_child: unique index citus_probe_child_live (parent_id) omits the "
+            "distribution column event_id",
+            "citus_probe_gone: declared but not in the database",
+            "citus_probe_nullable: distribution column event_id may be NULL",
+            "citus_probe_other: foreign key citus_probe_other_parent (buyer_id, parent_id) -> "
+            "citus_probe_parent (event_id, id) joins two co-location groups (buyer, event)",
+            "citus_probe_parent: primary key citus_probe_parent_pkey (id) omits the "
+            "distribution column event_id",
+            "citus_probe_ref: foreign key citus_probe_ref_parent (parent_event, parent_id) -> "
+            "citus_probe_parent (event_id, id): a reference table cannot refer to a distributed "
+            "table",
+            "citus_probe_stray: not declared in config/distribution.py (distributed, reference, "
+            "local or elsewhere)",
+        ]
+    )
 
 
 @pytest.mark.django_db
@@ -284,11 +306,14 @@ def test_the_checker_passes_a_table_that_follows_the_rules():
         for statement in PROBE_SQL[:5]:
             cursor.execute(statement)
 
-    found = citus_violations(PROBES, only=lambda name: name in {"citus_probe_parent",
-                                                                "citus_probe_good"})
+    found = citus_violations(
+        PROBES, only=lambda name: name in {"citus_probe_parent", "citus_probe_good"}
+    )
 
-    assert found == ["citus_probe_parent: primary key citus_probe_parent_pkey (id) omits the "
-                     "distribution column event_id"]
+    assert found == [
+        "citus_probe_parent: primary key citus_probe_parent_pkey (id) omits the "
+        "distribution column event_id"
+    ]
 
 
 # --- every row the product writes names its event ----------------------------------------
@@ -315,16 +340,20 @@ def _calls_without_event(source: str) -> list[int]:
 
 
 def test_the_product_names_the_event_of_every_outbox_row_and_webhook_it_writes():
-    missing = [f"{path.relative_to(ROOT)}:{line}"
-               for package in PRODUCT
-               for path in sorted((ROOT / package).rglob("*.py"))
-               if "migrations" not in path.parts
-               for line in _calls_without_event(path.read_text())]
+    missing = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PRODUCT
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts
+        for line in _calls_without_event(path.read_text())
+    ]
     assert missing == []
 
 
 def test_the_scan_finds_a_write_without_its_event():
-    source = ("outbox_publish(topic='a', payload={}, event_id=saga.event_id)\n"
-              "services.timer_schedule(key='k', topic='a', payload={}, due_at=now)\n"
-              "webhook_publish(event_type='x', saga_id=None, event_id=None, data={}, now=None)\n")
+    source = (
+        "outbox_publish(topic='a', payload={}, event_id=saga.event_id)\n"
+        "services.timer_schedule(key='k', topic='a', payload={}, due_at=now)\n"
+        "webhook_publish(event_type='x', saga_id=None, event_id=None, data={}, now=None)\n"
+    )
     assert _calls_without_event(source) == [2, 3]

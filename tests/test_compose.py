@@ -89,7 +89,9 @@ def _image_services() -> list[str]:
 
 def _gateway_service() -> str:
     host = urlsplit(_env("worker")["PAYMENT_GATEWAY_URL"]).hostname
-    assert host in SERVICES, f"PAYMENT_GATEWAY_URL names {host!r}, which is no service"
+    assert host is not None and host in SERVICES, (
+        f"PAYMENT_GATEWAY_URL names {host!r}, which is no service"
+    )
     return host
 
 
@@ -147,6 +149,7 @@ def test_the_gateway_has_its_own_database_and_migrates_it_before_serving():
     # Its database server is a service it waits for.
     if gateway_db.hostname != app_db.hostname:
         db_service = gateway_db.hostname
+        assert db_service is not None
         assert SERVICES[name]["depends_on"][db_service]["condition"] == "service_healthy"
         assert "ports" not in SERVICES[db_service]
         assert all(_internal(n) for n in _networks(db_service))
@@ -207,9 +210,11 @@ def test_webhook_attempts_have_their_own_worker_on_their_own_queue():
 
 
 def test_make_run_starts_a_webhook_worker_on_the_default_webhook_queue():
-    procfile = dict(line.split(": ", 1) for line in
-                    (ROOT / "Procfile").read_text().splitlines()
-                    if line and not line.startswith("#"))
+    procfile = dict(
+        line.split(": ", 1)
+        for line in (ROOT / "Procfile").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     default_queue = "boxoffice"  # config/settings.py's CELERY_TASK_DEFAULT_QUEUE default
     assert f"--queues={default_queue} " in procfile["worker"]
     assert f"--queues={default_queue}-webhooks " in procfile["webhooks"]
@@ -278,8 +283,11 @@ def _settings_of(service: str, tmp_path: Path, host: str = "", **overrides: str)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
     result = subprocess.run(
         [sys.executable, "-c", PROBE.format(host=host)],
-        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
-        capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -327,8 +335,12 @@ def _healthcheck_argv(service: str, port: int) -> list[str]:
     if isinstance(test, str):
         test = ["CMD-SHELL", test]
     kind, *argv = test
-    argv = [a.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace("localhost:8000",
-            f"localhost:{port}") for a in argv]
+    argv = [
+        a.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace(
+            "localhost:8000", f"localhost:{port}"
+        )
+        for a in argv
+    ]
     return ["sh", "-c", argv[0]] if kind == "CMD-SHELL" else argv
 
 
@@ -346,8 +358,15 @@ def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path
     health = _healthcheck_argv(name, port)
     base = f"http://127.0.0.1:{port}{GATEWAY_PREFIX}"
     # given the command of the compose file, on a free port
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None  # (PIPE)
     try:
         # when it has had the time to migrate and start
         deadline = time.monotonic() + 60
@@ -360,11 +379,16 @@ def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path
             time.sleep(0.3)
         # then it charges (its tables exist) ...
         request = urllib.request.Request(
-            f"{base}/payment_intents/pi_compose_test/charge", method="POST",
-            data=json.dumps({"amount": 5000, "currency": "EUR",
-                             "payment_method": "pm_card_visa"}).encode(),
-            headers={"Idempotency-Key": "pi_compose_test", "Content-Type": "application/json",
-                     "Host": name},
+            f"{base}/payment_intents/pi_compose_test/charge",
+            method="POST",
+            data=json.dumps(
+                {"amount": 5000, "currency": "EUR", "payment_method": "pm_card_visa"}
+            ).encode(),
+            headers={
+                "Idempotency-Key": "pi_compose_test",
+                "Content-Type": "application/json",
+                "Host": name,
+            },
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.load(response)["status"] == "succeeded"
@@ -379,8 +403,9 @@ def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path
         proc.wait(timeout=30)
         proc.stderr.close()
     # and the healthcheck fails once it is gone
-    assert subprocess.run(health, cwd=ROOT, env=env, capture_output=True,
-                          timeout=30).returncode != 0
+    assert (
+        subprocess.run(health, cwd=ROOT, env=env, capture_output=True, timeout=30).returncode != 0
+    )
 
 
 # --- health checks: /readyz for web, `manage.py probe` for the others ------------
@@ -403,7 +428,7 @@ def _probe_checks(service: str) -> list[str]:
     words = _health_test(service)
     at = words.index("manage.py")
     assert words[at + 1] == "probe", words
-    return words[at + 2:]
+    return words[at + 2 :]
 
 
 @pytest.mark.parametrize("service", APP_SERVICES)
@@ -422,8 +447,11 @@ def test_web_is_healthy_when_its_readyz_answers_200_without_the_heartbeats():
     # The relay and beat start once web is healthy: web's readiness must not
     # wait for their heartbeats (nor go down when the relay stops).
     assert {"relay", "beat"} <= set(excluded)
-    waiting = [name for name, s in SERVICES.items()
-               if (s.get("depends_on") or {}).get("web", {}).get("condition") == "service_healthy"]
+    waiting = [
+        name
+        for name, s in SERVICES.items()
+        if (s.get("depends_on") or {}).get("web", {}).get("condition") == "service_healthy"
+    ]
     assert {"relay", "beat"} <= set(waiting)
 
 
@@ -462,8 +490,7 @@ def test_the_probe_healthchecks_run(service, tmp_path):
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
     }
     metrics_dir.mkdir()
-    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     body = json.loads(result.stdout)
     checks = _probe_checks(service)
     assert list(body["checks"]) == checks
@@ -482,13 +509,11 @@ def test_the_web_healthcheck_passes_on_200_and_fails_on_503(live_server, monkeyp
     health = _healthcheck_argv("web", port)
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     # No heartbeat anywhere: web's check excludes them.
-    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=30)
+    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     # A broker that does not answer: /readyz answers 503, the check fails.
     monkeypatch.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{_free_port()}/0")
-    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=30)
+    check = subprocess.run(health, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert check.returncode != 0 and "503" in check.stderr, check.stderr
 
 
@@ -518,13 +543,26 @@ def test_the_image_holds_every_package_the_app_imports(tmp_path):
     # container at start-up. What the Dockerfile itself runs next
     # (collectstatic) must work from that tree alone, and so must a check.
     app = _image_files(tmp_path)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_", "PYTHON"))}
-    env.update(DEBUG="false", SECRET_KEY="image-check-only",
-               DATABASE_URL=f"sqlite:///{tmp_path}/x.sqlite3",
-               STATIC_ROOT=str(tmp_path / "static"), BOXOFFICE_VAR_DIR=str(tmp_path / "var"),
-               DJANGO_SETTINGS_MODULE="config.settings")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "DATABASE_", "CELERY_", "PYTHON"))
+    }
+    env.update(
+        DEBUG="false",
+        SECRET_KEY="image-check-only",
+        DATABASE_URL=f"sqlite:///{tmp_path}/x.sqlite3",
+        STATIC_ROOT=str(tmp_path / "static"),
+        BOXOFFICE_VAR_DIR=str(tmp_path / "var"),
+        DJANGO_SETTINGS_MODULE="config.settings",
+    )
     for argv in (["check"], ["collectstatic", "--no-input"]):
-        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=app, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *argv],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"manage.py {argv[0]} in the image's tree:\n{done.stderr}"

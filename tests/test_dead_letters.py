@@ -8,7 +8,7 @@ import logging
 import re
 import threading
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -33,9 +33,10 @@ from .factories import UserFactory
 T0 = "2026-12-02 12:00:00"
 CHANGELIST = "/admin/outbox/outboxmessage/"
 HERE = "tests.test_dead_letters"
-OK, FLAKY, LATE, ALSO_LATE = (f"{HERE}.{name}" for name in
-                              ("ok_consumer", "flaky_consumer", "late_consumer",
-                               "also_late_consumer"))
+OK, FLAKY, LATE, ALSO_LATE = (
+    f"{HERE}.{name}"
+    for name in ("ok_consumer", "flaky_consumer", "late_consumer", "also_late_consumer")
+)
 
 # --- test consumers: each counts its successful runs per message ---------------------
 
@@ -154,7 +155,8 @@ def test_a_consumer_failing_for_three_hours_converges_without_an_operator(settin
     # then: it converged by itself, each consumer ran once, nobody was alerted
     message.refresh_from_db()
     assert message.completed_at is not None, (
-        f"not completed: {message.deliveries} deliveries, then given up")
+        f"not completed: {message.deliveries} deliveries, then given up"
+    )
     assert message.dead_at is None
     assert _runs(OK) == {message.pk: 1} and _runs(FLAKY) == {message.pk: 1}
 
@@ -166,7 +168,7 @@ def test_redeliveries_happen_at_the_configured_offsets_not_before(settings):
     _route(settings, {"test.event": [FLAKY]})
     BROKEN.add(FLAKY)
     handed_at: list[int] = []
-    due_after: list[int] = []
+    due_after: list[datetime] = []
     with freeze_time(T0) as clock:
         t0 = timezone.now()
         message = _publish()
@@ -175,8 +177,9 @@ def test_redeliveries_happen_at_the_configured_offsets_not_before(settings):
         for second in range(250):
             if _pass():
                 handed_at.append(second)
-                due_after.append(OutboxMessage.objects.filter(pk=message.pk).values().get()
-                                 .get("due_at"))
+                due = OutboxMessage.objects.filter(pk=message.pk).values().get().get("due_at")
+                assert due is not None  # each hand-over wrote when the next step is due
+                due_after.append(due)
             clock.tick(1)
 
     # then: handed over at 0, +10, +30, +60 (the schedule), and each hand-over
@@ -270,7 +273,11 @@ def test_a_dead_letter_raises_one_alert_even_with_relays_racing(settings, caplog
     alerts = [r for r in caplog.records if getattr(r, "alert", "") == "outbox_dead_letter"]
     assert len(alerts) == 1, f"{len(alerts)} dead-letter alerts"
     assert (alerts[0].levelno, alerts[0].message_id, alerts[0].topic, alerts[0].saga_id) == (
-        logging.ERROR, message.pk, "test.event", "6f1c8c1e-8d2a-4c1e-9a57-1f6c3b1a0d11")
+        logging.ERROR,
+        message.pk,
+        "test.event",
+        "6f1c8c1e-8d2a-4c1e-9a57-1f6c3b1a0d11",
+    )
     assert _alerts_raised() - alerts_before == 1
     assert handed == []
     assert list(dead_letters()) == [message]
@@ -278,8 +285,9 @@ def test_a_dead_letter_raises_one_alert_even_with_relays_racing(settings, caplog
 
 
 @pytest.mark.django_db
-def test_a_relay_that_dies_while_marking_a_dead_letter_loses_no_alert(settings, caplog,
-                                                                     monkeypatch):
+def test_a_relay_that_dies_while_marking_a_dead_letter_loses_no_alert(
+    settings, caplog, monkeypatch
+):
     from outbox import relay
 
     settings.OUTBOX_REDELIVER_SECONDS = [200]
@@ -336,8 +344,9 @@ def test_a_dead_letter_is_listed_in_the_admins_dead_letter_filter(settings, admi
     keyed = _publish(key="confirmed:x", saga_id="0d3f9d0a-7a43-4f0a-a8d5-c2a57a3f7e10")
     assert _listed(admin_client.get(CHANGELIST, {"q": str(dead.pk)})) == {dead.pk}
     assert _listed(admin_client.get(CHANGELIST, {"q": "confirmed:x"})) == {keyed.pk}
-    assert _listed(admin_client.get(
-        CHANGELIST, {"q": "0d3f9d0a-7a43-4f0a-a8d5-c2a57a3f7e10"})) == {keyed.pk}
+    assert _listed(admin_client.get(CHANGELIST, {"q": "0d3f9d0a-7a43-4f0a-a8d5-c2a57a3f7e10"})) == {
+        keyed.pk
+    }
 
 
 # --- replaying dead letters ---------------------------------------------------------------
@@ -345,7 +354,8 @@ def test_a_dead_letter_is_listed_in_the_admins_dead_letter_filter(settings, admi
 
 @pytest.mark.django_db
 def test_a_dead_letter_replayed_by_the_command_runs_each_consumer_once(
-        settings, alice, event, gateway, monkeypatch, client):
+    settings, alice, event, gateway, monkeypatch, client
+):
     # given: a confirmed purchase whose analytics consumer failed until its
     # schedule ran out (the email went out once)
     settings.OUTBOX_REDELIVER_SECONDS = [200, 200]
@@ -408,13 +418,16 @@ def test_a_replayed_dead_letter_restarts_its_schedule_and_can_die_again(settings
     assert handed_at == [0, 200, 500]
     assert message.deliveries == deliveries + 3
     assert message.dead_at is not None
-    assert len([r for r in caplog.records[seen:]
-                if getattr(r, "alert", "") == "outbox_dead_letter"]) == 1
+    assert (
+        len([r for r in caplog.records[seen:] if getattr(r, "alert", "") == "outbox_dead_letter"])
+        == 1
+    )
 
 
 @pytest.mark.django_db
 def test_the_admin_replay_shows_a_dry_run_asks_a_reason_and_runs_each_consumer_once(
-        settings, client):
+    settings, client
+):
     operator = _staff("erin", "view_outboxmessage", "replay_outboxmessage")
     client.force_login(operator)
     with freeze_time(T0) as clock:
@@ -427,8 +440,7 @@ def test_the_admin_replay_shows_a_dry_run_asks_a_reason_and_runs_each_consumer_o
         # then: it says what would run, and nothing changed
         html = dry.content.decode()
         assert dry.status_code == 200
-        assert "admin/outbox/outboxmessage/replay_confirm.html" in {
-            t.name for t in dry.templates}
+        assert "admin/outbox/outboxmessage/replay_confirm.html" in {t.name for t in dry.templates}
         assert FLAKY in html and OK in html and 'name="reason"' in html
         assert OutboxMessage.objects.get(pk=message.pk).dead_at is not None
 
@@ -455,8 +467,12 @@ def _history(settings, clock) -> dict[str, OutboxMessage]:
     """Completed messages routed to ``ok`` only, an hour apart."""
     _route(settings, {"test.event": [OK], "test.other": [OK]})
     made = {}
-    for name, topic in (("first", "test.event"), ("second", "test.event"),
-                        ("third", "test.event"), ("other", "test.other")):
+    for name, topic in (
+        ("first", "test.event"),
+        ("second", "test.event"),
+        ("third", "test.event"),
+        ("other", "test.other"),
+    ):
         made[name] = _publish(topic=topic, payload={"name": name})
         _drain()
         clock.tick(3600)
@@ -499,13 +515,25 @@ def test_a_backfill_dry_run_changes_nothing_and_the_filters_select(settings):
 
         everything = _run_command("--consumer", LATE, "--dry-run")
         by_topic = _run_command("--consumer", LATE, "--topic", "test.other", "--dry-run")
-        by_id = _run_command("--consumer", LATE, "--id", str(old["first"].pk),
-                             "--id", str(old["third"].pk), "--dry-run")
+        by_id = _run_command(
+            "--consumer",
+            LATE,
+            "--id",
+            str(old["first"].pk),
+            "--id",
+            str(old["third"].pk),
+            "--dry-run",
+        )
         second_at = old["second"].created_at
         by_time = _run_command(
-            "--consumer", LATE, "--dry-run",
-            "--since", (second_at - timedelta(minutes=30)).isoformat(),
-            "--until", (second_at + timedelta(minutes=30)).isoformat())
+            "--consumer",
+            LATE,
+            "--dry-run",
+            "--since",
+            (second_at - timedelta(minutes=30)).isoformat(),
+            "--until",
+            (second_at + timedelta(minutes=30)).isoformat(),
+        )
         assert _snapshot() == before  # the dry runs changed nothing
         _drain()
 
@@ -534,8 +562,9 @@ def test_an_unknown_consumer_is_refused(settings):
 def test_a_cancelled_timer_is_never_replayed(settings):
     _route(settings, {"test.timer": [OK]})
     with transaction.atomic():
-        timer = timer_schedule(key="t1", topic="test.timer", payload={},
-                               due_at=timezone.now() + timedelta(seconds=60))
+        timer = timer_schedule(
+            key="t1", topic="test.timer", payload={}, due_at=timezone.now() + timedelta(seconds=60)
+        )
         timer_cancel(key="t1")
     _route(settings, {"test.timer": [OK, LATE]})
 
@@ -571,7 +600,8 @@ def test_the_replay_action_needs_the_permission(settings, client):
     for confirm in (False, True):
         forged = _post_replay(client, [message], confirm=confirm, reason="forged")
         assert "admin/outbox/outboxmessage/replay_confirm.html" not in {
-            t.name for t in forged.templates}
+            t.name for t in forged.templates
+        }
     assert OutboxMessage.objects.get(pk=message.pk).dead_at is not None
     assert not LogEntry.objects.exists()
 
@@ -586,7 +616,8 @@ def test_the_replay_action_needs_the_permission(settings, client):
 def _staff(username, *codenames):
     user = UserFactory(username=username, is_staff=True)
     user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="outbox", codename__in=codenames))
+        *Permission.objects.filter(content_type__app_label="outbox", codename__in=codenames)
+    )
     return user
 
 

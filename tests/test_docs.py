@@ -220,7 +220,7 @@ def _settings_sources() -> list[Path]:
 
 
 def _environment_variables_read() -> set[str]:
-    names = set()
+    names: set[str] = set()
     for source in _settings_sources():
         for match in ENV_READ.finditer(source.read_text()):
             names.update(g for g in match.groups() if g)
@@ -232,8 +232,13 @@ def test_the_settings_reader_finds_the_variables():
     # pass by finding nothing.
     names = _environment_variables_read()
 
-    assert {"DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY", "DEBUG",
-            "BOXOFFICE_VAR_DIR"} <= names
+    assert {
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "SECRET_KEY",
+        "DEBUG",
+        "BOXOFFICE_VAR_DIR",
+    } <= names
     assert len(names) >= 20
 
 
@@ -241,7 +246,8 @@ def test_every_environment_variable_the_settings_read_is_in_operations_doc():
     documented = OPERATIONS_DOC.read_text()
 
     missing = sorted(
-        name for name in _environment_variables_read()
+        name
+        for name in _environment_variables_read()
         if not re.search(rf"(?<![A-Z0-9_]){name}(?![A-Z0-9_])", documented)
     )
 
@@ -292,10 +298,12 @@ def test_every_section_cited_in_the_code_is_a_heading_of_that_doc():
             continue
         for match in CITED_SECTION.finditer(text):
             doc, section = match.group(1), " ".join(match.group(2).split())
-            headings = {" ".join(h.replace("`", "").split())
-                        for h in HEADING.findall(_without_fences(_text(doc) or ""))}
+            headings = {
+                " ".join(h.replace("`", "").split())
+                for h in HEADING.findall(_without_fences(_text(doc) or ""))
+            }
             if section not in headings:
-                missing.append(f"{path}:{_line_of(text, match.start())}: {doc} \"{section}\"")
+                missing.append(f'{path}:{_line_of(text, match.start())}: {doc} "{section}"')
 
     assert not missing, f"cited sections that are not headings of their doc: {missing}"
 
@@ -328,8 +336,9 @@ def test_the_readme_and_every_doc_are_checked():
     files = _markdown_files()
 
     assert "README.md" in files
-    assert {"docs/api.md", "docs/design.md", "docs/operations.md",
-            "docs/performance.md"} <= set(files)
+    assert {"docs/api.md", "docs/design.md", "docs/operations.md", "docs/performance.md"} <= set(
+        files
+    )
 
 
 def test_every_relative_link_in_the_markdown_resolves():
@@ -372,6 +381,5 @@ def test_nothing_outside_docs_cites_the_shared_files():
             found.append(f"{path}:{_line_of(text, match.start())}: {match.group(0)}")
 
     assert not found, (
-        f"cite docs/design.md or docs/api.md instead of the files outside the "
-        f"repository: {found}"
+        f"cite docs/design.md or docs/api.md instead of the files outside the repository: {found}"
     )

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def stack(live_server, tmp_path, broker_queue):
-    with Stack.running(live_server, tmp_path,
-                       extra_env={"RECONCILE_BACKOFF_SECONDS": "1,1,1,1,1,1"}) as s:
+    with Stack.running(
+        live_server, tmp_path, extra_env={"RECONCILE_BACKOFF_SECONDS": "1,1,1,1,1,1"}
+    ) as s:
         yield s
 
 
@@ -32,8 +33,9 @@ def http(live_server):
 
 def _login(http, username):
     UserFactory(username=username, password="pw-" + username)
-    answer = http.post("/api/auth/token/", json={"username": username,
-                                                 "password": "pw-" + username})
+    answer = http.post(
+        "/api/auth/token/", json={"username": username, "password": "pw-" + username}
+    )
     assert answer.status_code == 200, answer.text
     return {"Authorization": f"Token {answer.json()['token']}"}
 
@@ -75,8 +77,9 @@ def test_a_visa_purchase_is_confirmed_with_one_charge_and_one_email(stack, http)
     hold = OutboxMessage.objects.get(key=f"hold:{saga.pk}")
     assert hold.cancelled_at is not None and hold.fired_at is None
     stack.wait_for(
-        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.confirmed",
-                                             completed_at__isnull=False).exists(),
+        lambda: OutboxMessage.objects.filter(
+            saga_id=saga.pk, topic="purchase.confirmed", completed_at__isnull=False
+        ).exists(),
         "the confirmation to be recorded as delivered",
     )
     emails = stack.emails()
@@ -95,15 +98,21 @@ def test_a_declined_purchase_is_compensated_and_the_seat_is_free(stack, http):
     detail = http.get(accepted["links"]["self"], headers=auth).json()
     assert detail["status"] == "COMPENSATED"
     assert [h["to"] for h in detail["history"]] == [
-        "PENDING", "CHARGING", "PAYMENT_FAILED", "COMPENSATING", "COMPENSATED"]
+        "PENDING",
+        "CHARGING",
+        "PAYMENT_FAILED",
+        "COMPENSATING",
+        "COMPENSATED",
+    ]
     saga = PurchaseSaga.objects.get(pk=accepted["id"])
     assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 0
     assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 0
     seats = http.get(f"/api/events/{event.pk}/seats/").json()
     assert seats[0]["ref"] == "A1" and seats[0]["status"] == "available"
     stack.wait_for(
-        lambda: OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.cancelled",
-                                             completed_at__isnull=False).exists(),
+        lambda: OutboxMessage.objects.filter(
+            saga_id=saga.pk, topic="purchase.cancelled", completed_at__isnull=False
+        ).exists(),
         "the cancellation to be recorded as delivered",
     )
     emails = stack.emails()
@@ -120,8 +129,7 @@ def test_a_charge_that_timed_out_but_landed_is_reconciled_to_one_charge(stack, h
 
     detail = http.get(accepted["links"]["self"], headers=auth).json()
     assert detail["status"] == "CONFIRMED"
-    assert [h["to"] for h in detail["history"]] == [
-        "PENDING", "CHARGING", "UNKNOWN", "CONFIRMED"]
+    assert [h["to"] for h in detail["history"]] == ["PENDING", "CHARGING", "UNKNOWN", "CONFIRMED"]
     saga = PurchaseSaga.objects.get(pk=accepted["id"])
     assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1  # ONE, not two
     assert saga.gateway_answers.filter(asked="retrieve", answer="succeeded").count() == 1

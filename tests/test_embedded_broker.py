@@ -31,13 +31,18 @@ def _bind_all(control: str, data: str, me: int, start) -> list[str]:
     the same order as the other processes: they meet on every file."""
     start.wait()
     failures = []
-    with Connection(transport=TRANSPORT, transport_options={
-            "data_folder_in": data, "data_folder_out": data, "control_folder": control}) as conn:
+    with Connection(
+        transport=TRANSPORT,
+        transport_options={
+            "data_folder_in": data,
+            "data_folder_out": data,
+            "control_folder": control,
+        },
+    ) as conn:
         channel = conn.default_channel
         for n in range(EXCHANGES):
             try:
-                Queue(f"q{n}-{me}", Exchange(f"ex{n}"), routing_key=f"q{n}-{me}")(
-                    channel).declare()
+                Queue(f"q{n}-{me}", Exchange(f"ex{n}"), routing_key=f"q{n}-{me}")(channel).declare()
             except Exception as exc:  # the failure is the result
                 failures.append(f"ex{n}: {type(exc).__name__}: {exc}")
     return failures
@@ -58,8 +63,7 @@ def test_processes_binding_one_new_exchange_at_once_all_succeed(folders):
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
         start = manager.Event()
-        results = [pool.apply_async(_bind_all, (control, data, k, start))
-                   for k in range(PROCESSES)]
+        results = [pool.apply_async(_bind_all, (control, data, k, start)) for k in range(PROCESSES)]
         time.sleep(0.5)  # every process waiting at the start
         start.set()
         failures = sum((res.get(120) for res in results), [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -57,14 +58,14 @@ def server_url(live_server, settings) -> str:
 
 
 @pytest.fixture
-def gw(server_url) -> HttpPaymentGateway:
+def gw(server_url) -> Iterator[HttpPaymentGateway]:
     gateway = HttpPaymentGateway(base_url=f"{server_url}/fake-gateway/v1", timeout=NORMAL_TIMEOUT)
     yield gateway
     gateway.close()
 
 
 @pytest.fixture
-def impatient_gw(server_url) -> HttpPaymentGateway:
+def impatient_gw(server_url) -> Iterator[HttpPaymentGateway]:
     gateway = HttpPaymentGateway(base_url=f"{server_url}/fake-gateway/v1", timeout=SHORT_TIMEOUT)
     yield gateway
     gateway.close()
@@ -404,6 +405,8 @@ def test_idle_connections_are_dropped_before_gunicorn_closes_them():
     5 s default). The pool lets go of an idle connection before gunicorn's
     keep-alive (the fake gateway's server) closes it."""
     client = HttpPaymentGateway(base_url="http://127.0.0.1:9")._http()
-    pool = client._transport._pool
+    transport = client._transport
+    assert isinstance(transport, httpx.HTTPTransport)
+    pool = transport._pool
 
     assert pool._keepalive_expiry < GunicornKeepalive.default

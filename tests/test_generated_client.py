@@ -48,16 +48,26 @@ from .test_e2e import stack  # noqa: F401 - the end-to-end stack, reused as a fi
 BIN = Path(sys.executable).parent
 PACKAGE = "boxoffice_client"
 PURCHASES = "/api/purchases/"
-PAYMENT_STATUSES = {"captured", "refunded", "not_started", "processing", "unknown",
-                    "not_captured"}
+PAYMENT_STATUSES = {"captured", "refunded", "not_started", "processing", "unknown", "not_captured"}
 
 PUBLIC_OPERATIONS = ["auth.auth_token_create", "events.events_list", "events.events_seats_list"]
-PER_USER_OPERATIONS = ["purchases.purchases_create", "purchases.purchases_list",
-                       "purchases.purchases_retrieve"]
+PER_USER_OPERATIONS = [
+    "purchases.purchases_create",
+    "purchases.purchases_list",
+    "purchases.purchases_retrieve",
+]
 STAFF_OPERATIONS = [
     f"webhook_endpoints.webhook_endpoints_{name}"
-    for name in ("list", "create", "retrieve", "partial_update", "destroy", "rotate_secret",
-                 "deliveries_list", "deliveries_resend")
+    for name in (
+        "list",
+        "create",
+        "retrieve",
+        "partial_update",
+        "destroy",
+        "rotate_secret",
+        "deliveries_list",
+        "deliveries_resend",
+    )
 ]
 
 # The error codes each operation documents, per status (docs/api.md, "Errors").
@@ -94,8 +104,11 @@ ERROR_CODES = {
 }
 # The webhooks' staff API: every operation answers 401 and 403 (not staff).
 _STAFF = {"401": {"not_authenticated", "authentication_failed"}, "403": {"permission_denied"}}
-_BODY = {"400": {"invalid", "parse_error"}, "413": {"payload_too_large"},
-         "415": {"unsupported_media_type"}}
+_BODY = {
+    "400": {"invalid", "parse_error"},
+    "413": {"payload_too_large"},
+    "415": {"unsupported_media_type"},
+}
 _ENDPOINT = "/api/webhook-endpoints/{endpoint_id}/"
 ERROR_CODES |= {
     ("/api/webhook-endpoints/", "get"): {**_STAFF, "404": {"not_found"}},
@@ -106,7 +119,11 @@ ERROR_CODES |= {
     (f"{_ENDPOINT}rotate-secret/", "post"): {**_STAFF, "404": {"not_found"}},
     (f"{_ENDPOINT}deliveries/", "get"): {**_STAFF, "404": {"not_found"}},
     (f"{_ENDPOINT}deliveries/{{delivery_id}}/resend/", "post"): {
-        **_STAFF, **_BODY, "404": {"not_found"}, "409": {"resend_refused"}},
+        **_STAFF,
+        **_BODY,
+        "404": {"not_found"},
+        "409": {"resend_refused"},
+    },
 }
 
 
@@ -129,9 +146,21 @@ def client_package(served_schema, tmp_path_factory):
     document.write_text(json.dumps(served_schema))
     started = time.monotonic()
     result = subprocess.run(
-        [str(BIN / "openapi-python-client"), "generate", "--path", str(document),
-         "--output-path", str(workdir / PACKAGE), "--meta", "none", "--fail-on-warning"],
-        cwd=workdir, capture_output=True, text=True, timeout=300,
+        [
+            str(BIN / "openapi-python-client"),
+            "generate",
+            "--path",
+            str(document),
+            "--output-path",
+            str(workdir / PACKAGE),
+            "--meta",
+            "none",
+            "--fail-on-warning",
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
         # The generator's post-hooks run ruff, which lives beside this Python.
         env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
@@ -160,11 +189,17 @@ def logged_in(package, live_server, username: str):
     login = operation(package, "auth.auth_token_create")
     credentials = typing.get_type_hints(login.sync_detailed)["body"]
     UserFactory(username=username, password=f"pw-{username}")
-    answer = login.sync_detailed(client=anonymous(package, live_server),
-                                 body=credentials(username=username, password=f"pw-{username}"))
+    answer = login.sync_detailed(
+        client=anonymous(package, live_server),
+        body=credentials(username=username, password=f"pw-{username}"),
+    )
     assert answer.status_code == 200, answer.content
-    return package.AuthenticatedClient(base_url=live_server.url, token=answer.parsed.token,
-                                       prefix="Token", raise_on_unexpected_status=True)
+    return package.AuthenticatedClient(
+        base_url=live_server.url,
+        token=answer.parsed.token,
+        prefix="Token",
+        raise_on_unexpected_status=True,
+    )
 
 
 # --- reading the document ------------------------------------------------------------------
@@ -205,18 +240,25 @@ def test_the_served_schema_is_valid_openapi(served_schema):
     validate(served_schema)
 
 
-def test_the_public_operations_need_no_credentials_and_the_purchases_do(served_schema,
-                                                                        client_package):
+def test_the_public_operations_need_no_credentials_and_the_purchases_do(
+    served_schema, client_package
+):
     # In the document: no security requirement at all for the public ones
     # (not even an optional one), token or session for the purchases.
-    operations = {(p, m): op for p, item in served_schema["paths"].items()
-                  for m, op in item.items()}
-    public = {("/api/auth/token/", "post"), ("/api/events/", "get"),
-              ("/api/events/{event_id}/seats/", "get")}
-    assert {k: op.get("security", []) for k, op in operations.items() if k in public} == \
-        dict.fromkeys(public, [])
-    assert {k: op.get("security") for k, op in operations.items() if k not in public} == \
-        dict.fromkeys(set(operations) - public, [{"tokenAuth": []}, {"cookieAuth": []}])
+    operations = {
+        (p, m): op for p, item in served_schema["paths"].items() for m, op in item.items()
+    }
+    public = {
+        ("/api/auth/token/", "post"),
+        ("/api/events/", "get"),
+        ("/api/events/{event_id}/seats/", "get"),
+    }
+    assert {
+        k: op.get("security", []) for k, op in operations.items() if k in public
+    } == dict.fromkeys(public, [])
+    assert {
+        k: op.get("security") for k, op in operations.items() if k not in public
+    } == dict.fromkeys(set(operations) - public, [{"tokenAuth": []}, {"cookieAuth": []}])
 
     # In the generated client: what a type checker sees.
     def client_types(dotted):
@@ -225,10 +267,11 @@ def test_the_public_operations_need_no_credentials_and_the_purchases_do(served_s
 
     everyone = {client_package.Client, client_package.AuthenticatedClient}
     assert {d: client_types(d) for d in PUBLIC_OPERATIONS} == dict.fromkeys(
-        PUBLIC_OPERATIONS, everyone)
-    assert {d: client_types(d) for d in PER_USER_OPERATIONS + STAFF_OPERATIONS} == \
-        dict.fromkeys(PER_USER_OPERATIONS + STAFF_OPERATIONS,
-                      {client_package.AuthenticatedClient})
+        PUBLIC_OPERATIONS, everyone
+    )
+    assert {d: client_types(d) for d in PER_USER_OPERATIONS + STAFF_OPERATIONS} == dict.fromkeys(
+        PER_USER_OPERATIONS + STAFF_OPERATIONS, {client_package.AuthenticatedClient}
+    )
 
 
 def test_statuses_are_enums_and_the_terminal_ones_are_named(served_schema):
@@ -242,12 +285,15 @@ def test_statuses_are_enums_and_the_terminal_ones_are_named(served_schema):
     assert enum_values(served_schema, accepted["properties"]["status"]) == (states, False)
     assert enum_values(served_schema, entry["properties"]["from"]) == (states, True)
     assert enum_values(served_schema, entry["properties"]["to"]) == (states, False)
-    assert enum_values(served_schema, payment["properties"]["status"]) == (
-        PAYMENT_STATUSES, False)
+    assert enum_values(served_schema, payment["properties"]["status"]) == (PAYMENT_STATUSES, False)
     # Each state's line of the description says whether it is terminal.
     lines = resolved(served_schema, detail["properties"]["status"])["description"].splitlines()
-    terminal = {state for state in states
-                for line in lines if line.startswith(f"* `{state}`") and "terminal" in line}
+    terminal = {
+        state
+        for state in states
+        for line in lines
+        if line.startswith(f"* `{state}`") and "terminal" in line
+    }
     assert terminal == {s.value for s in TERMINAL}
 
 
@@ -258,12 +304,18 @@ def test_the_payment_status_enum_holds_every_status_the_selector_answers():
     # one and with its refund.
     answered = set()
     for n, state in enumerate(SagaState):
-        saga = types.SimpleNamespace(intent_id=f"pi_enum_{n}", state=state.value)
+        saga = PurchaseSaga(intent_id=f"pi_enum_{n}", state=state.value)  # never saved
         answered.add(saga_payment_status(saga))
         for kind, amount in ((EntryKind.CHARGE, 100), (EntryKind.REFUND, -100)):
-            LedgerEntry.objects.create(intent_id=saga.intent_id, kind=kind, amount=amount,
-                                       currency="EUR", saga_id=uuid.uuid4(), event_id=1,
-                                       created_at=timezone.now())
+            LedgerEntry.objects.create(
+                intent_id=saga.intent_id,
+                kind=kind,
+                amount=amount,
+                currency="EUR",
+                saga_id=uuid.uuid4(),
+                event_id=1,
+                created_at=timezone.now(),
+            )
             answered.add(saga_payment_status(saga))
 
     assert answered == PAYMENT_STATUSES
@@ -306,27 +358,39 @@ def test_the_error_body_and_each_operations_codes_are_described(served_schema):
 
 
 def test_the_seats_of_a_purchase_have_their_limits(served_schema, settings):
-    body = resolved(served_schema,
-                    served_schema["paths"][PURCHASES]["post"]["requestBody"]["content"]
-                    ["application/json"]["schema"])
+    body = resolved(
+        served_schema,
+        served_schema["paths"][PURCHASES]["post"]["requestBody"]["content"]["application/json"][
+            "schema"
+        ],
+    )
     seats = body["properties"]["seats"]
 
     assert (seats["minItems"], seats["maxItems"], seats["uniqueItems"]) == (
-        1, settings.MAX_SEATS_PER_PURCHASE, True)
+        1,
+        settings.MAX_SEATS_PER_PURCHASE,
+        True,
+    )
     assert (seats["items"]["minLength"], seats["items"]["maxLength"]) == (1, 10)
     # Best available: a quantity instead, one of the two (said in the description).
     quantity = body["properties"]["quantity"]
     assert (quantity["type"], quantity["minimum"], quantity["maximum"]) == (
-        "integer", 1, settings.MAX_SEATS_PER_PURCHASE)
+        "integer",
+        1,
+        settings.MAX_SEATS_PER_PURCHASE,
+    )
     assert set(body["required"]) == {"event", "payment_method"}
     assert "Exactly one of `seats`" in body["description"]
 
 
 def test_links_self_is_a_typed_field(served_schema):
-    for path, method, status in [(PURCHASES, "post", "202"),
-                                 ("/api/purchases/{saga_id}/", "get", "200")]:
-        links = resolved(served_schema,
-                         component_of(served_schema, path, method, status)["properties"]["links"])
+    for path, method, status in [
+        (PURCHASES, "post", "202"),
+        ("/api/purchases/{saga_id}/", "get", "200"),
+    ]:
+        links = resolved(
+            served_schema, component_of(served_schema, path, method, status)["properties"]["links"]
+        )
         assert links.get("properties", {}).get("self", {}).get("type") == "string", links
         assert links["required"] == ["self"]
 
@@ -338,11 +402,15 @@ def test_the_purchase_endpoints_take_json_only(served_schema, alice_api, event):
     assert set(body) == {"application/json"}
 
     fields = {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"}
-    form = alice_api.post(PURCHASES, urlencode(fields, doseq=True),
-                          content_type="application/x-www-form-urlencoded",
-                          headers={"Idempotency-Key": "form-1"})
-    multipart = alice_api.post(PURCHASES, fields, format="multipart",
-                               headers={"Idempotency-Key": "multipart-1"})
+    form = alice_api.post(
+        PURCHASES,
+        urlencode(fields, doseq=True),
+        content_type="application/x-www-form-urlencoded",
+        headers={"Idempotency-Key": "form-1"},
+    )
+    multipart = alice_api.post(
+        PURCHASES, fields, format="multipart", headers={"Idempotency-Key": "multipart-1"}
+    )
 
     for answer in (form, multipart):
         assert answer.status_code == 415, answer.content
@@ -350,15 +418,17 @@ def test_the_purchase_endpoints_take_json_only(served_schema, alice_api, event):
     assert not PurchaseSaga.objects.exists()
 
 
-@pytest.mark.parametrize("path", [
-    "/api/purchases/not-a-uuid/",
-    "/api/purchases/00000000-0000-4000-8000-00000000000Z/",
-    "/api/events/abc/seats/",
-    "/api/events/null/seats/",
-    "/api/events/-1/seats/",
-])
-def test_a_malformed_path_segment_answers_json_404_whatever_debug_says(alice_api, settings,
-                                                                       path):
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/purchases/not-a-uuid/",
+        "/api/purchases/00000000-0000-4000-8000-00000000000Z/",
+        "/api/events/abc/seats/",
+        "/api/events/null/seats/",
+        "/api/events/-1/seats/",
+    ],
+)
+def test_a_malformed_path_segment_answers_json_404_whatever_debug_says(alice_api, settings, path):
     for debug in (True, False):
         settings.DEBUG = debug
 
@@ -373,15 +443,18 @@ def test_the_ids_in_paths_keep_their_types_in_the_schema(served_schema):
     # The routes take any segment (the views answer a malformed one with the
     # JSON 404); generated clients still see an integer and a UUID.
     def parameter(path):
-        [p] = [p for op in served_schema["paths"][path].values() for p in op["parameters"]
-               if p["in"] == "path"]
+        [p] = [
+            p
+            for op in served_schema["paths"][path].values()
+            for p in op["parameters"]
+            if p["in"] == "path"
+        ]
         return p["schema"]
 
     assert parameter("/api/events/{event_id}/seats/")["type"] == "integer"
     assert parameter("/api/purchases/{saga_id}/") == {"type": "string", "format": "uuid"}
     for op in served_schema["paths"]["/api/webhook-endpoints/{endpoint_id}/"].values():
-        assert [p["schema"]["type"] for p in op["parameters"] if p["in"] == "path"] == [
-            "integer"]
+        assert [p["schema"]["type"] for p in op["parameters"] if p["in"] == "path"] == ["integer"]
 
 
 # --- through the generated client ----------------------------------------------------------
@@ -394,27 +467,40 @@ def test_logging_in_takes_a_username_and_a_password_only(client_package, live_se
     user = UserFactory(username="dora", password="pw-dora")
 
     assert set(attrs.fields_dict(credentials)) - {"additional_properties"} == {
-        "username", "password"}
-    answer = login.sync(client=anonymous(client_package, live_server),
-                        body=credentials(username="dora", password="pw-dora"))
-    refused = login.sync(client=anonymous(client_package, live_server),
-                         body=credentials(username="dora", password="wrong"))
+        "username",
+        "password",
+    }
+    answer = login.sync(
+        client=anonymous(client_package, live_server),
+        body=credentials(username="dora", password="pw-dora"),
+    )
+    refused = login.sync(
+        client=anonymous(client_package, live_server),
+        body=credentials(username="dora", password="wrong"),
+    )
 
     assert answer.token == Token.objects.get(user=user).key
     assert (refused.code, refused.field) == ("invalid", "non_field_errors")
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_pages_of_purchases_are_followed_with_the_page_parameter(client_package,
-                                                                     live_server, broker_queue):
+def test_the_pages_of_purchases_are_followed_with_the_page_parameter(
+    client_package, live_server, broker_queue
+):
     # given: one purchase more than a page holds
     size = PageNumberPagination.page_size
+    assert size is not None  # (settings.REST_FRAMEWORK's PAGE_SIZE)
     alice = logged_in(client_package, live_server, "alice")
     event = EventFactory(seats=[f"A{n}" for n in range(1, size + 2)])
     buyer = get_user_model().objects.get(username="alice")
     for n in range(1, size + 2):
-        purchase_start(user=buyer, idempotency_key=f"page-{n}", event_id=event.pk,
-                       seat_refs=[f"A{n}"], payment_method="pm_card_visa")
+        purchase_start(
+            user=buyer,
+            idempotency_key=f"page-{n}",
+            event_id=event.pk,
+            seat_refs=[f"A{n}"],
+            payment_method="pm_card_visa",
+        )
     listing = operation(client_package, "purchases.purchases_list")
 
     # when: the next page is asked for as the link says
@@ -429,8 +515,7 @@ def test_the_pages_of_purchases_are_followed_with_the_page_parameter(client_pack
 
 
 @pytest.mark.django_db(transaction=True)
-def test_best_available_through_the_generated_client(client_package, live_server,
-                                                     broker_queue):
+def test_best_available_through_the_generated_client(client_package, live_server, broker_queue):
     # given
     models = client_package.models
     create = operation(client_package, "purchases.purchases_create")
@@ -439,15 +524,22 @@ def test_best_available_through_the_generated_client(client_package, live_server
 
     # when: three seats, then four more than are left, then both fields
     chosen = create.sync_detailed(
-        client=alice, idempotency_key="best-1",
-        body=models.PurchaseRequest(event=event.pk, quantity=3, payment_method="pm_card_visa"))
+        client=alice,
+        idempotency_key="best-1",
+        body=models.PurchaseRequest(event=event.pk, quantity=3, payment_method="pm_card_visa"),
+    )
     refused = create.sync_detailed(
-        client=alice, idempotency_key="best-2",
-        body=models.PurchaseRequest(event=event.pk, quantity=4, payment_method="pm_card_visa"))
+        client=alice,
+        idempotency_key="best-2",
+        body=models.PurchaseRequest(event=event.pk, quantity=4, payment_method="pm_card_visa"),
+    )
     both = create.sync_detailed(
-        client=alice, idempotency_key="best-3",
-        body=models.PurchaseRequest(event=event.pk, seats=["A1"], quantity=1,
-                                    payment_method="pm_card_visa"))
+        client=alice,
+        idempotency_key="best-3",
+        body=models.PurchaseRequest(
+            event=event.pk, seats=["A1"], quantity=1, payment_method="pm_card_visa"
+        ),
+    )
 
     # then
     assert chosen.status_code == 202, chosen.content
@@ -461,7 +553,9 @@ def test_best_available_through_the_generated_client(client_package, live_server
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 def test_a_purchase_through_the_generated_client_from_login_to_confirmed(
-    client_package, live_server, stack  # noqa: F811 - the fixture imported above
+    client_package,
+    live_server,
+    stack,  # noqa: F811 - the fixture imported above
 ):
     # given
     models = client_package.models
@@ -475,11 +569,14 @@ def test_a_purchase_through_the_generated_client_from_login_to_confirmed(
 
     # the catalog, anonymously
     events = operation(client_package, "events.events_list").sync(client=public)
-    seats = operation(client_package, "events.events_seats_list").sync(client=public,
-                                                                      event_id=event.pk)
+    seats = operation(client_package, "events.events_seats_list").sync(
+        client=public, event_id=event.pk
+    )
     assert [(e.id, e.seats_available) for e in events] == [(event.pk, 2)]
     assert [(s.ref, s.status, s.price.amount) for s in seats] == [
-        ("A1", models.SeatStatus.AVAILABLE, 4200), ("A2", models.SeatStatus.AVAILABLE, 4200)]
+        ("A1", models.SeatStatus.AVAILABLE, 4200),
+        ("A2", models.SeatStatus.AVAILABLE, 4200),
+    ]
 
     # when: alice buys A1, then sends the very same request again
     body = models.PurchaseRequest(event=event.pk, seats=["A1"], payment_method="pm_card_visa")
@@ -497,12 +594,17 @@ def test_a_purchase_through_the_generated_client_from_login_to_confirmed(
 
     # when: bob wants A1 too; alice reuses her key for another body
     taken = create.sync_detailed(
-        client=bob, idempotency_key="generated-2",
-        body=models.PurchaseRequest(event=event.pk, seats=["A2", "A1"],
-                                    payment_method="pm_card_visa"))
+        client=bob,
+        idempotency_key="generated-2",
+        body=models.PurchaseRequest(
+            event=event.pk, seats=["A2", "A1"], payment_method="pm_card_visa"
+        ),
+    )
     reused = create.sync_detailed(
-        client=alice, idempotency_key="generated-1",
-        body=models.PurchaseRequest(event=event.pk, seats=["A2"], payment_method="pm_card_visa"))
+        client=alice,
+        idempotency_key="generated-1",
+        body=models.PurchaseRequest(event=event.pk, seats=["A2"], payment_method="pm_card_visa"),
+    )
 
     # then
     assert taken.status_code == 409, taken.content
@@ -530,5 +632,6 @@ def test_a_purchase_through_the_generated_client_from_login_to_confirmed(
     ]
     page = listing.sync(client=alice)
     assert [(p.id, p.status) for p in page.results] == [
-        (accepted.id, models.PurchaseStatus.CONFIRMED)]
+        (accepted.id, models.PurchaseStatus.CONFIRMED)
+    ]
     assert listing.sync(client=bob).count == 0

@@ -112,8 +112,12 @@ def test_healthz_touches_no_database_cache_or_broker(monkeypatch):
 def test_probes_over_plain_http_are_not_redirected_to_https(settings):
     settings.SECURE_SSL_REDIRECT = True
     assert Client().get("/healthz").status_code == 200
-    assert Client().get("/readyz?exclude=database&exclude=broker&exclude=relay"
-                        "&exclude=beat").status_code == 200
+    assert (
+        Client()
+        .get("/readyz?exclude=database&exclude=broker&exclude=relay&exclude=beat")
+        .status_code
+        == 200
+    )
     assert Client().get("/metrics").status_code == 301  # the rule still holds elsewhere
 
 
@@ -136,8 +140,9 @@ def test_readyz_is_200_when_everything_answers():
 @pytest.mark.django_db(transaction=True)
 def test_readyz_names_the_database_when_it_cannot_connect(monkeypatch):
     _fresh_heartbeats()
-    monkeypatch.setitem(connections.settings, "default",
-                        _database_at(_closed_port(), PASSWORD="s3cret-db-password"))
+    monkeypatch.setitem(
+        connections.settings, "default", _database_at(_closed_port(), PASSWORD="s3cret-db-password")
+    )
     response, body = _readyz()
     assert response.status_code == 503
     assert body["status"] == "fail"
@@ -231,8 +236,11 @@ def test_beat_is_judged_by_its_most_frequent_sweep(settings):
 
 
 def test_reasons_never_carry_credentials():
-    reason = _reason(ConnectionError(
-        "Cannot connect to redis://admin:pa55word@cache:6379/0: refused\nsecond line"))
+    reason = _reason(
+        ConnectionError(
+            "Cannot connect to redis://admin:pa55word@cache:6379/0: refused\nsecond line"
+        )
+    )
     assert reason == "ConnectionError: Cannot connect to redis://***@cache:6379/0: refused"
 
 
@@ -251,8 +259,7 @@ def _run_relay(passes: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_relay_loop_records_its_pulse_at_most_once_per_interval(monkeypatch, settings,
-                                                                    caplog):
+def test_the_relay_loop_records_its_pulse_at_most_once_per_interval(monkeypatch, settings, caplog):
     monkeypatch.setattr(pulse, "_last_pulse", None)  # whatever ran before in this process
     settings.OUTBOX_RELAY_PULSE_SECONDS = 3600
     before = timezone.now()
@@ -261,6 +268,7 @@ def test_the_relay_loop_records_its_pulse_at_most_once_per_interval(monkeypatch,
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert len(_pulses(queries)) == 1  # the first pass; the next two read a clock
     row = SweepHeartbeat.objects.get(name=RELAY)
+    assert row.last_succeeded_at is not None
     assert before <= row.last_succeeded_at <= timezone.now()
     assert row.interval_seconds == math.ceil(settings.HEALTH_RELAY_MAX_AGE_SECONDS / 2)
 
@@ -278,8 +286,10 @@ def test_the_stalled_sweep_alert_and_readiness_agree_about_the_relay(settings):
     relay_pulse_record(now=pulsed)
     limit = timedelta(seconds=settings.HEALTH_RELAY_MAX_AGE_SECONDS)
 
-    for offset, stale in ((limit - timedelta(seconds=1), False), (limit + timedelta(seconds=1),
-                                                                     True)):
+    for offset, stale in (
+        (limit - timedelta(seconds=1), False),
+        (limit + timedelta(seconds=1), True),
+    ):
         at = pulsed + offset
         assert (RELAY in sweeps_stalled(now=at)) is stale, offset
         assert readiness([RELAY], now=at).ok is not stale, offset
@@ -295,12 +305,19 @@ def _probe(*checks: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": (f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:"
-                         f"{db['PORT'] or 5432}/{db['NAME']}"),
+        "DATABASE_URL": (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    return subprocess.run([sys.executable, "manage.py", "probe", *checks], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "manage.py", "probe", *checks],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -28,8 +28,14 @@ def _record(intent_id: str, kind: EntryKind, *, note: str = "") -> LedgerEntry:
     # ledger_record belongs inside the transition's transaction.
     with transaction.atomic():
         return ledger_record(
-            intent_id=intent_id, kind=kind, amount=AMOUNT[kind], currency="EUR",
-            saga_id=uuid.uuid4(), event_id=1, now=timezone.now(), note=note,
+            intent_id=intent_id,
+            kind=kind,
+            amount=AMOUNT[kind],
+            currency="EUR",
+            saga_id=uuid.uuid4(),
+            event_id=1,
+            now=timezone.now(),
+            note=note,
         )
 
 
@@ -104,8 +110,14 @@ def test_two_connections_recording_one_entry_at_once_commit_exactly_one(kind):
                     pids[n] = cursor.fetchone()[0]
                 start.wait(timeout=10)  # both transactions open, both about to insert
                 ledger_record(
-                    intent_id=intent_id, kind=kind, amount=AMOUNT[kind], currency="EUR",
-                    saga_id=uuid.uuid4(), event_id=1, now=timezone.now(), note=f"worker {n}",
+                    intent_id=intent_id,
+                    kind=kind,
+                    amount=AMOUNT[kind],
+                    currency="EUR",
+                    saga_id=uuid.uuid4(),
+                    event_id=1,
+                    now=timezone.now(),
+                    note=f"worker {n}",
                 )
                 with lock:
                     inserted.append(n)
@@ -126,8 +138,11 @@ def test_two_connections_recording_one_entry_at_once_commit_exactly_one(kind):
         _until(lambda: bool(inserted), timeout=10, what="a first insert")
         first = inserted[0]
         other = 1 - first
-        _until(lambda: len(inserted) == 2 or pids[other] in _blocked_by(pids[first]),
-               timeout=10, what="the second insert to be in flight")
+        _until(
+            lambda: len(inserted) == 2 or pids[other] in _blocked_by(pids[first]),
+            timeout=10,
+            what="the second insert to be in flight",
+        )
     finally:
         release.set()
         for t in threads:
@@ -139,6 +154,9 @@ def test_two_connections_recording_one_entry_at_once_commit_exactly_one(kind):
     assert len(committed) == 1 and len(refused) == 1, outcome
     assert "ledger_one_entry_per_kind" in outcome[refused[0]]
     assert list(_entries(intent_id).values_list("kind", "note")) == [
-        (kind.value, f"worker {committed[0]}")]
-    assert LedgerEntry.objects.filter(intent_id=intent_id).aggregate(
-        n=Sum("amount"))["n"] == AMOUNT[kind]
+        (kind.value, f"worker {committed[0]}")
+    ]
+    assert (
+        LedgerEntry.objects.filter(intent_id=intent_id).aggregate(n=Sum("amount"))["n"]
+        == AMOUNT[kind]
+    )

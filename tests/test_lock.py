@@ -26,21 +26,27 @@ DEV = _pins("requirements-dev.lock")
 
 
 def _wanted(extra: str | None) -> list[Requirement]:
-    lines = PYPROJECT["dependencies"] if extra is None else \
-        PYPROJECT["optional-dependencies"][extra]
+    lines = (
+        PYPROJECT["dependencies"] if extra is None else PYPROJECT["optional-dependencies"][extra]
+    )
     return [Requirement(line) for line in lines]
 
 
-@pytest.mark.parametrize(("requirement", "lock"), [
-    *((r, "requirements.lock") for r in _wanted(None)),
-    *((r, "requirements-dev.lock") for r in _wanted(None) + _wanted("dev")),
-], ids=str)
+@pytest.mark.parametrize(
+    ("requirement", "lock"),
+    [
+        *((r, "requirements.lock") for r in _wanted(None)),
+        *((r, "requirements-dev.lock") for r in _wanted(None) + _wanted("dev")),
+    ],
+    ids=str,
+)
 def test_every_requirement_is_pinned_within_its_range(requirement, lock):
     pins = RUNTIME if lock == "requirements.lock" else DEV
     name = canonicalize_name(requirement.name)
     assert name in pins, f"{requirement} is not in {lock}: run make lock"
     assert requirement.specifier.contains(pins[name], prereleases=True), (
-        f"{lock} pins {name}=={pins[name]}, outside {requirement}: run make lock")
+        f"{lock} pins {name}=={pins[name]}, outside {requirement}: run make lock"
+    )
 
 
 def test_the_runtime_lock_is_the_dev_lock_without_the_dev_tools():
@@ -50,6 +56,7 @@ def test_the_runtime_lock_is_the_dev_lock_without_the_dev_tools():
 def test_every_pin_has_hashes():
     for name in ("requirements.lock", "requirements-dev.lock"):
         text = (ROOT / name).read_text()
-        pins = re.findall(r"^[A-Za-z0-9_.\-]+==[^\n]*(?:\n\s+--hash=sha256:[0-9a-f]{64}[^\n]*)+",
-                          text, re.M)
+        pins = re.findall(
+            r"^[A-Za-z0-9_.\-]+==[^\n]*(?:\n\s+--hash=sha256:[0-9a-f]{64}[^\n]*)+", text, re.M
+        )
         assert len(pins) == len(_pins(name)), f"{name}: a pin without --hash"

@@ -74,8 +74,14 @@ def banner_pages() -> dict[str, str]:
 
 def test_the_banner_lists_the_pages_to_look_at():
     paths = set(banner_pages().values())
-    assert {"/api/docs/", "/api/redoc/", "/api/schema/", "/api/events/", "/admin/",
-            "/metrics"} <= paths
+    assert {
+        "/api/docs/",
+        "/api/redoc/",
+        "/api/schema/",
+        "/api/events/",
+        "/admin/",
+        "/metrics",
+    } <= paths
 
 
 @pytest.mark.django_db
@@ -111,14 +117,18 @@ with app.connection_for_write() as conn:
 
 def test_with_the_settings_of_make_run_a_record_is_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", LOG_SOME], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env=_clean_env(tmp_path, DEBUG="true", DJANGO_SETTINGS_MODULE="config.settings",
-                       PYTHONPATH=str(ROOT)),
+        [sys.executable, "-c", LOG_SOME],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(
+            tmp_path, DEBUG="true", DJANGO_SETTINGS_MODULE="config.settings", PYTHONPATH=str(ROOT)
+        ),
     )
     assert result.returncode == 0, result.stderr
     lines = (result.stdout + result.stderr).splitlines()
-    for text in ("Not Found: /probe-404/", "Internal Server Error: /probe-500/",
-                 "probe info line"):
+    for text in ("Not Found: /probe-404/", "Internal Server Error: /probe-500/", "probe info line"):
         assert sum(text in line for line in lines) == 1, lines
     assert not [line for line in lines if "No hostname was supplied" in line], lines
 
@@ -127,19 +137,24 @@ def test_with_the_settings_of_make_run_a_record_is_one_line(tmp_path):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("payment_method, status", [
-    ("pm_card_unreachable", 504),
-    ("pm_card_timeout_not_charged", 504),
-    ("pm_card_timeout_charged", 200),
-])
+@pytest.mark.parametrize(
+    "payment_method, status",
+    [
+        ("pm_card_unreachable", 504),
+        ("pm_card_timeout_not_charged", 504),
+        ("pm_card_timeout_charged", 200),
+    ],
+)
 def test_a_deliberate_stall_of_the_fake_is_not_logged_as_an_error(
-        settings, caplog, payment_method, status):
+    settings, caplog, payment_method, status
+):
     settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = 0
     caplog.set_level(logging.INFO)
     answer = Client().post(
         "/fake-gateway/v1/payment_intents/pi_stall/charge",
         {"amount": 5000, "currency": "EUR", "payment_method": payment_method},
-        content_type="application/json", headers={"Idempotency-Key": "stall-1"},
+        content_type="application/json",
+        headers={"Idempotency-Key": "stall-1"},
     )
     assert answer.status_code == status
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
@@ -183,7 +198,7 @@ def _alive(pids: set[int]) -> dict[int, str]:
     for pid in pids:
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{pid}/stat").read_text()
-            alive[pid] = stat[stat.index("(") + 1:stat.rindex(")") + 3]
+            alive[pid] = stat[stat.index("(") + 1 : stat.rindex(")") + 3]
     return alive
 
 
@@ -199,35 +214,55 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
     var_dir = tmp_path / "var"
     log = tmp_path / "make-run.log"
     port = free_port()
-    env = _clean_env(var_dir, PORT=str(port), WORKER_CONCURRENCY="2",
-                     # The first reconcile probe 2 s after the timeout, not 60 s.
-                     RECONCILE_BACKOFF_SECONDS="2,2,2,2,2,2")
+    env = _clean_env(
+        var_dir,
+        PORT=str(port),
+        WORKER_CONCURRENCY="2",
+        # The first reconcile probe 2 s after the timeout, not 60 s.
+        RECONCILE_BACKOFF_SECONDS="2,2,2,2,2,2",
+    )
     proc = spawn([str(RUN_SH)], log=log, env=env)
     seen: set[int] = set()
     receiver = Receiver()
     webhooks: list = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            wait_until(lambda: _answers(http, "/api/events/"), "make run to serve /api/events/",
-                       timeout=60, detail=lambda: log.read_text()[-4000:])
-            token = http.post("/api/auth/token/",
-                              json={"username": "alice", "password": "boxoffice"}).json()["token"]
+            wait_until(
+                lambda: _answers(http, "/api/events/"),
+                "make run to serve /api/events/",
+                timeout=60,
+                detail=lambda: log.read_text()[-4000:],
+            )
+            token = http.post(
+                "/api/auth/token/", json={"username": "alice", "password": "boxoffice"}
+            ).json()["token"]
             auth = {"Authorization": f"Token {token}"}
-            staff = http.post("/api/auth/token/",
-                              json={"username": "admin", "password": "boxoffice"}).json()["token"]
-            endpoint = http.post("/api/webhook-endpoints/",
-                                 headers={"Authorization": f"Token {staff}"},
-                                 json={"url": receiver.url(), "events": ["purchase.confirmed"],
-                                       "description": "a receiver started by hand"})
+            staff = http.post(
+                "/api/auth/token/", json={"username": "admin", "password": "boxoffice"}
+            ).json()["token"]
+            endpoint = http.post(
+                "/api/webhook-endpoints/",
+                headers={"Authorization": f"Token {staff}"},
+                json={
+                    "url": receiver.url(),
+                    "events": ["purchase.confirmed"],
+                    "description": "a receiver started by hand",
+                },
+            )
             assert endpoint.status_code == 201, endpoint.text
             secret = endpoint.json()["secret"]
             # The fake stalls on both: answers 200 after the client gave up
             # (timeout_charged), or 504 (timeout_not_charged's first call).
             bought = []
-            for seat, method in (("A1", "pm_card_timeout_charged"),
-                                 ("A2", "pm_card_timeout_not_charged")):
-                answer = http.post("/api/purchases/", headers={**auth, "Idempotency-Key": seat},
-                                   json={"event": 1, "seats": [seat], "payment_method": method})
+            for seat, method in (
+                ("A1", "pm_card_timeout_charged"),
+                ("A2", "pm_card_timeout_not_charged"),
+            ):
+                answer = http.post(
+                    "/api/purchases/",
+                    headers={**auth, "Idempotency-Key": seat},
+                    json={"event": 1, "seats": [seat], "payment_method": method},
+                )
                 assert answer.status_code == 202, answer.text
                 bought.append(answer.headers["Location"])
             # A 404: one django.request line.
@@ -235,14 +270,17 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
 
             def confirmed() -> bool:
                 seen.update(_pids_of(var_dir))
-                return all(http.get(url, headers=auth).json()["status"] == "CONFIRMED"
-                           for url in bought)
+                return all(
+                    http.get(url, headers=auth).json()["status"] == "CONFIRMED" for url in bought
+                )
 
             poll(confirmed, timeout=25, every=0.5)
             states = [http.get(url, headers=auth).json()["status"] for url in bought]
             poll(lambda: len(receiver.requests) >= 2, timeout=20, every=0.2)
-            webhooks = sorted((r.verify(secret)["type"], r.verify(secret)["data"]["purchase"]["id"])
-                              for r in receiver.requests)
+            webhooks = sorted(
+                (r.verify(secret)["type"], r.verify(secret)["data"]["purchase"]["id"])
+                for r in receiver.requests
+            )
         seen.update(_pids_of(var_dir))
         # Ctrl-C: the terminal signals the foreground process group.
         os.killpg(proc.pid, signal.SIGINT)
@@ -266,16 +304,21 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
         failures.append(f"purchases {states}")
     ids = sorted(url.rstrip("/").rsplit("/", 1)[-1] for url in bought)
     if webhooks != sorted(("purchase.confirmed", saga) for saga in ids):
-        failures.append(f"webhooks received {webhooks}, expected one purchase.confirmed "
-                        f"for each of {ids}")
+        failures.append(
+            f"webhooks received {webhooks}, expected one purchase.confirmed for each of {ids}"
+        )
     failures += [f"ERROR line: {line}" for line in lines if ERROR_LINE.search(line)]
     failures += [f"hostname: {line}" for line in lines if "No hostname was supplied" in line]
     requests = [m.group(1) for line in lines if (m := DJANGO_REQUEST.search(line))]
     if not requests:
         failures.append("no django.request line (the 404 should log one)")
-    failures += [f"printed {n} times: {text}" for text in requests
-                 if (n := sum(text in line for line in lines)) != 1]
+    failures += [
+        f"printed {n} times: {text}"
+        for text in requests
+        if (n := sum(text in line for line in lines)) != 1
+    ]
     if left:
         failures.append(f"processes left behind: {left}")
-    assert not failures, "\n".join(failures) + "\n--- make run's output (tail) ---\n" + \
-        output[-6000:]
+    assert not failures, (
+        "\n".join(failures) + "\n--- make run's output (tail) ---\n" + output[-6000:]
+    )

@@ -33,8 +33,12 @@ def _clean_env(var_dir: Path, **extra: str) -> dict[str, str]:
 
 def _manage(var_dir: Path, *args: str, cwd: Path = ROOT, **extra: str):
     return subprocess.run(
-        [*MANAGE, *args], cwd=cwd, env=_clean_env(var_dir, **extra),
-        capture_output=True, text=True, timeout=120,
+        [*MANAGE, *args],
+        cwd=cwd,
+        env=_clean_env(var_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -58,7 +62,7 @@ print(json.dumps({
 
 
 def _seen(var_dir: Path, **extra: str) -> dict:
-    out = _ok(_manage(var_dir, "shell", "-c", SEEN, **extra))
+    out = _ok(_manage(var_dir, "shell", "-c", SEEN, cwd=ROOT, **extra))
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -117,8 +121,11 @@ def test_run_and_manage_take_their_environment_from_one_file():
 
 def test_make_manage_hands_the_command_over(tmp_path):
     result = subprocess.run(
-        ["make", "-n", "manage", "CMD=resume_sagas --dry-run"], cwd=ROOT,
-        capture_output=True, text=True, timeout=30,
+        ["make", "-n", "manage", "CMD=resume_sagas --dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     assert "scripts/manage.sh resume_sagas --dry-run" in result.stdout

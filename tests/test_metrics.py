@@ -17,8 +17,11 @@ from .conftest import drain_outbox, start_purchase
 
 def _value(text: str, name: str, **labels) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{re.escape(name)}(\{{{re.escape(want)}\}})? (\S+)$" if want else \
-        rf"^{re.escape(name)} (\S+)$"
+    pattern = (
+        rf"^{re.escape(name)}(\{{{re.escape(want)}\}})? (\S+)$"
+        if want
+        else rf"^{re.escape(name)} (\S+)$"
+    )
     for line in text.splitlines():
         if m := re.match(pattern, line):
             return float(m.groups()[-1])
@@ -32,16 +35,14 @@ def test_metrics_expose_state_and_events(alice, bob, event, gateway, client, set
         confirmed = start_purchase(alice, event, seats=["A1"])
         saga_charge(saga_id=confirmed.pk)
         start_purchase(bob, event, seats=["A2"])  # stays PENDING
-        unknown = start_purchase(bob, event, seats=["A3"],
-                                 payment_method="pm_card_unreachable")
+        unknown = start_purchase(bob, event, seats=["A3"], payment_method="pm_card_unreachable")
         saga_charge(saga_id=unknown.pk)
         probes_before = _probes(client, "requires_payment")
         with transaction.atomic():
             outbox_publish(topic="nobody.listens", payload={})
         clock.tick(90)
         sweep_resume(older_than=10_000)
-        AuditRun.objects.create(started_at=timezone.now(), finished_at=timezone.now(),
-                                violations=3)
+        AuditRun.objects.create(started_at=timezone.now(), finished_at=timezone.now(), violations=3)
         text = client.get("/metrics").content.decode()
         drain_outbox()  # the reconcile probe (requires_payment), the escalation
         after = client.get("/metrics").content.decode()
@@ -56,11 +57,14 @@ def test_metrics_expose_state_and_events(alice, bob, event, gateway, client, set
     assert _value(text, "boxoffice_sweep_stalled", sweep="resume_sagas") == 0
     assert _value(text, "boxoffice_sweep_last_success_age_seconds", sweep="resume_sagas") == 0
     assert _value(text, "boxoffice_audit_violations") == 3
-    assert _value(text, "boxoffice_gateway_requests_total", method="charge",
-                  outcome="succeeded") >= 1
+    assert (
+        _value(text, "boxoffice_gateway_requests_total", method="charge", outcome="succeeded") >= 1
+    )
     assert _value(text, "boxoffice_gateway_latency_seconds_count", method="charge") >= 2
-    assert _value(after, "boxoffice_reconcile_probes_total",
-                  answer="requires_payment") == probes_before + 1
+    assert (
+        _value(after, "boxoffice_reconcile_probes_total", answer="requires_payment")
+        == probes_before + 1
+    )
     assert _value(after, "boxoffice_operator_alerts_raised") == 1
     assert _value(after, "boxoffice_alerts_total", kind="saga_needs_operator") >= 1
     assert _value(after, "boxoffice_timer_fire_lag_seconds_count") >= 1
@@ -68,8 +72,11 @@ def test_metrics_expose_state_and_events(alice, bob, event, gateway, client, set
 
 def _probes(client, answer) -> float:
     try:
-        return _value(client.get("/metrics").content.decode(),
-                      "boxoffice_reconcile_probes_total", answer=answer)
+        return _value(
+            client.get("/metrics").content.decode(),
+            "boxoffice_reconcile_probes_total",
+            answer=answer,
+        )
     except AssertionError:
         return 0.0
 
@@ -82,8 +89,12 @@ def test_transitions_and_fire_lag_are_counted_on_commit(gateway, client):
         return client.get("/metrics").content.decode()
 
     def transitions():
-        return _value(scrape(), "boxoffice_saga_transitions_total", from_state="CHARGING",
-                      to_state="CONFIRMED")
+        return _value(
+            scrape(),
+            "boxoffice_saga_transitions_total",
+            from_state="CHARGING",
+            to_state="CONFIRMED",
+        )
 
     def lag_count():
         return _value(scrape(), "boxoffice_timer_fire_lag_seconds_count")
@@ -117,8 +128,16 @@ def test_every_alert_kind_is_exposed_at_zero_before_its_first_alert():
     assert raised and raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
 
     text = subprocess.run(
-        [sys.executable, "-c", "from prometheus_client import REGISTRY, generate_latest; "
-         "import config.metrics; print(generate_latest(REGISTRY).decode())"],
-        cwd=root, capture_output=True, text=True, check=True).stdout
+        [
+            sys.executable,
+            "-c",
+            "from prometheus_client import REGISTRY, generate_latest; "
+            "import config.metrics; print(generate_latest(REGISTRY).decode())",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for kind in ALERT_KINDS:
         assert _value(text, "boxoffice_alerts_total", kind=kind) == 0

@@ -20,12 +20,24 @@ from .factories import UserFactory
 # --- the formatter -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("currency", "exponent"), [
-    ("EUR", 2), ("USD", 2), ("JPY", 0), ("KRW", 0), ("KWD", 3), ("BHD", 3), ("CLF", 4),
-    ("jpy", 0),  # codes are read case-insensitively
-    # ISO 4217's minor units, where CLDR (babel) only displays fewer digits:
-    ("HUF", 2), ("IDR", 2), ("COP", 2), ("IQD", 3),
-])
+@pytest.mark.parametrize(
+    ("currency", "exponent"),
+    [
+        ("EUR", 2),
+        ("USD", 2),
+        ("JPY", 0),
+        ("KRW", 0),
+        ("KWD", 3),
+        ("BHD", 3),
+        ("CLF", 4),
+        ("jpy", 0),  # codes are read case-insensitively
+        # ISO 4217's minor units, where CLDR (babel) only displays fewer digits:
+        ("HUF", 2),
+        ("IDR", 2),
+        ("COP", 2),
+        ("IQD", 3),
+    ],
+)
 def test_minor_units_exponent_is_iso_4217s(currency, exponent):
     assert minor_units_exponent(currency) == exponent
 
@@ -38,15 +50,18 @@ def test_an_unknown_currency_has_no_exponent(currency):
         to_decimal(100, currency)
 
 
-@pytest.mark.parametrize(("amount", "currency", "decimal"), [
-    (123450, "EUR", "1234.50"),
-    (5000, "JPY", "5000"),
-    (1234, "KWD", "1.234"),
-    (-1250, "EUR", "-12.50"),
-    (0, "EUR", "0.00"),
-    (10**20 + 1, "EUR", "1000000000000000000.01"),
-    (10**40 + 1, "KWD", "10000000000000000000000000000000000000.001"),  # past 28 digits
-])
+@pytest.mark.parametrize(
+    ("amount", "currency", "decimal"),
+    [
+        (123450, "EUR", "1234.50"),
+        (5000, "JPY", "5000"),
+        (1234, "KWD", "1.234"),
+        (-1250, "EUR", "-12.50"),
+        (0, "EUR", "0.00"),
+        (10**20 + 1, "EUR", "1000000000000000000.01"),
+        (10**40 + 1, "KWD", "10000000000000000000000000000000000000.001"),  # past 28 digits
+    ],
+)
 def test_to_decimal_is_exact(amount, currency, decimal):
     value = to_decimal(amount, currency)
 
@@ -54,34 +69,40 @@ def test_to_decimal_is_exact(amount, currency, decimal):
     assert str(value) == decimal
 
 
-@pytest.mark.parametrize(("amount", "currency", "shown"), [
-    (123450, "EUR", "1,234.50 EUR"),
-    (5000, "JPY", "5,000 JPY"),
-    (1234, "KWD", "1.234 KWD"),
-    (-1250, "EUR", "-12.50 EUR"),
-    (-5000, "JPY", "-5,000 JPY"),
-    (-5, "KWD", "-0.005 KWD"),
-    (0, "EUR", "0.00 EUR"),
-    (0, "JPY", "0 JPY"),
-    (0, "KWD", "0.000 KWD"),
-    (5, "EUR", "0.05 EUR"),
-    (123456789012345678, "EUR", "1,234,567,890,123,456.78 EUR"),  # no float on the way
-    (10**21 + 7, "JPY", "1,000,000,000,000,000,000,007 JPY"),
-    (-(10**40) - 1, "EUR", "-100," + "000," * 11 + "000.01 EUR"),
-    (12345, "CLF", "1.2345 CLF"),
-    (1050, "HUF", "10.50 HUF"),  # not "1,050 HUF" (CLDR shows forints without fillér)
-    (1000, "IQD", "1.000 IQD"),
-    (250, "eur", "2.50 EUR"),
-])
+@pytest.mark.parametrize(
+    ("amount", "currency", "shown"),
+    [
+        (123450, "EUR", "1,234.50 EUR"),
+        (5000, "JPY", "5,000 JPY"),
+        (1234, "KWD", "1.234 KWD"),
+        (-1250, "EUR", "-12.50 EUR"),
+        (-5000, "JPY", "-5,000 JPY"),
+        (-5, "KWD", "-0.005 KWD"),
+        (0, "EUR", "0.00 EUR"),
+        (0, "JPY", "0 JPY"),
+        (0, "KWD", "0.000 KWD"),
+        (5, "EUR", "0.05 EUR"),
+        (123456789012345678, "EUR", "1,234,567,890,123,456.78 EUR"),  # no float on the way
+        (10**21 + 7, "JPY", "1,000,000,000,000,000,000,007 JPY"),
+        (-(10**40) - 1, "EUR", "-100," + "000," * 11 + "000.01 EUR"),
+        (12345, "CLF", "1.2345 CLF"),
+        (1050, "HUF", "10.50 HUF"),  # not "1,050 HUF" (CLDR shows forints without fillér)
+        (1000, "IQD", "1.000 IQD"),
+        (250, "eur", "2.50 EUR"),
+    ],
+)
 def test_format_money(amount, currency, shown):
     assert format_money(amount, currency) == shown
 
 
-@pytest.mark.parametrize(("currency", "shown"), [
-    ("ZZZ", "1,234 ZZZ (minor units)"),
-    ("zzz", "1,234 ZZZ (minor units)"),
-    ("", "1,234 (minor units)"),
-])
+@pytest.mark.parametrize(
+    ("currency", "shown"),
+    [
+        ("ZZZ", "1,234 ZZZ (minor units)"),
+        ("zzz", "1,234 ZZZ (minor units)"),
+        ("", "1,234 (minor units)"),
+    ],
+)
 def test_an_unknown_currency_shows_the_minor_units_as_they_are(currency, shown):
     # No guess at the decimals (a wrong guess misstates the amount a
     # hundredfold), and no crash: the admin page must still render.
@@ -126,13 +147,17 @@ def admin_client(client, db):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("currency", "price", "shown"), [
-    ("JPY", 5000, "5,000 JPY"),      # no minor unit: not "50.00"
-    ("KWD", 1234, "1.234 KWD"),      # three decimals: not "12.34"
-    ("EUR", 123450, "1,234.50 EUR"),  # two, and grouped like the admin
-])
+@pytest.mark.parametrize(
+    ("currency", "price", "shown"),
+    [
+        ("JPY", 5000, "5,000 JPY"),  # no minor unit: not "50.00"
+        ("KWD", 1234, "1.234 KWD"),  # three decimals: not "12.34"
+        ("EUR", 123450, "1,234.50 EUR"),  # two, and grouped like the admin
+    ],
+)
 def test_the_confirmation_email_shows_the_amount_in_the_currencys_decimals(
-        alice, gateway, currency, price, shown):
+    alice, gateway, currency, price, shown
+):
     saga = _confirmed(alice, _event(currency, price))
 
     drain_outbox()
@@ -143,12 +168,16 @@ def test_the_confirmation_email_shows_the_amount_in_the_currencys_decimals(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("currency", "price", "shown"), [
-    ("JPY", 5000, "10,000 JPY"),
-    ("KWD", 1234, "2.468 KWD"),
-])
+@pytest.mark.parametrize(
+    ("currency", "price", "shown"),
+    [
+        ("JPY", 5000, "10,000 JPY"),
+        ("KWD", 1234, "2.468 KWD"),
+    ],
+)
 def test_the_correction_email_shows_the_refund_in_the_currencys_decimals(
-        alice, gateway, currency, price, shown):
+    alice, gateway, currency, price, shown
+):
     saga = _confirmed(alice, _event(currency, price), seats=("A1", "A2"))
     drain_outbox()
     mail.outbox.clear()
@@ -195,7 +224,8 @@ def test_the_saga_page_shows_a_refunded_jpy_purchase_netting_zero(admin_client, 
 
 @pytest.mark.django_db
 def test_seats_reservations_and_the_fake_gateway_show_formatted_amounts(
-        admin_client, alice, gateway):
+    admin_client, alice, gateway
+):
     saga = _confirmed(alice, _event("KWD", 1234))
     assert PurchaseSaga.objects.get(pk=saga.pk).amount == 1234
     intent = FakeIntent.objects.get(pk=saga.intent_id)

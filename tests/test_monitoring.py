@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -55,15 +56,23 @@ RULES = PROMETHEUS_DIR / "alerts.yml"
 DASHBOARD = MONITORING / "grafana" / "boxoffice.json"
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 # The code that raises alerts and counts metrics (tests and migrations aside).
-SOURCE_PACKAGES = ("config", "common", "ledger", "outbox", "payments", "purchases", "webhooks",
-                   "shop")
+SOURCE_PACKAGES = (
+    "config",
+    "common",
+    "ledger",
+    "outbox",
+    "payments",
+    "purchases",
+    "webhooks",
+    "shop",
+)
 
 # Series Prometheus adds itself, and the labels it puts on every scraped one.
 PROMETHEUS_SERIES = {"up": {"job", "instance"}}
 TARGET_LABELS = {"job", "instance"}
 # The series names prometheus-client writes for a metric of each type, and
 # the label it adds.
-SAMPLE_SUFFIXES = {
+SAMPLE_SUFFIXES: dict[str, dict[str, set[str]]] = {
     "counter": {"_total": set(), "_created": set()},
     "gauge": {"": set()},
     "histogram": {"_bucket": {"le"}, "_count": set(), "_sum": set(), "_created": set()},
@@ -111,8 +120,11 @@ def _panels() -> list[dict]:
 
 def _dashboard_queries() -> list[tuple[str, str, str]]:
     """(panel title, expr, legend) of every target."""
-    return [(panel["title"], target["expr"], target.get("legendFormat", ""))
-            for panel in _panels() for target in panel.get("targets", [])]
+    return [
+        (panel["title"], target["expr"], target.get("legendFormat", ""))
+        for panel in _panels()
+        for target in panel.get("targets", [])
+    ]
 
 
 def _source_text() -> list[tuple[str, str]]:
@@ -128,8 +140,12 @@ def _source_text() -> list[tuple[str, str]]:
 def _alert_kinds_raised() -> frozenset[str]:
     """Every ``alert=`` kind the code writes in a log line or counts in
     ``boxoffice_alerts_total``."""
-    return frozenset(kind for _, text in _source_text() for pattern in ALERT_KIND_RAISED
-                     for kind in pattern.findall(text))
+    return frozenset(
+        kind
+        for _, text in _source_text()
+        for pattern in ALERT_KIND_RAISED
+        for kind in pattern.findall(text)
+    )
 
 
 @cache
@@ -152,7 +168,7 @@ def _operations_section(heading: str) -> str:
     text = _without_fences(OPERATIONS_DOC.read_text())
     start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else len(text)]
+    return text[start : end if end != -1 else len(text)]
 
 
 @pytest.fixture
@@ -172,8 +188,9 @@ def exported(db, client) -> dict[str, set[str]]:
                 for suffix, added in SAMPLE_SUFFIXES[family.type].items():
                     series[family.name + suffix] = set(metric._labelnames) | added
     now = timezone.now()
-    SweepHeartbeat.objects.create(name="resume_sagas", interval_seconds=60,
-                                  last_started_at=now, last_succeeded_at=now)
+    SweepHeartbeat.objects.create(
+        name="resume_sagas", interval_seconds=60, last_started_at=now, last_succeeded_at=now
+    )
     AuditRun.objects.create(started_at=now, finished_at=now)
     page = client.get("/metrics")
     assert page.status_code == 200
@@ -183,8 +200,9 @@ def exported(db, client) -> dict[str, set[str]]:
     return {name: labels for name, labels in series.items() if name.startswith("boxoffice_")}
 
 
-def _problems_in_query(expr: str, exported: dict[str, set[str]], *,
-                       legend_or_templates: set[str] = frozenset()) -> list[str]:
+def _problems_in_query(
+    expr: str, exported: dict[str, set[str]], *, legend_or_templates: Collection[str] = frozenset()
+) -> list[str]:
     """What in one PromQL expression names a series, a label or a label value
     the code does not export."""
     problems = []
@@ -219,10 +237,13 @@ def _problems_in_query(expr: str, exported: dict[str, set[str]], *,
 def _promtool(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which(os.environ.get("PROMTOOL", "promtool"))
     if exe is None:
-        pytest.fail("no promtool: install Debian's package prometheus "
-                    "(apt-get install prometheus; make test runs scripts/ensure-promtool.sh)")
-    return subprocess.run([exe, *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True,
-                          timeout=120)
+        pytest.fail(
+            "no promtool: install Debian's package prometheus "
+            "(apt-get install prometheus; make test runs scripts/ensure-promtool.sh)"
+        )
+    return subprocess.run(
+        [exe, *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True, timeout=120
+    )
 
 
 # --- promtool --------------------------------------------------------------------------
@@ -242,7 +263,8 @@ def test_every_alert_fires_on_its_series_and_not_on_the_others():
 
 def test_the_unit_tests_cover_every_alert_firing_and_silent():
     tests = yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())["tests"]
-    fired, silent = set(), set()
+    fired: set[str] = set()
+    silent: set[str] = set()
     for test in tests:
         for case in test.get("alert_rule_test", []):
             (fired if case.get("exp_alerts") else silent).add(case["alertname"])
@@ -260,8 +282,10 @@ def test_promtool_accepts_the_example_prometheus_config():
 
 def test_promtool_accepts_every_query_of_the_dashboard(tmp_path):
     # Each query as a recording rule: promtool parses its PromQL.
-    rules = [{"record": f"dashboard:query_{i}", "expr": expr.replace("$__rate_interval", "5m")}
-             for i, (_, expr, _) in enumerate(_dashboard_queries())]
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": expr.replace("$__rate_interval", "5m")}
+        for i, (_, expr, _) in enumerate(_dashboard_queries())
+    ]
     path = tmp_path / "dashboard_queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
 
@@ -276,9 +300,15 @@ def test_promtool_accepts_every_query_of_the_dashboard(tmp_path):
 def test_the_exported_names_are_read_from_the_code(exported):
     # A guard for the tests below: an empty or partial reading must not make
     # them pass by accident.
-    assert {"boxoffice_sagas", "boxoffice_alerts_total", "boxoffice_gateway_latency_seconds_bucket",
-            "boxoffice_audit_violations", "boxoffice_metrics_scrape_seconds",
-            "boxoffice_webhook_deliveries", "boxoffice_compensations_overdue"} <= set(exported)
+    assert {
+        "boxoffice_sagas",
+        "boxoffice_alerts_total",
+        "boxoffice_gateway_latency_seconds_bucket",
+        "boxoffice_audit_violations",
+        "boxoffice_metrics_scrape_seconds",
+        "boxoffice_webhook_deliveries",
+        "boxoffice_compensations_overdue",
+    } <= set(exported)
     assert exported["boxoffice_sagas"] == {"state"}
     assert exported["boxoffice_gateway_latency_seconds_bucket"] == {"method", "le"}
 
@@ -286,10 +316,13 @@ def test_the_exported_names_are_read_from_the_code(exported):
 def test_every_rule_reads_exported_series_and_labels(exported):
     problems = []
     for rule in _rules():
-        templates = {label for text in rule["annotations"].values()
-                     for label in TEMPLATE_LABEL.findall(text)}
-        problems += [f"{rule['alert']}: {p}" for p in
-                     _problems_in_query(rule["expr"], exported, legend_or_templates=templates)]
+        templates = {
+            label for text in rule["annotations"].values() for label in TEMPLATE_LABEL.findall(text)
+        }
+        problems += [
+            f"{rule['alert']}: {p}"
+            for p in _problems_in_query(rule["expr"], exported, legend_or_templates=templates)
+        ]
 
     assert not problems, problems
 
@@ -298,34 +331,47 @@ def test_every_dashboard_query_reads_exported_series_and_labels(exported):
     problems = []
     for title, expr, legend in _dashboard_queries():
         legend_labels = set(LEGEND_LABEL.findall(legend))
-        problems += [f"{title}: {p}" for p in
-                     _problems_in_query(expr, exported, legend_or_templates=legend_labels)]
+        problems += [
+            f"{title}: {p}"
+            for p in _problems_in_query(expr, exported, legend_or_templates=legend_labels)
+        ]
 
     assert not problems, problems
 
 
 def test_the_query_check_finds_what_is_not_exported(exported):
     problems = _problems_in_query(
-        'sum by (colour) (boxoffice_nothing) + boxoffice_sagas{state="SOLD", shape="x"}',
-        exported)
+        'sum by (colour) (boxoffice_nothing) + boxoffice_sagas{state="SOLD", shape="x"}', exported
+    )
 
-    assert problems == ["boxoffice_nothing is not exported",
-                        "boxoffice_sagas{state} is never 'SOLD'",
-                        "boxoffice_sagas has no label 'shape'",
-                        "groups by 'colour', a label of none of its series"]
+    assert problems == [
+        "boxoffice_nothing is not exported",
+        "boxoffice_sagas{state} is never 'SOLD'",
+        "boxoffice_sagas has no label 'shape'",
+        "groups by 'colour', a label of none of its series",
+    ]
 
 
 def test_the_dashboard_shows_every_series_the_brief_names():
     read = " ".join(expr for _, expr, _ in _dashboard_queries())
 
-    for name in ("boxoffice_sagas", "boxoffice_saga_transitions_total",
-                 "boxoffice_gateway_requests_total", "boxoffice_gateway_latency_seconds_bucket",
-                 "boxoffice_reconcile_probes_total", "boxoffice_timer_fire_lag_seconds_bucket",
-                 "boxoffice_outbox_backlog", "boxoffice_outbox_oldest_due_age_seconds",
-                 "boxoffice_outbox_dead_letters", "boxoffice_webhook_deliveries",
-                 "boxoffice_sweep_last_success_age_seconds", "boxoffice_sweep_stalled",
-                 "boxoffice_audit_violations", "boxoffice_audit_unverified_intents",
-                 "boxoffice_audit_last_run_timestamp_seconds"):
+    for name in (
+        "boxoffice_sagas",
+        "boxoffice_saga_transitions_total",
+        "boxoffice_gateway_requests_total",
+        "boxoffice_gateway_latency_seconds_bucket",
+        "boxoffice_reconcile_probes_total",
+        "boxoffice_timer_fire_lag_seconds_bucket",
+        "boxoffice_outbox_backlog",
+        "boxoffice_outbox_oldest_due_age_seconds",
+        "boxoffice_outbox_dead_letters",
+        "boxoffice_webhook_deliveries",
+        "boxoffice_sweep_last_success_age_seconds",
+        "boxoffice_sweep_stalled",
+        "boxoffice_audit_violations",
+        "boxoffice_audit_unverified_intents",
+        "boxoffice_audit_last_run_timestamp_seconds",
+    ):
         assert name in read, name
 
 
@@ -345,7 +391,7 @@ def test_every_panel_reads_the_templated_datasource():
 
 def test_the_dashboard_panels_do_not_overlap():
     ids = [panel["id"] for panel in _dashboard()["panels"]]
-    cells = {}
+    cells: dict[tuple[int, int], str] = {}
     for panel in _dashboard()["panels"]:
         g = panel["gridPos"]
         assert g["x"] + g["w"] <= 24, panel["title"]
@@ -361,8 +407,13 @@ def test_the_dashboard_panels_do_not_overlap():
 
 
 def test_the_alert_kind_scan_finds_the_kinds():
-    assert {"saga_needs_operator", "sweep_stalled", "outbox_dead_letter", "webhook_failed",
-            "audit_violation"} <= _alert_kinds_raised()
+    assert {
+        "saga_needs_operator",
+        "sweep_stalled",
+        "outbox_dead_letter",
+        "webhook_failed",
+        "audit_violation",
+    } <= _alert_kinds_raised()
     assert {"resume_sagas", "chase_compensations", "audit_sagas"} <= _sweep_names()
 
 
@@ -397,8 +448,10 @@ def test_every_rule_has_a_summary_a_description_a_severity_and_a_runbook_entry()
             problems.append(f"{rule['alert']}: severity is not critical or warning")
         doc, _, anchor = annotations.get("runbook_url", "").partition("#")
         if doc != "docs/operations.md" or anchor not in anchors:
-            problems.append(f"{rule['alert']}: {annotations.get('runbook_url')} is not a "
-                            f"heading of docs/operations.md")
+            problems.append(
+                f"{rule['alert']}: {annotations.get('runbook_url')} is not a "
+                f"heading of docs/operations.md"
+            )
 
     assert not problems, problems
 
@@ -410,8 +463,9 @@ def test_the_docs_table_maps_every_rule_to_its_runbook_entry():
         if m := re.match(r"\|\s*`(Boxoffice\w+)`\s*\|.*\]\(#([\w-]+)\)", line):
             rows[m.group(1)] = m.group(2)
 
-    assert rows == {rule["alert"]: rule["annotations"]["runbook_url"].partition("#")[2]
-                    for rule in _rules()}
+    assert rows == {
+        rule["alert"]: rule["annotations"]["runbook_url"].partition("#")[2] for rule in _rules()
+    }
 
 
 # --- the gauges added for the rules ---------------------------------------------------------
@@ -429,8 +483,9 @@ def _gauge(client, name: str, **labels) -> float:
 
 
 @pytest.mark.django_db
-def test_compensations_overdue_counts_what_the_chaser_escalates(alice, bob, event, faulty_gateway,
-                                                               client, settings):
+def test_compensations_overdue_counts_what_the_chaser_escalates(
+    alice, bob, event, faulty_gateway, client, settings
+):
     settings.COMPENSATION_DEADLINE_SECONDS = 86400
     with freeze_time(T0) as clock:
         old = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
@@ -452,20 +507,31 @@ def test_compensations_overdue_counts_what_the_chaser_escalates(alice, bob, even
 @pytest.mark.django_db
 def test_open_webhook_deliveries_are_counted_by_status(client):
     def gauges():
-        return {s: _gauge(client, "boxoffice_webhook_deliveries", status=s)
-                for s in ("pending", "failed")}
+        return {
+            s: _gauge(client, "boxoffice_webhook_deliveries", status=s)
+            for s in ("pending", "failed")
+        }
 
     assert gauges() == {"pending": 0, "failed": 0}  # exposed before the first delivery
     for n, url in enumerate(("https://a.example.com/hook", "https://b.example.com/hook")):
-        endpoint = WebhookEndpoint.objects.create(url=url, events=["purchase.confirmed"],
-                                                  secret="whsec_test", created_at=T0,
-                                                  updated_at=T0)
+        endpoint = WebhookEndpoint.objects.create(
+            url=url,
+            events=["purchase.confirmed"],
+            secret="whsec_test",
+            created_at=T0,
+            updated_at=T0,
+        )
         for status, count in (("delivered", 3), ("pending", 2 + n), ("failed", 1)):
             for _ in range(count):
                 WebhookDelivery.objects.create(
-                    endpoint=endpoint, message_id=f"msg_{uuid.uuid4().hex}",
-                    event_type="purchase.confirmed", saga_id=uuid.uuid4(), body="{}",
-                    status=status, created_at=T0)
+                    endpoint=endpoint,
+                    message_id=f"msg_{uuid.uuid4().hex}",
+                    event_type="purchase.confirmed",
+                    saga_id=uuid.uuid4(),
+                    body="{}",
+                    status=status,
+                    created_at=T0,
+                )
 
     assert gauges() == {"pending": 5, "failed": 2}
     with pytest.raises(AssertionError, match="not exposed"):

@@ -26,8 +26,12 @@ T0 = "2026-12-02 12:00:00"
 
 def _schedule(key="t1", due_in=60):
     with transaction.atomic():
-        return timer_schedule(key=key, topic="test.timer", payload={"n": 1},
-                              due_at=timezone.now() + timedelta(seconds=due_in))
+        return timer_schedule(
+            key=key,
+            topic="test.timer",
+            payload={"n": 1},
+            due_at=timezone.now() + timedelta(seconds=due_in),
+        )
 
 
 def _cancel(key):
@@ -36,7 +40,7 @@ def _cancel(key):
 
 
 def _fire_all(now=None):
-    fired = []
+    fired: list[int] = []
     relay_tick(now=now, dispatch=fired.append)
     return fired
 
@@ -192,8 +196,9 @@ def _commits(queries) -> int:
 def test_a_delivery_is_two_commits_and_a_transactional_consumer_commits_with_it(settings):
     from django.test.utils import CaptureQueriesContext
 
-    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer",
-                                                "tests.test_outbox.counting_consumer"]}
+    settings.OUTBOX_CONSUMERS = {
+        "test.event": ["tests.test_outbox.record_consumer", "tests.test_outbox.counting_consumer"]
+    }
     RECORDED.clear()
     COUNTED.clear()
     with transaction.atomic():
@@ -206,15 +211,16 @@ def test_a_delivery_is_two_commits_and_a_transactional_consumer_commits_with_it(
     assert _commits(queries.captured_queries) == 2
     message.refresh_from_db()
     assert message.completed_at is not None and message.payload["counted"] == 1
-    assert sorted(InboxEntry.objects.filter(message=message).values_list(
-        "consumer", flat=True)) == ["tests.test_outbox.counting_consumer",
-                                    "tests.test_outbox.record_consumer"]
+    assert sorted(
+        InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
+    ) == ["tests.test_outbox.counting_consumer", "tests.test_outbox.record_consumer"]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failing_transactional_consumer_rolls_back_alone_and_what_ran_is_recorded(settings):
-    settings.OUTBOX_CONSUMERS = {"test.event": ["tests.test_outbox.record_consumer",
-                                                "tests.test_outbox.counting_consumer"]}
+    settings.OUTBOX_CONSUMERS = {
+        "test.event": ["tests.test_outbox.record_consumer", "tests.test_outbox.counting_consumer"]
+    }
     RECORDED.clear()
     COUNTED.clear()
     with transaction.atomic():
@@ -226,8 +232,9 @@ def test_a_failing_transactional_consumer_rolls_back_alone_and_what_ran_is_recor
     message.refresh_from_db()
     assert "counted" not in message.payload  # its effect rolled back
     assert message.completed_at is None and message.processing_until is None  # free at once
-    assert list(InboxEntry.objects.filter(message=message).values_list(
-        "consumer", flat=True)) == ["tests.test_outbox.record_consumer"]
+    assert list(InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)) == [
+        "tests.test_outbox.record_consumer"
+    ]
 
     OutboxMessage.objects.filter(pk=message.pk).update(payload={"n": 4})  # the cause is fixed
     assert message_deliver(message_id=message.pk) == "delivered"
@@ -328,8 +335,12 @@ def _relay_thread(*, poll: float):
     from outbox.relay import relay_run
 
     stop = threading.Event()
-    relay = threading.Thread(target=lambda: (relay_run(stop=stop.is_set, poll=poll),
-                                             connection.close()))
+
+    def run() -> None:
+        relay_run(stop=stop.is_set, poll=poll)
+        connection.close()
+
+    relay = threading.Thread(target=run)
     relay.start()
     return stop, relay
 
@@ -476,7 +487,8 @@ def test_a_batch_is_spread_evenly_over_at_most_the_configured_tasks():
 
 @pytest.mark.django_db
 def test_the_relay_hands_a_burst_to_celery_in_few_tasks_and_a_trickle_one_by_one(
-        settings, broker_queue):
+    settings, broker_queue
+):
     settings.OUTBOX_DISPATCH_TASKS = 4
     with transaction.atomic():
         burst = [outbox_publish(topic="test.event", payload={"i": i}).pk for i in range(10)]
@@ -496,7 +508,8 @@ def test_the_relay_hands_a_burst_to_celery_in_few_tasks_and_a_trickle_one_by_one
 
 @pytest.mark.django_db
 def test_webhook_attempts_go_to_their_own_queue_and_everything_else_to_the_default(
-        settings, broker_queue):
+    settings, broker_queue
+):
     """A receiver that hangs holds a worker of the webhooks' pool for the whole
     timeout; the saga's steps never wait behind it (docs/design.md, "The
     edges")."""
@@ -504,15 +517,23 @@ def test_webhook_attempts_go_to_their_own_queue_and_everything_else_to_the_defau
     webhooks.purge()
     with transaction.atomic():
         saga_row = outbox_publish(topic="test.event", payload={}).pk
-        attempts = [outbox_publish(topic="webhook.delivery",
-                                   payload={"delivery_id": 0, "attempt": n}).pk for n in (1, 2)]
+        attempts = [
+            outbox_publish(topic="webhook.delivery", payload={"delivery_id": 0, "attempt": n}).pk
+            for n in (1, 2)
+        ]
 
     assert relay_tick() == 3
     default, own = broker_queue.messages(), webhooks.messages()
 
     assert default == [{"task": "outbox.deliver", "args": [saga_row]}]
-    assert sorted(sum(([t["args"][0]] if t["task"] == "outbox.deliver" else t["args"][0]
-                       for t in own), [])) == attempts
+    assert (
+        sorted(
+            sum(
+                ([t["args"][0]] if t["task"] == "outbox.deliver" else t["args"][0] for t in own), []
+            )
+        )
+        == attempts
+    )
 
 
 @pytest.mark.django_db
@@ -527,8 +548,12 @@ def test_deliver_many_delivers_each_row_and_retries_only_the_failed_ones(setting
         ok = [outbox_publish(topic="test.event", payload={"n": n}).pk for n in (1, 2)]
         bad = outbox_publish(topic="test.event", payload={}).pk  # record_consumer: KeyError
     retried = []
-    monkeypatch.setattr(tasks.deliver_many, "retry",
-                        lambda args, countdown: retried.append(args) or Retry())
+
+    def retry(args, countdown):
+        retried.append(args)
+        return Retry()
+
+    monkeypatch.setattr(tasks.deliver_many, "retry", retry)
 
     with pytest.raises(Retry):
         tasks.deliver_many.run([ok[0], bad, ok[1]])

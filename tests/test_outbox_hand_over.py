@@ -44,8 +44,10 @@ def closing_consumer(message):
 def _on(settings):
     settings.OUTBOX_HAND_OVER_ON_COMMIT = True
     settings.OUTBOX_HAND_OVER_GRACE_SECONDS = 30
-    settings.OUTBOX_CONSUMERS = {"test.event": [f"{HERE}.count_consumer"],
-                                 "test.timer": [f"{HERE}.count_consumer"]}
+    settings.OUTBOX_CONSUMERS = {
+        "test.event": [f"{HERE}.count_consumer"],
+        "test.timer": [f"{HERE}.count_consumer"],
+    }
     settings.OUTBOX_TOPIC_QUEUES = {"test.event": "elsewhere"}
     RUNS.clear()
     CLOSING_FAILS.clear()
@@ -55,8 +57,9 @@ def _on(settings):
 def published(monkeypatch):
     """What the on-commit hand-over puts on the broker: (args, options)."""
     sent = []
-    monkeypatch.setattr(handover.deliver, "apply_async",
-                        lambda args, **options: sent.append((args, options)))
+    monkeypatch.setattr(
+        handover.deliver, "apply_async", lambda args, **options: sent.append((args, options))
+    )
     return sent
 
 
@@ -67,7 +70,8 @@ def _write(topic="test.event", **kwargs) -> OutboxMessage:
 
 @pytest.mark.django_db
 def test_a_row_due_now_is_handed_over_after_its_commit_to_its_topics_queue(
-        published, django_capture_on_commit_callbacks):
+    published, django_capture_on_commit_callbacks
+):
     with freeze_time(T0):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             row = _write()
@@ -76,11 +80,16 @@ def test_a_row_due_now_is_handed_over_after_its_commit_to_its_topics_queue(
             callback()
         row.refresh_from_db()
 
-    assert published == [([row.pk], {"queue": "elsewhere"})]
+    assert published == [((row.pk,), {"queue": "elsewhere"})]
     # The relay's only after the grace: nothing for it to do meanwhile.
     assert row.due_at == row.available_at + timedelta(seconds=30)
-    assert relay_tick(now=row.available_at + timedelta(seconds=29),
-                      dispatch=lambda _: pytest.fail("handed over twice")) == 0
+    assert (
+        relay_tick(
+            now=row.available_at + timedelta(seconds=29),
+            dispatch=lambda _: pytest.fail("handed over twice"),
+        )
+        == 0
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -115,7 +124,7 @@ def test_a_hand_over_lost_after_the_commit_is_the_relays_after_the_grace(publish
         row = _write()
         published.clear()
         written = row.available_at
-    handed = []
+    handed: list[int] = []
 
     assert relay_tick(now=written + timedelta(seconds=29), dispatch=handed.append) == 0
     assert relay_tick(now=written + timedelta(seconds=30), dispatch=handed.append) == 1
@@ -133,8 +142,8 @@ def test_a_refused_publish_makes_the_row_due_at_once(monkeypatch):
     row = _write()
 
     row.refresh_from_db()
-    assert row.due_at <= timezone.now()  # not at the end of the grace
-    handed = []
+    assert row.due_at is not None and row.due_at <= timezone.now()  # not at the grace's end
+    handed: list[int] = []
     assert relay_tick(dispatch=handed.append) == 1 and handed == [row.pk]
 
 
@@ -185,7 +194,8 @@ def webhooks(settings, receiver):
 
 @pytest.mark.django_db
 def test_an_attempt_whose_closing_commit_fails_is_made_again_and_recorded_once(
-        alice, event, gateway, receiver, webhooks):
+    alice, event, gateway, receiver, webhooks
+):
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     [row] = OutboxMessage.objects.filter(topic=WEBHOOK_TOPIC)
     CLOSING_FAILS.append(True)

@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 import segno
-from django.core.cache import caches
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -21,15 +20,20 @@ from purchases.models import IdempotencyRecord, PurchaseSaga, Seat
 from purchases.ops.runbook import Action, action_run
 from purchases.services import saga_charge
 
-from .conftest import start_purchase
+from .conftest import cache_redis, start_purchase
 from .factories import EventFactory, UserFactory
 from .test_public_history import FORBIDDEN, NOTE, OPERATOR
 
 pytestmark = pytest.mark.django_db
 
 HALL = [f"{row}{n}" for row in "ABCDE" for n in range(1, 11)]
-TEST_METHODS = ["pm_card_visa", "pm_card_chargeDeclined", "pm_card_timeout_charged",
-                "pm_card_timeout_not_charged", "pm_card_unreachable"]
+TEST_METHODS = [
+    "pm_card_visa",
+    "pm_card_chargeDeclined",
+    "pm_card_timeout_charged",
+    "pm_card_timeout_not_charged",
+    "pm_card_unreachable",
+]
 
 
 # --- reading the pages --------------------------------------------------------------
@@ -53,19 +57,22 @@ def purchase_status(page: str) -> str:
 
 
 def problem(page: str) -> tuple[str, str]:
-    found = re.search(r'<div class="problem"[^>]*data-error="([a-z_]+)"[^>]*>(.*?)</div>',
-                      page, re.S)
+    found = re.search(
+        r'<div class="problem"[^>]*data-error="([a-z_]+)"[^>]*>(.*?)</div>', page, re.S
+    )
     assert found, "no problem shown"
     return found.group(1), _text(found.group(2))
 
 
 def form_key(page: str) -> str:
-    return re.search(r'name="idempotency_key" value="([^"]+)"', page).group(1)
+    found = re.search(r'name="idempotency_key" value="([^"]+)"', page)
+    assert found is not None, "no idempotency key on the page"
+    return found.group(1)
 
 
 def live_part(page: str) -> str:
     start = page.index('<div id="purchase-live"')
-    return page[start:page.index("</main>")]
+    return page[start : page.index("</main>")]
 
 
 def page_of(response) -> str:
@@ -89,7 +96,7 @@ def cache_of_this_test(settings):
     prefix = f"{config.get('KEY_PREFIX') or 'boxoffice-test'}-{uuid.uuid4().hex[:12]}"
     settings.CACHES = {"default": {**config, "KEY_PREFIX": prefix}}
     yield prefix
-    client = caches["default"]._cache.get_client(write=True)
+    client = cache_redis(write=True)
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     if keys:
         client.delete(*keys)
@@ -115,8 +122,11 @@ def bob_page(bob):
 
 
 def buy(client, event, *, seats=(), quantity=None, method="pm_card_visa", key=None):
-    body = {"idempotency_key": key or f"page-{uuid.uuid4()}", "seats": list(seats),
-            "payment_method": method}
+    body = {
+        "idempotency_key": key or f"page-{uuid.uuid4()}",
+        "seats": list(seats),
+        "payment_method": method,
+    }
     if quantity is not None:
         body["quantity"] = str(quantity)
     return client.post(f"/events/{event.pk}/", body)
@@ -132,9 +142,16 @@ def saga_of(response) -> PurchaseSaga:
 # --- login ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/", "/events/1/", "/purchases/",
-                                  "/purchases/00000000-0000-4000-8000-000000000000/",
-                                  "/purchases/00000000-0000-4000-8000-000000000000/live/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/events/1/",
+        "/purchases/",
+        "/purchases/00000000-0000-4000-8000-000000000000/",
+        "/purchases/00000000-0000-4000-8000-000000000000/live/",
+    ],
+)
 def test_every_page_asks_for_a_login_and_comes_back_after_it(client, path):
     answer = client.get(path)
 
@@ -153,8 +170,9 @@ def test_the_login_page_logs_in_and_goes_where_the_buyer_was_going(client, alice
     wrong = client.post("/accounts/login/", {"username": "alice", "password": "nope"})
     assert wrong.status_code == 200 and "did not match" in page_of(wrong)
 
-    answer = client.post("/accounts/login/", {"username": "alice", "password": "pw",
-                                              "next": f"/events/{hall.pk}/"})
+    answer = client.post(
+        "/accounts/login/", {"username": "alice", "password": "pw", "next": f"/events/{hall.pk}/"}
+    )
     assert answer.status_code == 302 and answer["Location"] == f"/events/{hall.pk}/"
     assert client.get(f"/events/{hall.pk}/").status_code == 200
 
@@ -191,10 +209,18 @@ def test_every_form_needs_its_csrf_token(alice, hall):
     assert client.post("/accounts/logout/").status_code == 403
 
     page = page_of(client.get(f"/events/{hall.pk}/"))
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    answer = client.post(f"/events/{hall.pk}/", {
-        "csrfmiddlewaretoken": token, "idempotency_key": form_key(page), "seats": ["A1"],
-        "payment_method": "pm_card_visa"})
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None, "no CSRF token on the page"
+    token = found.group(1)
+    answer = client.post(
+        f"/events/{hall.pk}/",
+        {
+            "csrfmiddlewaretoken": token,
+            "idempotency_key": form_key(page),
+            "seats": ["A1"],
+            "payment_method": "pm_card_visa",
+        },
+    )
     assert answer.status_code == 303
     assert PurchaseSaga.objects.count() == 1
 
@@ -244,8 +270,7 @@ def test_the_seat_map_lays_out_the_hall_with_every_control_labelled(alice_page, 
     assert 'data-action="buy"' in text and form_key(text)
 
 
-def test_without_the_fake_gateway_the_payment_method_is_a_token_to_type(
-        alice_page, hall, settings):
+def test_without_the_fake_gateway_the_payment_method_is_a_token_to_type(alice_page, hall, settings):
     settings.FAKE_GATEWAY_ENABLED = False
 
     text = page_of(alice_page.get(f"/events/{hall.pk}/"))
@@ -277,8 +302,7 @@ def test_the_form_starts_a_purchase_as_the_api_does_and_shows_it(alice_page, ali
 
     saga = saga_of(answer)
     assert saga.buyer == alice and saga.payment_method == "pm_card_visa"
-    assert sorted(saga.reservation.seat_links.values_list("seat__ref", flat=True)) == [
-        "B3", "B4"]
+    assert sorted(saga.reservation.seat_links.values_list("seat__ref", flat=True)) == ["B3", "B4"]
     assert IdempotencyRecord.objects.get(saga=saga).key == form_key(page)
     shown = page_of(alice_page.get(answer["Location"]))
     assert purchase_status(shown) == "PENDING"
@@ -321,17 +345,22 @@ def test_a_taken_seat_is_told_in_words_on_a_refreshed_map(alice_page, bob, hall)
     assert PurchaseSaga.objects.filter(buyer__username="alice").count() == 0
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    ({}, "Choose your seats on the map, or say how many"),
-    ({"seats": ["Z99"]}, "not in this hall"),
-    ({"seats": HALL[:11]}, "At most 10 seats"),
-    ({"quantity": "0"}, "greater than or equal to 1"),
-    ({"quantity": "11"}, "At most 10 seats"),
-    ({"seats": ["A1"], "payment_method": ""}, "Payment method: This field is required"),
-])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({}, "Choose your seats on the map, or say how many"),
+        ({"seats": ["Z99"]}, "not in this hall"),
+        ({"seats": HALL[:11]}, "At most 10 seats"),
+        ({"quantity": "0"}, "greater than or equal to 1"),
+        ({"quantity": "11"}, "At most 10 seats"),
+        ({"seats": ["A1"], "payment_method": ""}, "Payment method: This field is required"),
+    ],
+)
 def test_an_invalid_choice_is_told_in_words(alice_page, hall, body, says):
-    answer = alice_page.post(f"/events/{hall.pk}/", {
-        "idempotency_key": "page-invalid", "payment_method": "pm_card_visa", **body})
+    answer = alice_page.post(
+        f"/events/{hall.pk}/",
+        {"idempotency_key": "page-invalid", "payment_method": "pm_card_visa", **body},
+    )
 
     assert answer.status_code == 400
     code, words = problem(page_of(answer))
@@ -378,7 +407,8 @@ def test_not_enough_adjacent_seats_is_told_in_words(alice_page, bob):
 
 
 def test_a_confirmed_purchase_shows_the_apis_history_and_its_tickets(
-        alice_page, alice, alice_api, hall, gateway):
+    alice_page, alice, alice_api, hall, gateway
+):
     saga = saga_charge(saga_id=start_purchase(alice, hall, seats=["A1", "A2"]).pk)
 
     text = page_of(alice_page.get(f"/purchases/{saga.pk}/"))
@@ -386,7 +416,8 @@ def test_a_confirmed_purchase_shows_the_apis_history_and_its_tickets(
     assert purchase_status(text) == "CONFIRMED"
     api = alice_api.get(f"/api/purchases/{saga.pk}/").json()
     assert [step.split(" ", 1)[1] for step in history_steps(text)] == [
-        h["reason"] for h in api["history"]]
+        h["reason"] for h in api["history"]
+    ]
     tickets = re.findall(r'<li class="ticket" data-ticket="([^"]+)">(.*?)</li>', text, re.S)
     assert [seat for seat, _ in tickets] == ["A1", "A2"]
     assert all("<svg" in body and saga.reservation.ref in body for _, body in tickets)
@@ -394,15 +425,17 @@ def test_a_confirmed_purchase_shows_the_apis_history_and_its_tickets(
     for seat, body in tickets:
         code = f"{saga.reservation.ref}/{seat}"
         drawn = segno.make_qr(code, error="m").svg_inline(
-            scale=5, border=2, title=code, svgclass="qr", lineclass=None)
+            scale=5, border=2, title=code, svgclass="qr", lineclass=None
+        )
         assert drawn in body
     assert "hx-trigger" not in text  # settled: nothing to poll
     assert "data-hold-countdown" not in text
 
 
 def test_a_declined_purchase_says_the_seat_was_released(alice_page, alice, hall, gateway):
-    saga = saga_charge(saga_id=start_purchase(
-        alice, hall, payment_method="pm_card_chargeDeclined").pk)
+    saga = saga_charge(
+        saga_id=start_purchase(alice, hall, payment_method="pm_card_chargeDeclined").pk
+    )
     assert saga.state == "COMPENSATED"
 
     text = page_of(alice_page.get(f"/purchases/{saga.pk}/"))
@@ -413,7 +446,8 @@ def test_a_declined_purchase_says_the_seat_was_released(alice_page, alice, hall,
 
 
 def test_a_refunded_purchase_says_so_and_shows_no_note_of_the_operator(
-        alice_page, alice, alice_api, hall, gateway):
+    alice_page, alice, alice_api, hall, gateway
+):
     saga = saga_charge(saga_id=start_purchase(alice, hall).pk)
     action_run(saga_id=saga.pk, action=Action.REFUND, operator=OPERATOR, reason=NOTE)
 
@@ -426,13 +460,14 @@ def test_a_refunded_purchase_says_so_and_shows_no_note_of_the_operator(
         assert [word for word in FORBIDDEN if word in _text(shown).lower()] == []
     api = alice_api.get(f"/api/purchases/{saga.pk}/").json()
     assert [step.split(" ", 1)[1] for step in history_steps(live)] == [
-        h["reason"] for h in api["history"]]
+        h["reason"] for h in api["history"]
+    ]
 
 
-def test_an_unknown_charge_says_we_are_confirming_with_the_bank(alice_page, alice, hall,
-                                                                 gateway):
-    saga = saga_charge(saga_id=start_purchase(
-        alice, hall, payment_method="pm_card_timeout_charged").pk)
+def test_an_unknown_charge_says_we_are_confirming_with_the_bank(alice_page, alice, hall, gateway):
+    saga = saga_charge(
+        saga_id=start_purchase(alice, hall, payment_method="pm_card_timeout_charged").pk
+    )
     assert saga.state == "UNKNOWN"
 
     text = page_of(alice_page.get(f"/purchases/{saga.pk}/"))
@@ -454,8 +489,9 @@ def test_another_users_purchase_is_a_404_exactly_like_a_missing_one(alice, bob_p
         assert _without_csrf(theirs) == _without_csrf(nothing)
 
 
-def test_the_live_part_answers_304_while_the_purchase_has_not_moved(alice_page, alice, hall,
-                                                                     gateway):
+def test_the_live_part_answers_304_while_the_purchase_has_not_moved(
+    alice_page, alice, hall, gateway
+):
     saga = start_purchase(alice, hall)
     live = f"/purchases/{saga.pk}/live/"
     poll = {"HX-Request": "true"}

@@ -46,15 +46,16 @@ expect.set_options(timeout=WAIT_MS)
 @pytest.fixture(scope="module")
 def browser():
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"no {CHROMIUM}: install Debian's package chromium "
-                    f"(scripts/ensure-chromium.sh, run by make test)")
+        pytest.fail(
+            f"no {CHROMIUM}: install Debian's package chromium "
+            f"(scripts/ensure-chromium.sh, run by make test)"
+        )
     # Playwright's sync API keeps an event loop running in this thread; the
     # test's own ORM calls (and pytest-django's flush) are synchronous still.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM,
-                                                  args=CHROMIUM_ARGS)
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             yield chromium
             chromium.close()
 
@@ -63,8 +64,9 @@ def browser():
 def stack(live_server, tmp_path, broker_queue):
     # The first reconcile probe 3 s after a lost answer: long enough to see
     # "confirming with your bank" on the page, short enough for a test.
-    with Stack.running(live_server, tmp_path,
-                       extra_env={"RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1"}) as s:
+    with Stack.running(
+        live_server, tmp_path, extra_env={"RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1"}
+    ) as s:
         yield s
 
 
@@ -117,7 +119,9 @@ def status_of(page: Page):
 
 def saga_on(page: Page) -> PurchaseSaga:
     expect(page).to_have_url(PURCHASE_URL)
-    return PurchaseSaga.objects.get(pk=PURCHASE_URL.search(page.url).group(1))
+    found = PURCHASE_URL.search(page.url)
+    assert found is not None
+    return PurchaseSaga.objects.get(pk=found.group(1))
 
 
 def buy(page: Page, *, seats=(), quantity=None, method="pm_card_visa") -> PurchaseSaga:
@@ -138,7 +142,8 @@ def seat(page: Page, ref: str):
 
 
 def test_a_visa_purchase_moves_to_confirmed_without_a_reload_and_shows_the_tickets(
-        stack, live_server, pages, hall, shots, settings):
+    stack, live_server, pages, hall, shots, settings
+):
     # given: a charge that takes a little while, so that the page sees it coming
     settings.FAKE_GATEWAY_LATENCY_MS = 600
     buyer("alice")
@@ -180,8 +185,7 @@ def test_a_visa_purchase_moves_to_confirmed_without_a_reload_and_shows_the_ticke
     page.screenshot(path=str(shots / "shop-tickets.png"), full_page=True)
 
 
-def test_a_declined_purchase_shows_the_failure_and_frees_the_seat(
-        stack, live_server, pages, hall):
+def test_a_declined_purchase_shows_the_failure_and_frees_the_seat(stack, live_server, pages, hall):
     buyer("bob")
     page = pages()
     log_in(page, live_server.url, "bob", f"/events/{hall.pk}/")
@@ -196,7 +200,8 @@ def test_a_declined_purchase_shows_the_failure_and_frees_the_seat(
 
 
 def test_a_lost_answer_says_we_are_confirming_with_the_bank_then_confirms_one_charge(
-        stack, live_server, pages, hall, shots):
+    stack, live_server, pages, hall, shots
+):
     buyer("carol")
     page = pages()
     log_in(page, live_server.url, "carol", f"/events/{hall.pk}/")
@@ -217,20 +222,25 @@ def test_a_lost_answer_says_we_are_confirming_with_the_bank_then_confirms_one_ch
     # (read at once: the next probe may move the purchase at any moment)
     status, untouched = page.evaluate(
         "() => [document.querySelector('[data-purchase-status]').dataset.purchaseStatus,"
-        " document.querySelector('#purchase-live').dataset.untouched]")
+        " document.querySelector('#purchase-live').dataset.untouched]"
+    )
     assert status != "UNKNOWN" or untouched == "yes", (status, untouched)
     expect(status_of(page)).to_have_attribute("data-purchase-status", "CONFIRMED")
     # settled: the part that replaced the polling one polls no more
     expect(live).not_to_have_attribute("hx-trigger", re.compile(".*"))
     expect(page.locator("[data-history-step]")).to_have_count(4)
     expect(page.locator("[data-ticket]")).to_have_count(2)
-    charges = httpx.get(f"{live_server.url}/fake-gateway/v1/charges",
-                        params={"payment_intent": saga.intent_id}, timeout=10)
+    charges = httpx.get(
+        f"{live_server.url}/fake-gateway/v1/charges",
+        params={"payment_intent": saga.intent_id},
+        timeout=10,
+    )
     assert charges.status_code == 200 and len(charges.json()) == 1, charges.text
 
 
 def test_best_available_three_holds_three_adjacent_seats_then_sells_them(
-        stack, live_server, pages, hall):
+    stack, live_server, pages, hall
+):
     buyer("dave")
     page = pages()
     log_in(page, live_server.url, "dave", f"/events/{hall.pk}/")
@@ -329,5 +339,4 @@ def test_a_purchase_with_the_keyboard_only(stack, live_server, pages, hall):
 
     saga = saga_on(page)
     expect(status_of(page)).to_have_attribute("data-purchase-status", "CONFIRMED")
-    assert [link.seat.ref for link in saga.reservation.seat_links.select_related("seat")] == [
-        "A3"]
+    assert [link.seat.ref for link in saga.reservation.seat_links.select_related("seat")] == ["A3"]

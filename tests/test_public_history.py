@@ -70,7 +70,9 @@ def _resume_pending(alice, event, gw):
 def _confirm_unknown_expired(alice, event, gw):
     # the charge really landed at the gateway; only its answer was lost
     saga = _unknown(alice, event, gw)
-    return saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="schedule exhausted")
+    return saga_transition(
+        saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="schedule exhausted"
+    )
 
 
 def _refund_pending(alice, event, gw):
@@ -91,7 +93,9 @@ def _confirm_compensation_pending(alice, event, gw):
 def _compensate_unknown_expired(alice, event, gw):
     # never charged: the gateway dropped the only charge call
     saga = _unknown(alice, event, gw, payment_method="pm_card_timeout_not_charged")
-    return saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="schedule exhausted")
+    return saga_transition(
+        saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="schedule exhausted"
+    )
 
 
 def _compensate_compensation_pending(alice, event, gw):
@@ -113,11 +117,14 @@ ACTIONS = [
 ]
 
 
-@pytest.mark.parametrize(("action", "given"), ACTIONS,
-                         ids=[f"{a.value}-from-{g.__name__.split('_', 2)[-1]}"
-                              for a, g in ACTIONS])
+@pytest.mark.parametrize(
+    ("action", "given"),
+    ACTIONS,
+    ids=[f"{a.value}-from-{g.__name__.split('_', 2)[-1]}" for a, g in ACTIONS],
+)
 def test_no_operator_note_or_name_reaches_the_buyer_after_a_runbook_action(
-        alice, alice_api, event, faulty_gateway, action, given):
+    alice, alice_api, event, faulty_gateway, action, given
+):
     # given
     saga = given(alice, event, faulty_gateway)
 
@@ -138,8 +145,9 @@ def test_a_move_by_the_resumer_does_not_say_who_made_it(alice, alice_api, event,
 
     body = json.dumps(detail(alice_api, saga)).lower()
     assert [word for word in FORBIDDEN if word in body] == []
-    assert all(set(entry) == {"from", "to", "at", "reason"}
-               for entry in json.loads(body)["history"])
+    assert all(
+        set(entry) == {"from", "to", "at", "reason"} for entry in json.loads(body)["history"]
+    )
 
 
 # --- the history is made of buyer sentences -------------------------------------------
@@ -149,8 +157,7 @@ def _moves(data) -> list[tuple]:
     return [(h["from"], h["to"], h["reason"]) for h in data["history"]]
 
 
-def test_a_visa_purchase_reads_as_buyer_sentences_without_notes(alice, alice_api, event,
-                                                                gateway):
+def test_a_visa_purchase_reads_as_buyer_sentences_without_notes(alice, alice_api, event, gateway):
     # given: confirmed, then a late hold expiry that is refused (a note)
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     saga_expire_hold(saga_id=saga.pk)
@@ -184,7 +191,8 @@ def test_a_declined_purchase_reads_as_buyer_sentences(alice, alice_api, event, g
 
 
 def test_a_timeout_then_reconciled_purchase_reads_as_buyer_sentences(
-        alice, alice_api, event, gateway, settings):
+    alice, alice_api, event, gateway, settings
+):
     # given: the charge's answer is lost; the first reconcile probe finds it
     settings.PURCHASE_HOLD_SECONDS = 4 * 3600
     settings.RECONCILE_BACKOFF_SECONDS = [60, 120, 240]
@@ -208,7 +216,8 @@ def test_a_timeout_then_reconciled_purchase_reads_as_buyer_sentences(
 
 
 def test_a_refunded_purchase_reads_as_buyer_sentences_without_the_operators_note(
-        alice, alice_api, event, gateway):
+    alice, alice_api, event, gateway
+):
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     action_run(saga_id=saga.pk, action=Action.REFUND, operator=OPERATOR, reason=NOTE)
     assert _state(saga) == "COMPENSATED"
@@ -250,8 +259,7 @@ def test_every_move_the_table_allows_has_a_buyer_sentence():
     assert set(SENTENCES) == set(moves)  # nothing dead in the table
 
 
-def test_the_buyer_history_reads_the_same_without_the_selectors_prefetch(alice, event,
-                                                                        gateway):
+def test_the_buyer_history_reads_the_same_without_the_selectors_prefetch(alice, event, gateway):
     from purchases.buyer_history import buyer_history
     from purchases.selectors import purchase_get
 
@@ -260,15 +268,16 @@ def test_the_buyer_history_reads_the_same_without_the_selectors_prefetch(alice, 
 
     plain = buyer_history(PurchaseSaga.objects.get(pk=saga.pk))
 
-    assert plain == buyer_history(purchase_get(user=alice, saga_id=saga.pk))
+    mine = purchase_get(user=alice, saga_id=saga.pk)
+    assert mine is not None
+    assert plain == buyer_history(mine)
     assert [m.reason for m in plain][-2:] == [REFUNDING, REFUNDED]
 
 
 # --- the detail stays cheap, the schema says what is served --------------------------
 
 
-def test_the_detail_costs_as_many_queries_whatever_the_history(alice, alice_api, event,
-                                                               gateway):
+def test_the_detail_costs_as_many_queries_whatever_the_history(alice, alice_api, event, gateway):
     # given: a new purchase, and a refunded one with notes
     fresh = start_purchase(alice, event, seats=["A1"])
     busy = saga_charge(saga_id=start_purchase(alice, event, seats=["A2"]).pk)
@@ -300,12 +309,14 @@ def test_the_schema_describes_the_history_entry_served(anon_api):
 # --- the admin keeps everything -------------------------------------------------------
 
 
-def test_the_admin_saga_page_still_shows_the_operators_note_and_name(client, alice, event,
-                                                                     gateway):
+def test_the_admin_saga_page_still_shows_the_operators_note_and_name(client, alice, event, gateway):
     # given
     staff = UserFactory(username="dave", is_staff=True)
-    staff.user_permissions.add(*Permission.objects.filter(
-        content_type__app_label="purchases", codename="view_purchasesaga"))
+    staff.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="purchases", codename="view_purchasesaga"
+        )
+    )
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     action_run(saga_id=saga.pk, action=Action.REFUND, operator=OPERATOR, reason=NOTE)
     client.force_login(staff)

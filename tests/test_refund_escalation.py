@@ -36,8 +36,9 @@ def _alerts(saga) -> list[OutboxMessage]:
 
 
 def _refund_calls(gateway, saga) -> int:
-    return sum(1 for method, intent in gateway.calls if method == "refund"
-               and intent == saga.intent_id)
+    return sum(
+        1 for method, intent in gateway.calls if method == "refund" and intent == saga.intent_id
+    )
 
 
 def _live(clock, seconds: int, *, chase: bool = True) -> None:
@@ -62,7 +63,8 @@ def _refund_stuck(alice, event, gateway):
 
 @pytest.mark.django_db
 def test_a_refund_that_never_succeeds_is_escalated_once_after_the_deadline(
-        alice, event, faulty_gateway):
+    alice, event, faulty_gateway
+):
     with freeze_time(T0) as clock:
         saga = _refund_stuck(alice, event, faulty_gateway)
 
@@ -85,7 +87,8 @@ def test_a_refund_that_never_succeeds_is_escalated_once_after_the_deadline(
 
 @pytest.mark.django_db
 def test_the_auditor_reports_a_compensation_past_its_deadline_that_no_alert_names(
-        alice, event, faulty_gateway):
+    alice, event, faulty_gateway
+):
     with freeze_time(T0) as clock:
         saga = _refund_stuck(alice, event, faulty_gateway)
         _live(clock, DEADLINE + 2 * 3600, chase=False)  # the chaser is not running
@@ -93,7 +96,8 @@ def test_the_auditor_reports_a_compensation_past_its_deadline_that_no_alert_name
 
     assert _alerts(saga) == []
     assert [(v.invariant, v.saga_id) for v in report.violations] == [
-        (NO_SILENT_STUCK, str(saga.pk))]
+        (NO_SILENT_STUCK, str(saga.pk))
+    ]
     assert "deadline" in report.violations[0].detail
 
 
@@ -110,7 +114,8 @@ class _NotCharged:
 
 @pytest.mark.django_db
 def test_not_charged_is_a_contradiction_raised_once_and_the_retries_stop(
-        alice, event, faulty_gateway, monkeypatch):
+    alice, event, faulty_gateway, monkeypatch
+):
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
         monkeypatch.setattr(faulty_gateway, "refund", _NotCharged(faulty_gateway))
@@ -126,8 +131,9 @@ def test_not_charged_is_a_contradiction_raised_once_and_the_retries_stop(
     assert "gateway" in _alerts(saga)[0].payload["why"]
     saga = PurchaseSaga.objects.get(pk=saga.pk)
     assert saga.state == "COMPENSATION_PENDING"
-    assert list(GatewayAnswer.objects.filter(saga=saga, asked="refund")
-                .values_list("answer", flat=True)) == ["not_charged"]
+    assert list(
+        GatewayAnswer.objects.filter(saga=saga, asked="refund").values_list("answer", flat=True)
+    ) == ["not_charged"]
 
 
 def _ts(text):

@@ -1,7 +1,6 @@
 """The start transaction: seats locked on real concurrent connections, and a
 failed start leaves nothing behind (no saga, timer, outbox row or task)."""
 
-
 import pytest
 
 from outbox.models import OutboxMessage
@@ -23,8 +22,14 @@ from .factories import EventFactory, UserFactory
 def _counts():
     return {
         model.__name__: model.objects.count()
-        for model in (PurchaseSaga, Reservation, ReservationSeat, SagaHistory, OutboxMessage,
-                      IdempotencyRecord)
+        for model in (
+            PurchaseSaga,
+            Reservation,
+            ReservationSeat,
+            SagaHistory,
+            OutboxMessage,
+            IdempotencyRecord,
+        )
     }
 
 
@@ -35,9 +40,16 @@ def test_two_connections_race_for_one_seat_one_wins():
     buyers = [UserFactory(username="racer0"), UserFactory(username="racer1")]
 
     # when
-    results = race(2, lambda i: purchase_start(
-        user=buyers[i], idempotency_key=new_key(), event_id=event.pk, seat_refs=["A1"],
-        payment_method="pm_card_visa"))
+    results = race(
+        2,
+        lambda i: purchase_start(
+            user=buyers[i],
+            idempotency_key=new_key(),
+            event_id=event.pk,
+            seat_refs=["A1"],
+            payment_method="pm_card_visa",
+        ),
+    )
 
     # then
     winners = [r for r in results if not isinstance(r, Exception)]
@@ -56,18 +68,28 @@ def test_many_buyers_overlapping_seats_never_share_a_seat():
     # order keeps them from deadlocking.
     event = EventFactory(seats=[f"A{n}" for n in range(1, 7)])
     buyers = [UserFactory(username=f"b{i}") for i in range(12)]
-    wanted = [[f"A{(i % 6) + 1}", f"A{((i + 1) % 6) + 1}"][:: 1 if i % 2 else -1]
-              for i in range(12)]
+    wanted = [
+        [f"A{(i % 6) + 1}", f"A{((i + 1) % 6) + 1}"][:: 1 if i % 2 else -1] for i in range(12)
+    ]
 
-    results = race(12, lambda i: purchase_start(
-        user=buyers[i], idempotency_key=new_key(), event_id=event.pk, seat_refs=wanted[i],
-        payment_method="pm_card_visa"))
+    results = race(
+        12,
+        lambda i: purchase_start(
+            user=buyers[i],
+            idempotency_key=new_key(),
+            event_id=event.pk,
+            seat_refs=wanted[i],
+            payment_method="pm_card_visa",
+        ),
+    )
 
     assert all(r is not None for r in results)
-    assert not [r for r in results if isinstance(r, Exception)
-                and not isinstance(r, SeatUnavailable)], results
-    live = list(ReservationSeat.objects.filter(released_at__isnull=True)
-                .values_list("seat__ref", flat=True))
+    assert not [
+        r for r in results if isinstance(r, Exception) and not isinstance(r, SeatUnavailable)
+    ], results
+    live = list(
+        ReservationSeat.objects.filter(released_at__isnull=True).values_list("seat__ref", flat=True)
+    )
     assert len(live) == len(set(live))
     won = [r for r in results if not isinstance(r, Exception)]
     assert len(live) == 2 * len(won) and PurchaseSaga.objects.count() == len(won)
@@ -79,8 +101,13 @@ def test_a_taken_seat_rolls_back_everything(alice, bob, event, django_capture_on
     before = _counts()
 
     with django_capture_on_commit_callbacks() as callbacks, pytest.raises(SeatUnavailable) as err:
-        purchase_start(user=bob, idempotency_key=new_key(), event_id=event.pk,
-                       seat_refs=["A1", "A2"], payment_method="pm_card_visa")
+        purchase_start(
+            user=bob,
+            idempotency_key=new_key(),
+            event_id=event.pk,
+            seat_refs=["A1", "A2"],
+            payment_method="pm_card_visa",
+        )
 
     assert err.value.seats == ["A2"]
     assert _counts() == before
@@ -88,8 +115,9 @@ def test_a_taken_seat_rolls_back_everything(alice, bob, event, django_capture_on
     assert Seat.objects.get(event=event, ref="A1").status == "available"
 
 
-def test_commit_enqueues_the_charge_exactly_once(alice, event, django_capture_on_commit_callbacks,
-                                                 broker_queue):
+def test_commit_enqueues_the_charge_exactly_once(
+    alice, event, django_capture_on_commit_callbacks, broker_queue
+):
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         saga = start_purchase(alice, event)
 
@@ -102,8 +130,10 @@ def test_rollback_enqueues_nothing(alice, event, django_capture_on_commit_callba
         start_purchase(alice, event, seats=["A1"])
     assert len(broker_queue.messages()) == 1
 
-    with django_capture_on_commit_callbacks(execute=True) as callbacks, pytest.raises(
-            SeatUnavailable):
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        pytest.raises(SeatUnavailable),
+    ):
         start_purchase(alice, event, seats=["A1"])
 
     assert callbacks == []

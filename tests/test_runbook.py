@@ -15,7 +15,7 @@ from .conftest import start_purchase
 
 def _unknown_expired(user, event, **kwargs):
     saga = start_purchase(user, event, **kwargs)
-    for to in ("CHARGING", "UNKNOWN", "UNKNOWN_EXPIRED"):
+    for to in (SagaState.CHARGING, SagaState.UNKNOWN, SagaState.UNKNOWN_EXPIRED):
         saga = saga_transition(saga_id=saga.pk, to=to, reason="test")
     return saga
 
@@ -36,7 +36,7 @@ class _Unreachable:
 def _charged_but_unknown_expired(user, event, seats=("A1",)):
     saga = start_purchase(user, event, seats=seats, payment_method="pm_card_timeout_charged")
     assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"  # charged; the answer was lost
-    return saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="test")
+    return saga_transition(saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="test")
 
 
 def _refund_pending(user, event, gateway):
@@ -59,8 +59,12 @@ def test_manual_actions_only_make_moves_the_table_allows():
 def test_confirm_after_manual_check_writes_a_ledger_note(alice, event, gateway):
     saga = _charged_but_unknown_expired(alice, event)
 
-    result = action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                        reason="charge ch_123 seen in the processor dashboard")
+    result = action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="charge ch_123 seen in the processor dashboard",
+    )
 
     assert result.state == "CONFIRMED"
     entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
@@ -74,8 +78,12 @@ def test_confirm_after_manual_check_writes_a_ledger_note(alice, event, gateway):
 def test_compensate_after_manual_check_cancels_the_intent_first(alice, event, gateway):
     saga = _unknown_expired(alice, event)
 
-    result = action_run(saga_id=saga.pk, action=Action.COMPENSATE_MANUAL, operator="carol",
-                        reason="no charge at the processor")
+    result = action_run(
+        saga_id=saga.pk,
+        action=Action.COMPENSATE_MANUAL,
+        operator="carol",
+        reason="no charge at the processor",
+    )
 
     assert result.state == "COMPENSATED"
     assert gateway.calls[0] == ("cancel", saga.intent_id)
@@ -87,11 +95,15 @@ def test_compensate_after_manual_check_cancels_the_intent_first(alice, event, ga
 def test_compensate_after_manual_check_refuses_when_the_gateway_charged(alice, event, gateway):
     saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
     saga_charge(saga_id=saga.pk)  # UNKNOWN, but charged
-    saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="test")
+    saga_transition(saga_id=saga.pk, to=SagaState.UNKNOWN_EXPIRED, reason="test")
 
     with pytest.raises(ActionRefused, match="charged"):
-        action_run(saga_id=saga.pk, action=Action.COMPENSATE_MANUAL, operator="carol",
-                   reason="operator thought it was not charged")
+        action_run(
+            saga_id=saga.pk,
+            action=Action.COMPENSATE_MANUAL,
+            operator="carol",
+            reason="operator thought it was not charged",
+        )
 
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
     assert Seat.objects.get(event=event, ref="A1").status == "held"
@@ -103,12 +115,17 @@ def test_confirm_after_manual_check_of_a_pending_refund(alice, event, faulty_gat
     # The refund did land at the processor (an answer lost on the way back).
     faulty_gateway.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")
 
-    result = action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                        reason="refund visible at the processor")
+    result = action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="refund visible at the processor",
+    )
 
     assert result.state == "COMPENSATED"
-    assert list(LedgerEntry.objects.filter(intent_id=saga.intent_id)
-                .values_list("kind", "amount")) == [("charge", 2500), ("refund", -2500)]
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", "amount")
+    ) == [("charge", 2500), ("refund", -2500)]
     assert Seat.objects.get(event=event, ref="A1").status == "available"
 
 
@@ -119,8 +136,7 @@ def test_an_action_needs_a_reason_and_an_allowed_state(alice, event, gateway):
     with pytest.raises(ActionRefused, match="reason"):
         action_run(saga_id=saga.pk, action=Action.REFUND, operator="carol", reason="  ")
     with pytest.raises(ActionRefused, match="not allowed"):
-        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                   reason="r")
+        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol", reason="r")
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "CONFIRMED"
 
 
@@ -143,13 +159,16 @@ def test_the_dry_run_of_a_refund_says_what_will_happen_and_writes_nothing(alice,
 
 
 @pytest.mark.django_db
-def test_confirm_after_manual_check_refuses_when_the_gateway_has_no_charge(alice, event,
-                                                                          gateway):
+def test_confirm_after_manual_check_refuses_when_the_gateway_has_no_charge(alice, event, gateway):
     saga = _unknown_expired(alice, event)  # nothing ever reached the gateway
 
     with pytest.raises(ActionRefused, match="gateway disagrees.*no charge"):
-        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                   reason="I am sure I saw it")
+        action_run(
+            saga_id=saga.pk,
+            action=Action.CONFIRM_MANUAL,
+            operator="carol",
+            reason="I am sure I saw it",
+        )
 
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
     assert not LedgerEntry.objects.filter(intent_id=saga.intent_id).exists()
@@ -163,8 +182,12 @@ def test_confirm_after_manual_check_records_the_gateways_charge(alice, event, ga
 
     saga = _charged_but_unknown_expired(alice, event)
 
-    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-               reason="seen in the dashboard")
+    action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="seen in the dashboard",
+    )
 
     entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
     assert entry.gateway_reference == FakeCharge.objects.get(intent_id=saga.intent_id).id
@@ -173,16 +196,22 @@ def test_confirm_after_manual_check_records_the_gateways_charge(alice, event, ga
 
 @pytest.mark.django_db
 def test_confirming_a_refund_is_refused_while_the_gateway_still_holds_the_money(
-        alice, event, faulty_gateway):
+    alice, event, faulty_gateway
+):
     saga = _refund_pending(alice, event, faulty_gateway)  # the refund never landed
 
     with pytest.raises(ActionRefused, match="gateway disagrees.*captured"):
-        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                   reason="the customer says they got it")
+        action_run(
+            saga_id=saga.pk,
+            action=Action.CONFIRM_MANUAL,
+            operator="carol",
+            reason="the customer says they got it",
+        )
 
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "COMPENSATION_PENDING"
-    assert list(LedgerEntry.objects.filter(intent_id=saga.intent_id)
-                .values_list("kind", flat=True)) == ["charge"]
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True)
+    ) == ["charge"]
     assert Seat.objects.get(event=event, ref="A1").status == "sold"  # not released
 
 
@@ -202,7 +231,8 @@ def test_the_dry_run_shows_the_gateways_answer(alice, bob, event, gateway):
 
 @pytest.mark.django_db
 def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor_follows_it(
-        alice, event, gateway, monkeypatch):
+    alice, event, gateway, monkeypatch
+):
     from purchases.ops.audit import audit_run
 
     saga = _charged_but_unknown_expired(alice, event)
@@ -211,12 +241,21 @@ def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor
     plan = action_plan(saga=saga, action=Action.CONFIRM_MANUAL)
     assert plan.allowed and plan.override_needed and "cannot be reached" in plan.gateway_answer
     with pytest.raises(ActionRefused, match="cannot be reached.*override"):
-        action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-                   reason="processor dashboard shows ch_9")
+        action_run(
+            saga_id=saga.pk,
+            action=Action.CONFIRM_MANUAL,
+            operator="carol",
+            reason="processor dashboard shows ch_9",
+        )
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
 
-    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-               reason="processor dashboard shows ch_9", override=True)
+    action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="processor dashboard shows ch_9",
+        override=True,
+    )
 
     saga = PurchaseSaga.objects.get(pk=saga.pk)
     assert saga.state == "CONFIRMED"
@@ -234,17 +273,24 @@ def test_an_override_confirms_when_the_gateway_cannot_be_reached_and_the_auditor
 
 
 @pytest.mark.django_db
-def test_the_auditor_reports_an_override_the_gateway_contradicts(alice, event, gateway,
-                                                                monkeypatch):
+def test_the_auditor_reports_an_override_the_gateway_contradicts(
+    alice, event, gateway, monkeypatch
+):
     from purchases.ops.audit import audit_run
 
     saga = _unknown_expired(alice, event)  # nothing was charged
     monkeypatch.setattr(gateway, "list_charges", _Unreachable(gateway))
-    action_run(saga_id=saga.pk, action=Action.CONFIRM_MANUAL, operator="carol",
-               reason="wrong guess", override=True)
+    action_run(
+        saga_id=saga.pk,
+        action=Action.CONFIRM_MANUAL,
+        operator="carol",
+        reason="wrong guess",
+        override=True,
+    )
     monkeypatch.undo()
 
     report = audit_run(gateway=gateway)
 
     assert [(v.invariant, v.saga_id) for v in report.violations] == [
-        ("override_agrees_with_gateway", str(saga.pk))]
+        ("override_agrees_with_gateway", str(saga.pk))
+    ]

@@ -32,7 +32,10 @@ def test_a_visa_purchase_confirms(alice, event, gateway):
 
     assert saga.state == "CONFIRMED"
     assert list(saga.history.values_list("to_state", flat=True)) == [
-        "PENDING", "CHARGING", "CONFIRMED"]
+        "PENDING",
+        "CHARGING",
+        "CONFIRMED",
+    ]
     entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
     assert (entry.kind, entry.amount, entry.currency) == ("charge", 5000, "EUR")
     assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1
@@ -61,16 +64,18 @@ def test_the_confirmation_email_is_sent_once_whatever_the_deliveries(alice, even
 
 
 @pytest.mark.django_db
-def test_an_email_resent_after_a_crash_carries_the_first_ones_message_id(
-        alice, event, gateway):
+def test_an_email_resent_after_a_crash_carries_the_first_ones_message_id(alice, event, gateway):
     # The worker sent the email and died before writing the inbox entry: the
     # redelivery sends again (at least once), as the same message.
     from outbox.delivery import message_deliver
     from outbox.models import InboxEntry
 
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-    other = saga_charge(saga_id=start_purchase(
-        alice, event, seats=["A2"], payment_method="pm_card_chargeDeclined").pk)
+    other = saga_charge(
+        saga_id=start_purchase(
+            alice, event, seats=["A2"], payment_method="pm_card_chargeDeclined"
+        ).pk
+    )
     drain_outbox()
     message = OutboxMessage.objects.get(topic="purchase.confirmed", saga_id=saga.pk)
     InboxEntry.objects.filter(message=message).delete()
@@ -94,7 +99,12 @@ def test_a_declined_purchase_is_compensated(alice, event, gateway):
 
     assert saga.state == "COMPENSATED"
     assert list(saga.history.values_list("to_state", flat=True)) == [
-        "PENDING", "CHARGING", "PAYMENT_FAILED", "COMPENSATING", "COMPENSATED"]
+        "PENDING",
+        "CHARGING",
+        "PAYMENT_FAILED",
+        "COMPENSATING",
+        "COMPENSATED",
+    ]
     assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 0
     assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 0
     assert _seat_status(event, "A1") == "available"
@@ -106,8 +116,9 @@ def test_a_declined_purchase_is_compensated(alice, event, gateway):
 
 @pytest.mark.django_db
 def test_compensating_twice_changes_nothing_the_second_time(alice, event, gateway):
-    saga = saga_charge(saga_id=start_purchase(
-        alice, event, payment_method="pm_card_chargeDeclined").pk)
+    saga = saga_charge(
+        saga_id=start_purchase(alice, event, payment_method="pm_card_chargeDeclined").pk
+    )
     history = list(saga.history.values_list("id", flat=True))
 
     again = saga_compensate(saga_id=saga.pk)
@@ -142,8 +153,9 @@ def test_a_seat_freed_by_compensation_can_be_bought_again(alice, bob, event, gat
 @pytest.mark.django_db
 def test_the_gateway_refuses_to_be_called_inside_a_transaction(alice, event, gateway):
     saga = start_purchase(alice, event)
-    request = ChargeRequest(intent_id=saga.intent_id, amount=1, currency="EUR",
-                            payment_method="pm_card_visa")
+    request = ChargeRequest(
+        intent_id=saga.intent_id, amount=1, currency="EUR", payment_method="pm_card_visa"
+    )
 
     with pytest.raises(NetworkCallInTransaction), transaction.atomic():
         gateway.charge(request)

@@ -13,6 +13,7 @@ from payments.fake_gateway.models import FakeCharge, FakeIntent
 from purchases.models import PurchaseSaga, SagaHistory, Seat
 from purchases.ops.runbook import Action, action_run
 from purchases.ops.sweeps import sweep_resume
+from purchases.saga.states import SagaState
 from purchases.services import saga_charge, saga_expire_hold, saga_reconcile, saga_transition
 
 from .conftest import drain_outbox, start_purchase
@@ -34,8 +35,9 @@ def _fresh(saga):
 
 
 def _charge_calls(gateway, saga) -> int:
-    return sum(1 for method, intent in gateway.calls
-               if method == "charge" and intent == saga.intent_id)
+    return sum(
+        1 for method, intent in gateway.calls if method == "charge" and intent == saga.intent_id
+    )
 
 
 # --- a charge never starts after the hold ran out ------------------------------------
@@ -52,8 +54,11 @@ def test_a_late_charge_task_after_the_hold_goes_through_the_expiry_path(alice, e
     assert _charge_calls(gateway, saga) == 0, "charged a hold that had run out"
     assert FakeIntent.objects.get(pk=saga.intent_id).status == "canceled"
     assert _fresh(saga).state == "COMPENSATED"
-    assert list(SagaHistory.objects.filter(saga=saga).exclude(from_state=None)
-                .values_list("from_state", "to_state"))[:1] == [("PENDING", "EXPIRED")]
+    assert list(
+        SagaHistory.objects.filter(saga=saga)
+        .exclude(from_state=None)
+        .values_list("from_state", "to_state")
+    )[:1] == [("PENDING", "EXPIRED")]
     assert Seat.objects.get(event=event, ref="A1").status == "available"
 
 
@@ -71,7 +76,8 @@ def test_the_resumer_never_charges_a_hold_that_has_run_out(alice, event, gateway
 
 @pytest.mark.django_db
 def test_a_retry_after_not_found_is_not_a_first_charge_past_the_hold(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 30
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_not_charged")
@@ -97,7 +103,8 @@ def test_a_charge_inside_the_hold_still_charges(alice, event, gateway):
 
 @pytest.mark.django_db
 def test_a_retried_charge_is_stamped_when_its_answer_came_not_when_the_retry_began(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 4 * 3600
     with freeze_time(T0) as clock:
         # Every charge call takes 2 s on the wire and its answer is lost.
@@ -107,8 +114,11 @@ def test_a_retried_charge_is_stamped_when_its_answer_came_not_when_the_retry_beg
         clock.tick(60)  # the first probe at 62 s: requires_payment, charge again
         saga_reconcile(saga_id=saga.pk, attempt=1)
 
-    moves = list(SagaHistory.objects.filter(saga=saga).exclude(from_state=None)
-                 .values_list("from_state", "to_state", "at"))
+    moves = list(
+        SagaHistory.objects.filter(saga=saga)
+        .exclude(from_state=None)
+        .values_list("from_state", "to_state", "at")
+    )
     seconds = [(a, b, (at - START).total_seconds()) for a, b, at in moves]
     assert seconds == [
         ("PENDING", "CHARGING", 0.0),
@@ -131,7 +141,8 @@ def _gateway_charge_id(saga) -> str:
 
 @pytest.mark.django_db
 def test_a_saga_confirmed_by_reconciliation_records_the_charge_reference(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 4 * 3600
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
@@ -144,8 +155,7 @@ def test_a_saga_confirmed_by_reconciliation_records_the_charge_reference(
 
 
 @pytest.mark.django_db
-def test_a_saga_confirmed_by_the_hold_expiry_records_the_charge_reference(
-        alice, event, gateway):
+def test_a_saga_confirmed_by_the_hold_expiry_records_the_charge_reference(alice, event, gateway):
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
         assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
@@ -158,15 +168,24 @@ def test_a_saga_confirmed_by_the_hold_expiry_records_the_charge_reference(
 
 @pytest.mark.django_db
 def test_an_operators_reconcile_of_an_escalated_saga_records_the_charge_reference(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 4 * 3600
     saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
     saga_charge(saga_id=saga.pk)
-    saga_transition(saga_id=saga.pk, to="UNKNOWN_EXPIRED", reason="schedule exhausted",
-                    now=datetime.now(UTC) + timedelta(seconds=1))
+    saga_transition(
+        saga_id=saga.pk,
+        to=SagaState.UNKNOWN_EXPIRED,
+        reason="schedule exhausted",
+        now=datetime.now(UTC) + timedelta(seconds=1),
+    )
 
-    action_run(saga_id=saga.pk, action=Action.RECONCILE_NOW, operator="carol",
-               reason="the bank says it went through")
+    action_run(
+        saga_id=saga.pk,
+        action=Action.RECONCILE_NOW,
+        operator="carol",
+        reason="the bank says it went through",
+    )
 
     assert _fresh(saga).state == "CONFIRMED"
     assert _charge_reference(saga) == _gateway_charge_id(saga) != ""

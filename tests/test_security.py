@@ -75,8 +75,12 @@ def test_api_authorization_matrix(people, gateway):
             client.get(f"/api/events/{event.pk}/seats/").status_code,
             client.get("/api/purchases/").status_code,
             client.get(detail).status_code,
-            client.post("/api/purchases/", purchase_body(event, seats=[next(seats)]),
-                        format="json", HTTP_IDEMPOTENCY_KEY=f"k-{who}").status_code,
+            client.post(
+                "/api/purchases/",
+                purchase_body(event, seats=[next(seats)]),
+                format="json",
+                HTTP_IDEMPOTENCY_KEY=f"k-{who}",
+            ).status_code,
         )
         assert got == want, who
         if who not in ("anonymous", "alice"):
@@ -102,18 +106,33 @@ def test_admin_authorization_matrix(people, gateway, client):
 
     # a forged action POST by staff without the permission does nothing
     client.force_login(people["staff"])
-    client.post(changelist, {"action": "refund", "_selected_action": [str(saga.pk)],
-                             "confirm": "yes", "reason": "forged"})
+    client.post(
+        changelist,
+        {
+            "action": "refund",
+            "_selected_action": [str(saga.pk)],
+            "confirm": "yes",
+            "reason": "forged",
+        },
+    )
     assert PurchaseSaga.objects.get(pk=saga.pk).state == "CONFIRMED"
 
 
 @pytest.mark.django_db
 def test_idempotency_keys_are_scoped_per_user(people):
     event = EventFactory(seats=["A1", "A2"])
-    first = _api(people["alice"]).post("/api/purchases/", purchase_body(event, seats=["A1"]),
-                                       format="json", HTTP_IDEMPOTENCY_KEY="shared")
-    other = _api(people["bob"]).post("/api/purchases/", purchase_body(event, seats=["A2"]),
-                                     format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    first = _api(people["alice"]).post(
+        "/api/purchases/",
+        purchase_body(event, seats=["A1"]),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="shared",
+    )
+    other = _api(people["bob"]).post(
+        "/api/purchases/",
+        purchase_body(event, seats=["A2"]),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="shared",
+    )
     assert (first.status_code, other.status_code) == (202, 202)
     assert first.json()["id"] != other.json()["id"]
     assert IdempotencyRecord.objects.filter(key="shared").count() == 2
@@ -136,8 +155,12 @@ def test_purchase_starts_are_throttled_per_user_with_retry_after(people, tight_t
     alice, bob = _api(people["alice"]), _api(people["bob"])
 
     answers = [
-        alice.post("/api/purchases/", purchase_body(event, seats=[f"A{n}"]), format="json",
-                   HTTP_IDEMPOTENCY_KEY=f"t{n}")
+        alice.post(
+            "/api/purchases/",
+            purchase_body(event, seats=[f"A{n}"]),
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=f"t{n}",
+        )
         for n in range(1, 5)
     ]
 
@@ -146,8 +169,15 @@ def test_purchase_starts_are_throttled_per_user_with_retry_after(people, tight_t
     assert 0 < int(answers[-1]["Retry-After"]) <= 60
     assert PurchaseSaga.objects.count() == 3
     # another user is not affected, and reading is not throttled
-    assert bob.post("/api/purchases/", purchase_body(event, seats=["A8"]), format="json",
-                    HTTP_IDEMPOTENCY_KEY="b1").status_code == 202
+    assert (
+        bob.post(
+            "/api/purchases/",
+            purchase_body(event, seats=["A8"]),
+            format="json",
+            HTTP_IDEMPOTENCY_KEY="b1",
+        ).status_code
+        == 202
+    )
     assert alice.get("/api/purchases/").status_code == 200
 
 
@@ -158,8 +188,10 @@ def test_token_requests_are_throttled_per_address_and_ignore_a_stale_token(peopl
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token stale-token-from-last-week")
     try:
-        answers = [client.post("/api/auth/token/", {"username": "alice", "password": guess},
-                               format="json") for guess in ("a", "b", "c", "d")]
+        answers = [
+            client.post("/api/auth/token/", {"username": "alice", "password": guess}, format="json")
+            for guess in ("a", "b", "c", "d")
+        ]
     finally:
         cache.clear()
 
@@ -174,8 +206,9 @@ def test_an_oversized_body_is_refused_before_parsing(people, settings):
     event = EventFactory(seats=["A1"])
     body = purchase_body(event) | {"padding": "x" * 2048}
 
-    answer = _api(people["alice"]).post("/api/purchases/", body, format="json",
-                                        HTTP_IDEMPOTENCY_KEY="big")
+    answer = _api(people["alice"]).post(
+        "/api/purchases/", body, format="json", HTTP_IDEMPOTENCY_KEY="big"
+    )
 
     assert answer.status_code == 413
     assert answer.json()["code"] == "payload_too_large"
@@ -186,9 +219,12 @@ def test_an_oversized_body_is_refused_before_parsing(people, settings):
 def test_more_seats_than_allowed_is_refused(people, settings):
     settings.MAX_SEATS_PER_PURCHASE = 2
     event = EventFactory(seats=["A1", "A2", "A3"])
-    answer = _api(people["alice"]).post("/api/purchases/",
-                                        purchase_body(event, seats=["A1", "A2", "A3"]),
-                                        format="json", HTTP_IDEMPOTENCY_KEY="many")
+    answer = _api(people["alice"]).post(
+        "/api/purchases/",
+        purchase_body(event, seats=["A1", "A2", "A3"]),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="many",
+    )
     assert answer.status_code == 400 and answer.json()["field"] == "seats"
 
 
@@ -212,22 +248,39 @@ def _publish_task(producer, queue, *, task: str, args: list, serializer: str) ->
     routing facts, the body is ``(args, kwargs, embed)``), in ``serializer``."""
     task_id = str(uuid.uuid4())
     headers = {
-        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None,
-        "expires": None, "group": None, "group_index": None, "retries": 0,
-        "timelimit": [None, None], "root_id": task_id, "parent_id": None,
-        "argsrepr": repr(args), "kwargsrepr": "{}", "origin": "test-security",
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+        "origin": "test-security",
         "ignore_result": True,
     }
-    body = (args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-    producer.publish(body, serializer=serializer, headers=headers, exchange=queue.exchange,
-                     routing_key=queue.routing_key, correlation_id=task_id, retry=True)
+    body: tuple = (args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    producer.publish(
+        body,
+        serializer=serializer,
+        headers=headers,
+        exchange=queue.exchange,
+        routing_key=queue.routing_key,
+        correlation_id=task_id,
+        retry=True,
+    )
     return task_id
 
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
-def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_path,
-                                                                         broker_queue):
+def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_path, broker_queue):
     # A real worker, started as the E2E stories start it, on this session's
     # queue. Two messages for outbox.deliver, whose run completes an outbox
     # row: the first pickled (the bytes a forged message would carry), the
@@ -248,10 +301,12 @@ def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_pat
             channel = conn.default_channel
             queue(channel).declare()
             producer = Producer(channel)
-            pickled_id = _publish_task(producer, queue, task="outbox.deliver",
-                                       args=[pickled_row.pk], serializer="pickle")
-            json_id = _publish_task(producer, queue, task="outbox.deliver",
-                                    args=[json_row.pk], serializer="json")
+            pickled_id = _publish_task(
+                producer, queue, task="outbox.deliver", args=[pickled_row.pk], serializer="pickle"
+            )
+            json_id = _publish_task(
+                producer, queue, task="outbox.deliver", args=[json_row.pk], serializer="json"
+            )
 
         def done(row):
             return OutboxMessage.objects.filter(pk=row.pk, completed_at__isnull=False).exists()
@@ -260,8 +315,9 @@ def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_pat
             return (tmp_path / "worker.log").read_text(errors="replace")
 
         json_ran = f"Task outbox.deliver[{json_id}] succeeded"
-        stack.wait_for(lambda: done(json_row) and json_ran in worker_log(),
-                       "the JSON task to run", timeout=30)
+        stack.wait_for(
+            lambda: done(json_row) and json_ran in worker_log(), "the JSON task to run", timeout=30
+        )
         # One worker process, one message at a time, in order: the pickled
         # message was taken before the JSON one, so its fate is settled.
         ran_pickled = done(pickled_row)
@@ -281,11 +337,18 @@ def test_our_worker_refuses_a_pickled_task_message_and_runs_the_json_one(tmp_pat
 
 
 def _manage(*args, **env):
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")
+    }
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
-        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env}, timeout=60,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
+        timeout=60,
     )
 
 
@@ -294,26 +357,40 @@ def test_debug_is_off_and_a_secret_key_required_by_default():
     assert without_key.returncode != 0
     assert "SECRET_KEY must be set" in without_key.stderr
 
-    probe = _manage("shell", "-c", "from django.conf import settings; print(settings.DEBUG)",
-                    SECRET_KEY="x" * 60)
+    probe = _manage(
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.DEBUG)",
+        SECRET_KEY="x" * 60,
+    )
     assert probe.stdout.strip().splitlines()[-1] == "False", probe.stderr
 
 
 def test_check_deploy_passes_under_production_settings():
     result = _manage(
-        "check", "--deploy", "--fail-level", "WARNING",
-        SECRET_KEY=secrets.token_urlsafe(60), ALLOWED_HOSTS="tickets.example.com",
-        SECURE_SSL_REDIRECT="true", SECURE_HSTS_SECONDS="31536000",
-        SECURE_HSTS_INCLUDE_SUBDOMAINS="true", SECURE_HSTS_PRELOAD="true",
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        SECRET_KEY=secrets.token_urlsafe(60),
+        ALLOWED_HOSTS="tickets.example.com",
+        SECURE_SSL_REDIRECT="true",
+        SECURE_HSTS_SECONDS="31536000",
+        SECURE_HSTS_INCLUDE_SUBDOMAINS="true",
+        SECURE_HSTS_PRELOAD="true",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 
 
 def test_the_fake_gateway_is_not_mounted_in_production():
-    result = _manage("shell", "-c",
-                     "from django.urls import resolve, Resolver404\n"
-                     "try:\n    resolve('/fake-gateway/v1/charges')\n    print('mounted')\n"
-                     "except Resolver404:\n    print('absent')",
-                     SECRET_KEY="x" * 60, FAKE_GATEWAY_ENABLED="")
+    result = _manage(
+        "shell",
+        "-c",
+        "from django.urls import resolve, Resolver404\n"
+        "try:\n    resolve('/fake-gateway/v1/charges')\n    print('mounted')\n"
+        "except Resolver404:\n    print('absent')",
+        SECRET_KEY="x" * 60,
+        FAKE_GATEWAY_ENABLED="",
+    )
     assert result.stdout.strip().splitlines()[-1] == "absent", result.stderr

@@ -26,16 +26,21 @@ def test_the_demo_event_has_rows_a_to_e_of_ten_numbered_seats(settings):
     seed()
 
     [event] = Event.objects.all()
-    seats = list(Seat.objects.filter(event=event).order_by("row", "number")
-                 .values_list("ref", "row", "number", "status"))
+    seats = list(
+        Seat.objects.filter(event=event)
+        .order_by("row", "number")
+        .values_list("ref", "row", "number", "status")
+    )
     assert seats == [(f"{row}{n}", row, n, "available") for row in "ABCDE" for n in range(1, 11)]
 
 
 def test_the_users_and_a_second_run_that_changes_nothing(settings):
     settings.DEBUG = True
     seed()
-    users = {u.username: (u.is_staff, u.check_password("boxoffice"))
-             for u in get_user_model().objects.all()}
+    users = {
+        u.username: (u.is_staff, u.check_password("boxoffice"))
+        for u in get_user_model().objects.all()
+    }
 
     seed()
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -128,8 +129,10 @@ class Submission:
     body: str  # the 202 body as canonical JSON (hashable)
 
     def __repr__(self) -> str:  # short, for Hypothesis' printed steps
-        return (f"Submission(user={self.user}, key={self.key!r}, seats={self.seats}, "
-                f"pm={self.payment_method!r})")
+        return (
+            f"Submission(user={self.user}, key={self.key!r}, seats={self.seats}, "
+            f"pm={self.payment_method!r})"
+        )
 
 
 def _processor_handles(method: str, intent_id: str) -> None:
@@ -159,20 +162,25 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
     # Set by the test: rows created once, outside the per-example savepoint.
     user_objs: tuple = ()
     event_id: int = 0
-    clock = None  # the test's frozen clock (freezegun's FrozenDateTimeFactory)
+    # The test's frozen clock (freeze_time's), set by the test before any example.
+    clock: (
+        freezegun.api.FrozenDateTimeFactory
+        | freezegun.api.StepTickTimeFactory
+        | freezegun.api.TickingDateTimeFactory
+    )
 
     submissions = Bundle("submissions")
 
     def __init__(self) -> None:
         super().__init__()
-        self._atomic = None
-        self._settings = None
+        self._atomic: transaction.Atomic | None = None
+        self._settings: override_settings | None = None
         self._gateway_cm = None
         # The example's transaction first, so that everything below rolls back.
         atomic = transaction.atomic()
         # Like TestCase's own blocks: the services' durable blocks may nest in
         # it, and the no-network-in-a-transaction guard does not count it.
-        atomic._from_testcase = True
+        atomic._from_testcase = True  # type: ignore[attr-defined]  # Django's; not in the stubs
         atomic.__enter__()
         self._atomic = atomic
         self.clock.move_to(T0)
@@ -273,9 +281,9 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             COVERAGE[f"{when}: a saga in {state}"] += 1
         if when == "settled":
             for moved in set(
-                SagaHistory.objects.filter(saga_id__in=self.saga_ids).values_list(
-                    "from_state", "to_state"
-                )
+                SagaHistory.objects.filter(
+                    saga_id__in=[uuid.UUID(s) for s in self.saga_ids]
+                ).values_list("from_state", "to_state")
             ):
                 COVERAGE[f"move {moved[0]} -> {moved[1]}"] += 1
 
@@ -314,7 +322,8 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
     @staticmethod
     def _assert_resumed(report) -> None:
         failed = [
-            line for line in report.lines
+            line
+            for line in report.lines
             if line.result.startswith("failed") and "SimulatedCrash" not in line.result
         ]
         assert not failed, f"the resumer failed on: {[(f.state, f.result) for f in failed]}"
@@ -324,8 +333,11 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             PurchaseSaga.objects.count(),
             Reservation.objects.count(),
             OutboxMessage.objects.count(),
-            list(Seat.objects.filter(event_id=self.event_id).order_by("id")
-                 .values_list("status", flat=True)),
+            list(
+                Seat.objects.filter(event_id=self.event_id)
+                .order_by("id")
+                .values_list("status", flat=True)
+            ),
         )
 
     # --- buyers ---------------------------------------------------------------------
@@ -368,8 +380,9 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         timer = OutboxMessage.objects.get(key=saga.hold_timer_key)
         assert timer.available_at == timezone.now() + timedelta(seconds=self.hold_seconds)
         self.saga_ids.append(started.saga_id)
-        return Submission(user, key, tuple(seats), payment_method, started.saga_id,
-                          _freeze(started.purchase))
+        return Submission(
+            user, key, tuple(seats), payment_method, started.saga_id, _freeze(started.purchase)
+        )
 
     @rule(sub=submissions, same_body=st.booleans(), other=st.sampled_from(PAYMENT_METHODS))
     def resubmit(self, sub, same_body, other):
@@ -410,7 +423,8 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         # A cancel already reached the processor (an expiry whose worker died
         # before recording the answer): no charge can land, the saga unwinds.
         canceled = FakeIntent.objects.filter(
-            intent_id=saga.intent_id, status=FakeIntent.Status.CANCELED).exists()
+            intent_id=saga.intent_id, status=FakeIntent.Status.CANCELED
+        ).exists()
         # The hold ran out first (the relay and the workers were down): the
         # late charge goes through the expiry path, never a first charge.
         hold_over = timezone.now() >= saga.reservation.hold_expires_at
@@ -421,7 +435,8 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             pass  # a worker died somewhere on the way: no expectation
         elif was == S.PENDING and hold_over:
             assert self.gateway.calls.count(("charge", saga.intent_id)) == charges_asked, (
-                "charged a saga whose hold had run out")
+                "charged a saga whose hold had run out"
+            )
             assert result.state in (S.COMPENSATED, S.CONFIRMED, S.PENDING), result.state
         elif was == S.PENDING and canceled and not charge_down:
             assert result.state == S.COMPENSATED, (
@@ -457,7 +472,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
                 _processor_handles(method, intent_id)
             raise SimulatedCrash(f"{method} {intent_id}")
 
-        crash.crashes = True
+        crash.crashes = True  # type: ignore[attr-defined]  # read back with getattr
         self.gateway.before[method] = crash
 
     @precondition(lambda self: "charge" not in self.gateway.before)
@@ -487,7 +502,8 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         finally:
             self.gateway.before.pop("charge", None)
         assert not (hold_over and saga.state == S.PENDING and charged), (
-            "charged a saga whose hold had run out")
+            "charged a saga whose hold had run out"
+        )
 
     # --- the gateway's network ----------------------------------------------------
 
@@ -543,8 +559,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         redeliver_after = schedule[min(max(message.attempts, 1), len(schedule)) - 1]
         OutboxMessage.objects.filter(pk=message_id).update(
             completed_at=None,
-            due_at=(message.handed_over_at or timezone.now())
-            + timedelta(seconds=redeliver_after),
+            due_at=(message.handed_over_at or timezone.now()) + timedelta(seconds=redeliver_after),
         )
         if crashed_before_inbox and message.topic not in EMAIL_TOPICS:
             InboxEntry.objects.filter(message_id=message_id).delete()
@@ -593,8 +608,12 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
     def refund(self, sub):
         was = PurchaseSaga.objects.get(pk=sub.saga_id).state
         try:
-            result = self._survive(purchase_refund, saga_id=sub.saga_id,
-                                   reason="customer asked", by=By.operator("carol"))
+            result = self._survive(
+                purchase_refund,
+                saga_id=sub.saga_id,
+                reason="customer asked",
+                by=By.operator("carol"),
+            )
         except IllegalTransition:
             assert was != S.CONFIRMED
             return
@@ -656,7 +675,8 @@ def test_purchase_saga_state_machine(monkeypatch):
 
 @pytest.mark.django_db
 def test_hold_expiry_handled_twice_while_the_gateway_cannot_cancel_is_idempotent(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     """Found by the machine (``redeliver(crashed_before_inbox=True)`` of a
     hold-expiry timer while cancels are lost). The consumer runs again when
     its worker dies after ``handle()`` and before the inbox write (or when a
@@ -666,9 +686,15 @@ def test_hold_expiry_handled_twice_while_the_gateway_cannot_cancel_is_idempotent
     settings.PURCHASE_HOLD_SECONDS = 30
     faulty_gateway.down("cancel")
     with freeze_time(T0) as clock:
-        saga = PurchaseSaga.objects.get(pk=purchase_start(
-            user=alice, idempotency_key="k", event_id=event.pk, seat_refs=["A1"],
-            payment_method="pm_card_visa").saga_id)
+        saga = PurchaseSaga.objects.get(
+            pk=purchase_start(
+                user=alice,
+                idempotency_key="k",
+                event_id=event.pk,
+                seat_refs=["A1"],
+                payment_method="pm_card_visa",
+            ).saga_id
+        )
         clock.tick(30)
 
         saga_expire_hold(saga_id=saga.pk)  # cancel lost: ask again later

@@ -20,6 +20,7 @@ from payments.interface import ChargeRequest
 from purchases.models import PurchaseSaga, Seat, SweepHeartbeat
 from purchases.ops.heartbeats import sweeps_stalled
 from purchases.ops.sweeps import stale_sagas, sweep_chase, sweep_resume
+from purchases.saga.states import SagaState
 from purchases.services import saga_charge, saga_transition
 
 from .conftest import drain_outbox, start_purchase
@@ -54,7 +55,8 @@ def test_crash_before_the_charge_the_enqueue_was_lost(alice, event, gateway):
         report = sweep_resume()
 
     assert [(line.saga_id, line.state, line.result) for line in report.lines] == [
-        (str(saga.pk), "PENDING", "CONFIRMED")]
+        (str(saga.pk), "PENDING", "CONFIRMED")
+    ]
     assert _charges(saga) == 1
     assert PurchaseSaga.objects.get(pk=saga.pk).history.filter(actor="resumer").exists()
 
@@ -64,9 +66,15 @@ def test_crash_after_the_charge_before_recording_it_charges_once(alice, event, g
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event)
         # The worker committed CHARGING, the gateway charged, the worker died.
-        saga_transition(saga_id=saga.pk, to="CHARGING", reason="charge started")
-        gateway.charge(ChargeRequest(intent_id=saga.intent_id, amount=saga.amount,
-                                     currency=saga.currency, payment_method="pm_card_visa"))
+        saga_transition(saga_id=saga.pk, to=SagaState.CHARGING, reason="charge started")
+        gateway.charge(
+            ChargeRequest(
+                intent_id=saga.intent_id,
+                amount=saga.amount,
+                currency=saga.currency,
+                payment_method="pm_card_visa",
+            )
+        )
         gateway.calls.clear()
         clock.tick(LATER)
         sweep_resume()
@@ -85,9 +93,14 @@ def test_a_resent_charge_is_replayed_by_the_gateway_not_doubled(alice, event, ga
     # gateway replays the original.
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event)
-        first = gateway.charge(ChargeRequest(intent_id=saga.intent_id, amount=saga.amount,
-                                             currency=saga.currency,
-                                             payment_method="pm_card_visa"))
+        first = gateway.charge(
+            ChargeRequest(
+                intent_id=saga.intent_id,
+                amount=saga.amount,
+                currency=saga.currency,
+                payment_method="pm_card_visa",
+            )
+        )
         clock.tick(LATER)
         sweep_resume()
 
@@ -100,8 +113,8 @@ def test_a_resent_charge_is_replayed_by_the_gateway_not_doubled(alice, event, ga
 def test_crash_after_recording_a_decline_before_compensating(alice, event, gateway):
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_chargeDeclined")
-        saga_transition(saga_id=saga.pk, to="CHARGING", reason="charge started")
-        saga_transition(saga_id=saga.pk, to="PAYMENT_FAILED", reason="declined")
+        saga_transition(saga_id=saga.pk, to=SagaState.CHARGING, reason="charge started")
+        saga_transition(saga_id=saga.pk, to=SagaState.PAYMENT_FAILED, reason="declined")
         clock.tick(LATER)
         sweep_resume()
         drain_outbox()
@@ -116,23 +129,25 @@ def test_crash_after_the_refund_before_recording_it_refunds_once(alice, event, g
 
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-        saga_transition(saga_id=saga.pk, to="COMPENSATING", reason="refund requested")
+        saga_transition(saga_id=saga.pk, to=SagaState.COMPENSATING, reason="refund requested")
         gateway.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")  # then died
         clock.tick(LATER)
         sweep_resume()
 
     assert _state(saga) == "COMPENSATED"
     assert FakeIntent.objects.get(pk=saga.intent_id).status == "refunded"
-    assert list(LedgerEntry.objects.filter(intent_id=saga.intent_id)
-                .values_list("kind", flat=True)) == ["charge", "refund"]
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True)
+    ) == ["charge", "refund"]
     assert saga_compensate(saga_id=saga.pk).state == "COMPENSATED"  # and again: nothing
 
 
 @pytest.mark.django_db
 def test_resumer_leaves_fresh_sagas_and_sagas_on_a_timer_alone(alice, bob, event, gateway):
     with freeze_time(T0) as clock:
-        on_timer = start_purchase(alice, event, seats=["A1"],
-                                  payment_method="pm_card_timeout_charged")
+        on_timer = start_purchase(
+            alice, event, seats=["A1"], payment_method="pm_card_timeout_charged"
+        )
         saga_charge(saga_id=on_timer.pk)  # UNKNOWN, probe armed
         clock.tick(LATER)
         fresh = start_purchase(bob, event, seats=["A2"])
@@ -171,8 +186,7 @@ def test_limit_and_older_than(alice, event, gateway):
 
 
 @pytest.mark.django_db
-def test_each_run_leaves_a_heartbeat_and_a_silent_sweep_is_an_alert(alice, event, gateway,
-                                                                    caplog):
+def test_each_run_leaves_a_heartbeat_and_a_silent_sweep_is_an_alert(alice, event, gateway, caplog):
     with freeze_time(T0) as clock:
         start_purchase(alice, event)
         clock.tick(LATER)
@@ -226,22 +240,24 @@ def test_chaser_escalates_each_overdue_compensation_once(alice, event, faulty_ga
 
     assert [(line.saga_id, line.alerted) for line in first] == [(str(saga.pk), True)]
     assert [(line.saga_id, line.alerted) for line in second] == [(str(saga.pk), False)]
-    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
-                                        saga_id=saga.pk).count() == 1
+    assert (
+        OutboxMessage.objects.filter(topic="purchase.needs_operator", saga_id=saga.pk).count() == 1
+    )
 
 
 @pytest.mark.django_db
 def test_chaser_does_not_repeat_the_alert_raised_at_escalation(alice, event, gateway):
     saga = start_purchase(alice, event)
-    for to in ("CHARGING", "UNKNOWN", "UNKNOWN_EXPIRED"):
+    for to in (SagaState.CHARGING, SagaState.UNKNOWN, SagaState.UNKNOWN_EXPIRED):
         saga_transition(saga_id=saga.pk, to=to, reason="test")
     out = io.StringIO()
 
     call_command("chase_compensations", stdout=out)
     call_command("chase_compensations", stdout=out)
 
-    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
-                                        saga_id=saga.pk).count() == 1
+    assert (
+        OutboxMessage.objects.filter(topic="purchase.needs_operator", saga_id=saga.pk).count() == 1
+    )
     assert "1 new alert(s)" in out.getvalue() and "0 new alert(s)" in out.getvalue()
 
 
@@ -288,8 +304,9 @@ def _nodes(plan):
 
 
 def _saga_scan(plan) -> dict:
-    return next(n for n in _nodes(plan["Plan"]) if n.get("Relation Name") ==
-                "purchases_purchasesaga")
+    return next(
+        n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "purchases_purchasesaga"
+    )
 
 
 @pytest.mark.django_db
@@ -316,8 +333,9 @@ def test_the_resumer_query_is_index_backed_and_flat_in_finished_sagas(alice, eve
 
 
 @pytest.mark.django_db
-def test_a_saga_behind_a_timer_overdue_past_the_threshold_is_resumed(alice, event, gateway,
-                                                                     settings):
+def test_a_saga_behind_a_timer_overdue_past_the_threshold_is_resumed(
+    alice, event, gateway, settings
+):
     settings.RECONCILE_BACKOFF_SECONDS = [60, 60]
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
@@ -334,16 +352,26 @@ def test_the_beat_schedule_follows_the_sweep_settings():
     import subprocess
     import sys
 
-    script = ("import django, json; django.setup(); from django.conf import settings; "
-              "print(json.dumps(settings.CELERY_BEAT_SCHEDULE))")
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "RESUME_SWEEP_SECONDS": "7", "CHASE_SWEEP_SECONDS": "11"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, check=True).stdout
+    script = (
+        "import django, json; django.setup(); from django.conf import settings; "
+        "print(json.dumps(settings.CELERY_BEAT_SCHEDULE))"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "RESUME_SWEEP_SECONDS": "7",
+        "CHASE_SWEEP_SECONDS": "11",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
     schedule = json.loads(out)
 
-    assert schedule["resume-sagas"] == {"task": "purchases.resume_sagas", "schedule": 7.0,
-                                        "options": {"expires": 7.0}}
+    assert schedule["resume-sagas"] == {
+        "task": "purchases.resume_sagas",
+        "schedule": 7.0,
+        "options": {"expires": 7.0},
+    }
     assert schedule["chase-compensations"]["schedule"] == 11.0
     assert schedule["audit-sagas"]["schedule"] == 86400.0
 

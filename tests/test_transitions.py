@@ -32,20 +32,21 @@ def test_every_state_has_a_row_in_the_table():
 def test_allowed_move(source, target, alice, event):
     saga_id = _saga_in(source, alice, event)
 
-    saga = saga_transition(saga_id=saga_id, to=target, reason="test",
-                           by=By.operator("carol"))
+    saga = saga_transition(saga_id=saga_id, to=target, reason="test", by=By.operator("carol"))
 
     stored = PurchaseSaga.objects.get(pk=saga_id)
     assert (stored.state, stored.version) == (target, 2)
     assert saga.version == 2
     last = SagaHistory.objects.filter(saga_id=saga_id).latest("id")
     assert (last.from_state, last.to_state, last.actor, last.actor_name) == (
-        source, target, "operator", "carol")
+        source,
+        target,
+        "operator",
+        "carol",
+    )
 
 
-@pytest.mark.parametrize(
-    ("source", "target"), FORBIDDEN, ids=[f"{a}->{b}" for a, b in FORBIDDEN]
-)
+@pytest.mark.parametrize(("source", "target"), FORBIDDEN, ids=[f"{a}->{b}" for a, b in FORBIDDEN])
 def test_forbidden_move_raises_and_writes_nothing(source, target, alice, event):
     saga_id = _saga_in(source, alice, event)
     history_before = SagaHistory.objects.filter(saga_id=saga_id).count()
@@ -72,4 +73,6 @@ def test_a_stale_copy_loses_and_writes_nothing(alice, event, django_db_blocker):
     stored = PurchaseSaga.objects.get(pk=saga.pk)
     assert stored.state == SagaState.CHARGING
     assert list(SagaHistory.objects.filter(saga=saga).values_list("to_state", flat=True)) == [
-        "PENDING", "CHARGING"]
+        "PENDING",
+        "CHARGING",
+    ]

@@ -18,6 +18,7 @@ from outbox.relay import relay_tick
 from payments.fake_gateway.models import FakeCharge, FakeIntent
 from purchases.errors import IllegalTransition
 from purchases.models import GatewayAnswer, PurchaseSaga, Seat
+from purchases.saga.states import SagaState
 from purchases.services import (
     By,
     purchase_refund,
@@ -47,8 +48,12 @@ def _charges(saga):
 
 
 def _gateway_net(saga):
-    captured = FakeCharge.objects.filter(intent_id=saga.intent_id, status="succeeded").aggregate(
-        n=Sum("amount"))["n"] or 0
+    captured = (
+        FakeCharge.objects.filter(intent_id=saga.intent_id, status="succeeded").aggregate(
+            n=Sum("amount")
+        )["n"]
+        or 0
+    )
     return captured
 
 
@@ -68,7 +73,8 @@ def long_hold(settings):
 
 @pytest.mark.django_db
 def test_timeout_but_charged_is_reconciled_to_confirmed_with_one_charge(
-        alice, event, gateway, long_hold):
+    alice, event, gateway, long_hold
+):
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_timeout_charged")
         assert saga_charge(saga_id=saga.pk).state == "UNKNOWN"
@@ -106,7 +112,8 @@ def test_timeout_not_charged_is_charged_again_with_the_same_key(alice, event, ga
 
 @pytest.mark.django_db
 def test_backoff_probes_at_the_configured_offsets_then_escalates(
-        alice, event, faulty_gateway, long_hold, caplog):
+    alice, event, faulty_gateway, long_hold, caplog
+):
     faulty_gateway.down("retrieve")
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_unreachable")
@@ -127,10 +134,14 @@ def test_backoff_probes_at_the_configured_offsets_then_escalates(
     stored = PurchaseSaga.objects.get(pk=saga.pk)
     assert stored.state == "UNKNOWN_EXPIRED"
     assert GatewayAnswer.objects.filter(saga=saga, asked="retrieve").count() == 6
-    assert OutboxMessage.objects.filter(topic="purchase.needs_operator",
-                                        saga_id=saga.pk).count() == 1
-    alerts = [r for r in caplog.records
-              if r.levelno == logging.ERROR and getattr(r, "saga_id", None) == str(saga.pk)]
+    assert (
+        OutboxMessage.objects.filter(topic="purchase.needs_operator", saga_id=saga.pk).count() == 1
+    )
+    alerts = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.ERROR and getattr(r, "saga_id", None) == str(saga.pk)
+    ]
     assert alerts, "an ERROR log line naming the saga"
     assert _seat(event) == "held"  # nothing released on an assumption
 
@@ -152,7 +163,8 @@ def test_an_unknown_saga_is_never_compensated_blind(alice, event, gateway, long_
 
 @pytest.mark.django_db
 def test_red_expiry_of_a_paid_unknown_saga_confirms_instead_of_freeing_the_seat(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     # given: the gateway charged, but every look-up is lost, and the hold runs out
     settings.PURCHASE_HOLD_SECONDS = 30
     faulty_gateway.down("retrieve")
@@ -176,7 +188,8 @@ def test_red_expiry_of_a_paid_unknown_saga_confirms_instead_of_freeing_the_seat(
 
 @pytest.mark.django_db
 def test_unreachable_stays_unknown_until_the_hold_then_cancels_and_compensates(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 900
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_unreachable")
@@ -199,7 +212,8 @@ def test_unreachable_stays_unknown_until_the_hold_then_cancels_and_compensates(
 
 @pytest.mark.django_db
 def test_expiry_with_the_gateway_unreachable_waits_and_asks_again(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 30
     settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
     faulty_gateway.down("charge")
@@ -226,7 +240,8 @@ def test_expiry_with_the_gateway_unreachable_waits_and_asks_again(
 
 @pytest.mark.django_db
 def test_an_expiry_check_delivered_again_after_a_crash_arms_its_successor_once(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     # Found by the stateful test: the worker that ran the expiry check died
     # before the inbox entry; the redelivery asked the gateway again and then
     # failed on the already-armed next check (a unique key) forever.
@@ -253,8 +268,7 @@ def test_an_expiry_check_delivered_again_after_a_crash_arms_its_successor_once(
 
 
 @pytest.mark.django_db
-def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(
-        alice, event, gateway):
+def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(alice, event, gateway):
     # Found by the stateful test (1,000 examples): the expiry's cancel reached
     # the processor and its worker died before recording the answer; the
     # charge task then runs. The processor refuses the charge, so nothing can
@@ -277,7 +291,8 @@ def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(
 
 @pytest.mark.django_db
 def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
-        alice_api, event, gateway, django_capture_on_commit_callbacks, monkeypatch):
+    alice_api, event, gateway, django_capture_on_commit_callbacks, monkeypatch
+):
     from config.celery import app
 
     # The broker boundary, replaced by running the task body in-process.
@@ -288,10 +303,8 @@ def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
     monkeypatch.setattr(app, "send_task", send_task)
     body = {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"}
     with django_capture_on_commit_callbacks(execute=True):
-        first = alice_api.post("/api/purchases/", body, format="json",
-                               HTTP_IDEMPOTENCY_KEY="dup")
-        second = alice_api.post("/api/purchases/", body, format="json",
-                                HTTP_IDEMPOTENCY_KEY="dup")
+        first = alice_api.post("/api/purchases/", body, format="json", HTTP_IDEMPOTENCY_KEY="dup")
+        second = alice_api.post("/api/purchases/", body, format="json", HTTP_IDEMPOTENCY_KEY="dup")
 
     assert first.status_code == second.status_code == 202
     assert first.json() == second.json()
@@ -302,7 +315,8 @@ def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
 
 @pytest.mark.django_db
 def test_property_2_a_timer_cancelled_in_the_confirming_commit_is_never_delivered(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 60
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
@@ -310,27 +324,29 @@ def test_property_2_a_timer_cancelled_in_the_confirming_commit_is_never_delivere
         assert len(timers) == 1 and timers[0].cancelled_at is not None
 
         clock.tick(3600)
-        handed = []
+        handed: list[int] = []
         # a bounded delivery pass that must find nothing
         for _ in range(3):
             relay_tick(dispatch=handed.append)
 
-    assert not [m for m in handed if OutboxMessage.objects.get(pk=m).topic ==
-                "purchase.hold_expired"]
+    assert not [
+        m for m in handed if OutboxMessage.objects.get(pk=m).topic == "purchase.hold_expired"
+    ]
     assert OutboxMessage.objects.get(pk=timers[0].pk).fired_at is None
     assert _state(saga) == "CONFIRMED"
 
 
 @pytest.mark.django_db
 def test_property_3_a_declined_purchase_is_unwound_by_its_timer_alone(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 60
     with freeze_time(T0) as clock:
         saga = start_purchase(alice, event, payment_method="pm_card_chargeDeclined")
         # The worker recorded the decline and died before compensating: no
         # request and no worker of this purchase is alive any more.
-        saga_transition(saga_id=saga.pk, to="CHARGING", reason="charge started")
-        saga_transition(saga_id=saga.pk, to="PAYMENT_FAILED", reason="charge declined")
+        saga_transition(saga_id=saga.pk, to=SagaState.CHARGING, reason="charge started")
+        saga_transition(saga_id=saga.pk, to=SagaState.PAYMENT_FAILED, reason="charge declined")
         clock.tick(60)
         drain_outbox()
 
@@ -341,13 +357,15 @@ def test_property_3_a_declined_purchase_is_unwound_by_its_timer_alone(
 
 @pytest.mark.django_db
 def test_property_4_a_confirmed_purchase_whose_cancel_was_skipped_refuses_its_expiry(
-        alice, event, gateway, settings):
+    alice, event, gateway, settings
+):
     settings.PURCHASE_HOLD_SECONDS = 60
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
         # The cancel is deliberately skipped: the timer is still armed.
         OutboxMessage.objects.filter(key=f"hold:{saga.pk}").update(
-            cancelled_at=None, due_at=F("available_at"))
+            cancelled_at=None, due_at=F("available_at")
+        )
         clock.tick(60)
         delivered = drain_outbox()
 
@@ -372,8 +390,7 @@ def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faul
 
     def at_refund(intent_id):
         seen["seat"] = _seat(event)
-        seen["cancelled_events"] = OutboxMessage.objects.filter(
-            topic="purchase.cancelled").count()
+        seen["cancelled_events"] = OutboxMessage.objects.filter(topic="purchase.cancelled").count()
         seen["emails"] = len(mail.outbox)
 
     faulty_gateway.before["refund"] = at_refund
@@ -394,15 +411,17 @@ def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faul
     assert result.state == "COMPENSATED"
     assert _ledger_net(saga) == 0
     assert _gateway_net(saga) == 0
-    assert list(LedgerEntry.objects.filter(intent_id=saga.intent_id)
-                .values_list("kind", "amount")) == [("charge", 2500), ("refund", -2500)]
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", "amount")
+    ) == [("charge", 2500), ("refund", -2500)]
     last = PurchaseSaga.objects.get(pk=saga.pk).history.get(to_state="COMPENSATING")
     assert (last.actor, last.actor_name) == ("operator", "carol")
 
 
 @pytest.mark.django_db
 def test_a_refund_not_confirmed_waits_in_compensation_pending_and_retries(
-        alice, event, faulty_gateway, settings):
+    alice, event, faulty_gateway, settings
+):
     settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
     with freeze_time(T0) as clock:
         saga = saga_charge(saga_id=start_purchase(alice, event).pk)
@@ -422,8 +441,7 @@ def test_a_refund_not_confirmed_waits_in_compensation_pending_and_retries(
 
 
 @pytest.mark.django_db
-def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_gateway,
-                                                     long_hold):
+def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_gateway, long_hold):
     with freeze_time(T0) as clock:
         # charge twice
         confirmed = start_purchase(alice, event, seats=["A1"])
@@ -435,8 +453,9 @@ def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_g
         saga_reconcile(saga_id=unknown.pk, attempt=1)
         saga_reconcile(saga_id=unknown.pk, attempt=1)
         # expiry twice on a declined one and compensation twice
-        declined = start_purchase(alice, event, seats=["A3"],
-                                  payment_method="pm_card_chargeDeclined")
+        declined = start_purchase(
+            alice, event, seats=["A3"], payment_method="pm_card_chargeDeclined"
+        )
         saga_charge(saga_id=declined.pk)
         saga_expire_hold(saga_id=declined.pk)
         saga_expire_hold(saga_id=declined.pk)
@@ -462,5 +481,6 @@ def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_g
         assert _ledger_net(saga) == _gateway_net(saga)
         assert _charges(saga) <= 1
     subjects = sorted(m.subject.split(":")[0] for m in mail.outbox)
-    assert subjects == sorted(["Your tickets", "Your tickets", "Correction",
-                               "Your purchase did not go through"])
+    assert subjects == sorted(
+        ["Your tickets", "Your tickets", "Correction", "Your purchase did not go through"]
+    )

@@ -76,8 +76,9 @@ def _webhook_settings(settings):
 
 
 def _endpoint(receiver, events=ALL, path="/hook") -> WebhookEndpoint:
-    return webhook_endpoint_create(url=receiver.url(path), events=list(events),
-                                   description="the seller's system")
+    return webhook_endpoint_create(
+        url=receiver.url(path), events=list(events), description="the seller's system"
+    )
 
 
 def _deliveries(**filters) -> list[WebhookDelivery]:
@@ -110,8 +111,7 @@ def _alert_count() -> float:
 
 
 @pytest.mark.django_db
-def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, gateway,
-                                                                   receiver):
+def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, gateway, receiver):
     endpoint = _endpoint(receiver)
 
     with freeze_time(T0):
@@ -137,7 +137,10 @@ def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, 
         "timestamp": "2026-12-02T12:00:00Z",
         "data": {
             "purchase": {
-                "id": str(saga.pk), "status": "CONFIRMED", "event": event.pk, "seats": ["A1"],
+                "id": str(saga.pk),
+                "status": "CONFIRMED",
+                "event": event.pk,
+                "seats": ["A1"],
                 "total": {"amount": saga.amount, "currency": saga.currency},
                 "reservation": saga.reservation.ref,
             },
@@ -145,7 +148,11 @@ def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, 
         },
     }
     assert (delivery.endpoint_id, delivery.saga_id, delivery.event_type, delivery.event_id) == (
-        endpoint.pk, saga.pk, "purchase.confirmed", event.pk)
+        endpoint.pk,
+        saga.pk,
+        "purchase.confirmed",
+        event.pk,
+    )
     assert delivery.status == "delivered" and delivery.delivered_at is not None
     [attempt] = _attempts(delivery)
     assert (attempt.number, attempt.status_code, attempt.error) == (1, 200, "")
@@ -154,37 +161,50 @@ def test_a_confirmed_purchase_is_posted_once_signed_and_as_stored(alice, event, 
 
 @pytest.mark.django_db
 def test_a_declined_purchase_is_failed_a_refund_is_refunded_an_escalation_needs_attention(
-        alice, bob, gateway, receiver):
+    alice, bob, gateway, receiver
+):
     event = EventFactory(seats=["A1", "A2", "A3"])
     endpoint = _endpoint(receiver)
 
     with freeze_time(T0):
-        declined = saga_charge(saga_id=start_purchase(
-            alice, event, seats=["A1"], payment_method="pm_card_chargeDeclined").pk)
-        refunded = purchase_refund(saga_id=_confirmed(bob, EventFactory(seats=["A1"])).pk,
-                                   reason="customer asked")
+        declined = saga_charge(
+            saga_id=start_purchase(
+                alice, event, seats=["A1"], payment_method="pm_card_chargeDeclined"
+            ).pk
+        )
+        refunded = purchase_refund(
+            saga_id=_confirmed(bob, EventFactory(seats=["A1"])).pk, reason="customer asked"
+        )
         escalated = start_purchase(alice, event, seats=["A3"])
         with transaction.atomic():
             locked = lock_objects.saga_for_update(saga_id=escalated.pk)
             assert raise_operator_alert(locked, why="a test escalation", now=locked.created_at)
         drain_outbox()
-        heard = [(r.verify(endpoint.secret)["type"],
-                  r.json["data"]["purchase"]["id"], r.json["data"]["purchase"]["status"])
-                 for r in receiver.requests]
+        heard = [
+            (
+                r.verify(endpoint.secret)["type"],
+                r.json["data"]["purchase"]["id"],
+                r.json["data"]["purchase"]["status"],
+            )
+            for r in receiver.requests
+        ]
 
     assert declined.state == refunded.state == "COMPENSATED"
-    assert sorted(heard) == sorted([
-        ("purchase.failed", str(declined.pk), "COMPENSATED"),
-        ("purchase.confirmed", str(refunded.pk), "CONFIRMED"),
-        ("purchase.refunded", str(refunded.pk), "COMPENSATED"),
-        ("purchase.needs_attention", str(escalated.pk), "PENDING"),
-    ])
+    assert sorted(heard) == sorted(
+        [
+            ("purchase.failed", str(declined.pk), "COMPENSATED"),
+            ("purchase.confirmed", str(refunded.pk), "CONFIRMED"),
+            ("purchase.refunded", str(refunded.pk), "COMPENSATED"),
+            ("purchase.needs_attention", str(escalated.pk), "PENDING"),
+        ]
+    )
     assert {d.status for d in _deliveries()} == {"delivered"}
 
 
 @pytest.mark.django_db
 def test_each_type_is_sent_at_most_once_per_saga_per_endpoint_whatever_the_redeliveries(
-        alice, event, gateway, receiver):
+    alice, event, gateway, receiver
+):
     first = _endpoint(receiver, path="/first")
     second = _endpoint(receiver, path="/second")
 
@@ -192,9 +212,13 @@ def test_each_type_is_sent_at_most_once_per_saga_per_endpoint_whatever_the_redel
         saga = _confirmed(alice, event)
         # The same move announced again (a step re-run after a crash, say).
         with transaction.atomic():
-            webhook_publish(event_type="purchase.confirmed", saga_id=saga.pk,
-                            event_id=saga.event_id, data={"purchase": {}, "version": 0},
-                            now=saga.updated_at)
+            webhook_publish(
+                event_type="purchase.confirmed",
+                saga_id=saga.pk,
+                event_id=saga.event_id,
+                data={"purchase": {}, "version": 0},
+                now=saga.updated_at,
+            )
         drain_outbox()
         # The outbox is at least once: each message handed to the consumer again.
         for message in _webhook_rows():
@@ -212,7 +236,8 @@ def test_each_type_is_sent_at_most_once_per_saga_per_endpoint_whatever_the_redel
 
 @pytest.mark.django_db
 def test_a_redelivered_failed_attempt_arms_one_next_attempt_and_sends_once(
-        alice, event, gateway, receiver):
+    alice, event, gateway, receiver
+):
     _endpoint(receiver)
     receiver.script = [500]
 
@@ -224,8 +249,10 @@ def test_a_redelivered_failed_attempt_arms_one_next_attempt_and_sends_once(
     [delivery] = _deliveries()
     assert len(receiver.requests) == 1
     assert [a.number for a in _attempts(delivery)] == [1]
-    assert [m.key for m in _webhook_rows()] == [f"webhook:{delivery.pk}:1",
-                                                f"webhook:{delivery.pk}:2"]
+    assert [m.key for m in _webhook_rows()] == [
+        f"webhook:{delivery.pk}:1",
+        f"webhook:{delivery.pk}:2",
+    ]
     assert delivery.status == "pending"
 
 
@@ -234,7 +261,8 @@ def test_a_redelivered_failed_attempt_arms_one_next_attempt_and_sends_once(
 
 @pytest.mark.django_db
 def test_a_receiver_answering_500_then_200_gets_it_on_the_retry_with_the_same_webhook_id(
-        alice, event, gateway, receiver):
+    alice, event, gateway, receiver
+):
     endpoint = _endpoint(receiver)
     receiver.script = [500]
 
@@ -244,7 +272,8 @@ def test_a_receiver_answering_500_then_200_gets_it_on_the_retry_with_the_same_we
         [delivery] = _deliveries()
         assert delivery.status == "pending" and len(receiver.requests) == 1
         assert delivery.next_attempt_at == datetime.fromisoformat(T0).replace(
-            tzinfo=UTC) + timedelta(seconds=5)
+            tzinfo=UTC
+        ) + timedelta(seconds=5)
         clock.tick(4)
         drain_outbox()
         assert len(receiver.requests) == 1  # not due yet
@@ -267,8 +296,9 @@ def test_a_receiver_answering_500_then_200_gets_it_on_the_retry_with_the_same_we
 
 
 @pytest.mark.django_db
-def test_failed_after_the_schedule_with_one_alert(alice, event, gateway, receiver, settings,
-                                                  caplog):
+def test_failed_after_the_schedule_with_one_alert(
+    alice, event, gateway, receiver, settings, caplog
+):
     settings.WEBHOOK_RETRY_SECONDS = [5, 10]
     _endpoint(receiver)
     receiver.script = [503] * 10
@@ -290,14 +320,18 @@ def test_failed_after_the_schedule_with_one_alert(alice, event, gateway, receive
     assert len(alerts) == 1
     assert alerts[0].levelname == "ERROR"
     assert (alerts[0].delivery_id, alerts[0].saga_id, alerts[0].type) == (
-        delivery.pk, str(saga.pk), "purchase.confirmed")
+        delivery.pk,
+        str(saga.pk),
+        "purchase.confirmed",
+    )
     assert alerts[0].endpoint == receiver.url()
     assert _alert_count() == alerts_before + 1
 
 
 @pytest.mark.django_db
-def test_resend_makes_a_new_attempt_with_the_same_webhook_id(alice, event, gateway, receiver,
-                                                             settings):
+def test_resend_makes_a_new_attempt_with_the_same_webhook_id(
+    alice, event, gateway, receiver, settings
+):
     settings.WEBHOOK_RETRY_SECONDS = []  # one attempt, then failed
     endpoint = _endpoint(receiver)
     receiver.script = [500]
@@ -323,7 +357,10 @@ def test_resend_makes_a_new_attempt_with_the_same_webhook_id(alice, event, gatew
 
     assert [r.headers["webhook-id"] for r in receiver.requests] == [delivery.message_id] * 3
     assert [(a.number, a.status_code, a.resend) for a in _attempts(delivery)] == [
-        (1, 500, False), (2, 200, True), (3, 200, True)]
+        (1, 500, False),
+        (2, 200, True),
+        (3, 200, True),
+    ]
     assert [m.key for m in _webhook_rows()] == [f"webhook:{delivery.pk}:{n}" for n in (1, 2, 3)]
 
 
@@ -370,8 +407,7 @@ def test_a_disabled_endpoint_receives_nothing_new(alice, bob, event, gateway, re
 
 
 @pytest.mark.django_db
-def test_an_endpoint_subscribed_to_other_types_receives_nothing(alice, event, gateway,
-                                                                receiver):
+def test_an_endpoint_subscribed_to_other_types_receives_nothing(alice, event, gateway, receiver):
     refunds = _endpoint(receiver, events=["purchase.refunded"], path="/refunds")
     _endpoint(receiver, events=["purchase.confirmed"], path="/sales")
 
@@ -414,8 +450,13 @@ def test_deleting_an_endpoint_while_a_saga_commits_its_webhook_breaks_neither(re
     other.start()
     try:
         with transaction.atomic():
-            written = webhook_publish(event_type="purchase.confirmed", saga_id=saga_id,
-                                      event_id=None, data={"x": 1}, now=None)
+            written = webhook_publish(
+                event_type="purchase.confirmed",
+                saga_id=saga_id,
+                event_id=None,
+                data={"x": 1},
+                now=None,
+            )
             published.set()
             # The delete runs now: it must wait for this commit, not pass it.
             assert not deleted.wait(1.0), "the delete did not wait for the saga's commit"
@@ -449,8 +490,9 @@ def test_a_rolled_back_transition_writes_no_webhook_row(alice, event, receiver):
 @pytest.mark.django_db
 def test_publishing_refuses_to_run_outside_a_transaction(alice, event):
     with pytest.raises(WebhookOutsideTransaction):
-        webhook_publish(event_type="purchase.confirmed", saga_id=None, event_id=event.pk,
-                        data={}, now=None)
+        webhook_publish(
+            event_type="purchase.confirmed", saga_id=None, event_id=event.pk, data={}, now=None
+        )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -484,8 +526,9 @@ def test_nothing_is_sent_before_the_saga_commits(receiver, settings):
 def test_the_purchase_request_writes_and_sends_no_webhook(alice_api, event, receiver):
     _endpoint(receiver)
 
-    answer = alice_api.post("/api/purchases/", purchase_body(event), format="json",
-                            HTTP_IDEMPOTENCY_KEY=new_key())
+    answer = alice_api.post(
+        "/api/purchases/", purchase_body(event), format="json", HTTP_IDEMPOTENCY_KEY=new_key()
+    )
 
     assert answer.status_code == 202
     assert _deliveries() == [] and _webhook_rows() == [] and receiver.requests == []
@@ -519,27 +562,31 @@ def public_only(settings):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("url, addresses, why", [
-    ("http://hooks.example.com/x", ["93.184.216.34"], "https"),
-    ("ftp://hooks.example.com/x", ["93.184.216.34"], "https"),
-    ("https://127.0.0.1/x", [], "not public"),
-    ("https://[::1]/x", [], "not public"),
-    ("https://10.1.2.3/x", [], "not public"),
-    ("https://169.254.169.254/latest/meta-data", [], "not public"),
-    ("https://[::ffff:192.168.0.1]/x", [], "not public"),
-    # Deprecated site-local IPv6 (fec0::/10): Python 3.11 calls it global.
-    ("https://[fec0::1]/x", [], "not public"),
-    ("https://site.example.com/x", ["fec0:0:0:1::5"], "not public"),
-    ("https://localhost/x", ["127.0.0.1"], "not public"),
-    ("https://intranet.example.com/x", ["192.168.1.10"], "not public"),
-    # Every address the name resolves to must be public, not only the first.
-    ("https://mixed.example.com/x", ["93.184.216.34", "10.0.0.7"], "not public"),
-    ("https://nowhere.example.com/x", None, "does not resolve"),
-    ("https://user:pw@hooks.example.com/x", ["93.184.216.34"], "credentials"),
-    ("not a url", None, "https"),
-])
+@pytest.mark.parametrize(
+    "url, addresses, why",
+    [
+        ("http://hooks.example.com/x", ["93.184.216.34"], "https"),
+        ("ftp://hooks.example.com/x", ["93.184.216.34"], "https"),
+        ("https://127.0.0.1/x", [], "not public"),
+        ("https://[::1]/x", [], "not public"),
+        ("https://10.1.2.3/x", [], "not public"),
+        ("https://169.254.169.254/latest/meta-data", [], "not public"),
+        ("https://[::ffff:192.168.0.1]/x", [], "not public"),
+        # Deprecated site-local IPv6 (fec0::/10): Python 3.11 calls it global.
+        ("https://[fec0::1]/x", [], "not public"),
+        ("https://site.example.com/x", ["fec0:0:0:1::5"], "not public"),
+        ("https://localhost/x", ["127.0.0.1"], "not public"),
+        ("https://intranet.example.com/x", ["192.168.1.10"], "not public"),
+        # Every address the name resolves to must be public, not only the first.
+        ("https://mixed.example.com/x", ["93.184.216.34", "10.0.0.7"], "not public"),
+        ("https://nowhere.example.com/x", None, "does not resolve"),
+        ("https://user:pw@hooks.example.com/x", ["93.184.216.34"], "credentials"),
+        ("not a url", None, "https"),
+    ],
+)
 def test_a_url_that_is_not_https_to_a_public_address_is_refused(
-        public_only, resolver, url, addresses, why):
+    public_only, resolver, url, addresses, why
+):
     host = url.split("//")[-1].split("/")[0].split("@")[-1]
     if addresses is not None:
         resolver[host] = addresses
@@ -554,12 +601,15 @@ def test_a_url_that_is_not_https_to_a_public_address_is_refused(
 
 @pytest.mark.django_db
 def test_an_https_url_to_public_addresses_is_accepted_and_updates_are_checked(
-        public_only, resolver):
+    public_only, resolver
+):
     resolver["hooks.example.com"] = ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]
     resolver["intranet.example.com"] = ["172.16.0.5"]
 
-    endpoint = webhook_endpoint_create(url="https://hooks.example.com/boxoffice",
-                                       events=["purchase.confirmed", "purchase.confirmed"])
+    endpoint = webhook_endpoint_create(
+        url="https://hooks.example.com/boxoffice",
+        events=["purchase.confirmed", "purchase.confirmed"],
+    )
 
     assert endpoint.enabled and endpoint.events == ["purchase.confirmed"]
     with pytest.raises(WebhookInvalid) as refused:
@@ -573,8 +623,9 @@ def test_an_https_url_to_public_addresses_is_accepted_and_updates_are_checked(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("events", [[], ["purchase.exploded"], "purchase.confirmed",
-                                    ["purchase.needs_operator"]])
+@pytest.mark.parametrize(
+    "events", [[], ["purchase.exploded"], "purchase.confirmed", ["purchase.needs_operator"]]
+)
 def test_an_unknown_event_type_is_refused(receiver, events):
     with pytest.raises(WebhookInvalid) as refused:
         webhook_endpoint_create(url=receiver.url(), events=events)
@@ -598,10 +649,12 @@ def test_local_urls_are_allowed_only_when_the_setting_says_so(settings, receiver
 
 @pytest.mark.django_db
 def test_a_name_that_now_resolves_to_an_internal_address_is_refused_at_delivery(
-        alice, event, gateway, receiver, resolver, public_only):
+    alice, event, gateway, receiver, resolver, public_only
+):
     resolver["hooks.example.com"] = ["93.184.216.34"]
-    endpoint = webhook_endpoint_create(url=f"https://hooks.example.com:{receiver.port}/hook",
-                                       events=ALL)
+    endpoint = webhook_endpoint_create(
+        url=f"https://hooks.example.com:{receiver.port}/hook", events=ALL
+    )
     resolver["hooks.example.com"] = ["127.0.0.1"]  # DNS changed since it was registered
 
     _confirmed(alice, event)
@@ -616,8 +669,9 @@ def test_a_name_that_now_resolves_to_an_internal_address_is_refused_at_delivery(
 
 
 @pytest.mark.django_db
-def test_the_connection_goes_to_the_address_that_was_checked(alice, event, gateway, receiver,
-                                                             resolver):
+def test_the_connection_goes_to_the_address_that_was_checked(
+    alice, event, gateway, receiver, resolver
+):
     # Only the patched table knows this name: reaching the receiver proves that
     # the POST went to the address the check resolved, not to a second look-up.
     resolver["hooks.boxoffice.test"] = ["127.0.0.1"]
@@ -671,8 +725,12 @@ def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):
     again): attempts build it once per process, not once per POST."""
     built = []
     real = ssl.create_default_context
-    monkeypatch.setattr(ssl, "create_default_context",
-                        lambda *a, **k: built.append(1) or real(*a, **k))
+
+    def create_default_context(*a, **k):
+        built.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ssl, "create_default_context", create_default_context)
     target = url_safety.check_url(receiver.url())
 
     answers = [post(target, headers={}, body=b"{}", timeout=2.0) for _ in range(3)]
@@ -682,10 +740,16 @@ def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):
 
 
 def test_an_https_request_is_pinned_to_the_checked_address_with_the_name_for_tls():
-    target = url_safety.Target(scheme="https", host="hooks.example.com", port=443,
-                               address="93.184.216.34", path="/x?y=1")
-    v6 = url_safety.Target(scheme="https", host="hooks.example.com", port=8443,
-                           address="2606:2800:220:1:248:1893:25c8:1946", path="/")
+    target = url_safety.Target(
+        scheme="https", host="hooks.example.com", port=443, address="93.184.216.34", path="/x?y=1"
+    )
+    v6 = url_safety.Target(
+        scheme="https",
+        host="hooks.example.com",
+        port=8443,
+        address="2606:2800:220:1:248:1893:25c8:1946",
+        path="/",
+    )
 
     request = build_request(target, headers={"webhook-id": "msg_1"}, body=b"{}")
     request6 = build_request(v6, headers={}, body=b"{}")
@@ -717,7 +781,8 @@ def test_a_redirect_is_not_followed_and_counts_as_a_failure(alice, event, gatewa
 
 @pytest.mark.django_db
 def test_the_secret_is_random_and_rotating_it_signs_later_attempts_with_the_new_one(
-        alice, event, gateway, receiver):
+    alice, event, gateway, receiver
+):
     endpoint = _endpoint(receiver)
     other = _endpoint(receiver, events=["purchase.refunded"], path="/other")
     receiver.script = [500]
@@ -745,10 +810,19 @@ def test_the_secret_is_random_and_rotating_it_signs_later_attempts_with_the_new_
 def staff(client):
     def login(*codenames):
         user = UserFactory(username=f"staff-{len(codenames)}", is_staff=True)
-        user.user_permissions.add(*Permission.objects.filter(codename__in=[
-            "view_webhookendpoint", "view_webhookdelivery", "view_purchasesaga", *codenames]))
+        user.user_permissions.add(
+            *Permission.objects.filter(
+                codename__in=[
+                    "view_webhookendpoint",
+                    "view_webhookdelivery",
+                    "view_purchasesaga",
+                    *codenames,
+                ]
+            )
+        )
         client.force_login(user)
         return client
+
     return login
 
 
@@ -772,7 +846,8 @@ def test_the_admin_lists_endpoints_without_their_secret(staff, alice, event, gat
 
 @pytest.mark.django_db
 def test_the_admin_resends_with_a_reason_and_only_with_the_permission(
-        staff, alice, event, gateway, receiver, settings):
+    staff, alice, event, gateway, receiver, settings
+):
     settings.WEBHOOK_RETRY_SECONDS = []
     _endpoint(receiver)
     receiver.script = [500]

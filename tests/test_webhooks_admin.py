@@ -47,12 +47,14 @@ def local_urls(settings):
 def staff(db):
     """A logged-in client per call, for a staff user holding exactly these
     permissions (codenames)."""
+
     def login(*codenames: str) -> Client:
         user = UserFactory(username=f"staff-{'-'.join(codenames) or 'none'}", is_staff=True)
         user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
         client = Client()
         client.force_login(user)
         return client
+
     return login
 
 
@@ -90,23 +92,37 @@ def _delivery(endpoint, *, status="failed", at=T0, attempts=(), message_id=None)
     """A delivery row and its attempts (``(status_code, latency_ms, error,
     excerpt)`` each, a second apart), as the worker would have left them."""
     delivery = WebhookDelivery.objects.create(
-        endpoint=endpoint, message_id=message_id or f"msg_{uuid.uuid4().hex}",
-        event_type="purchase.confirmed", saga_id=uuid.uuid4(), body='{"type":"x"}',
+        endpoint=endpoint,
+        message_id=message_id or f"msg_{uuid.uuid4().hex}",
+        event_type="purchase.confirmed",
+        saga_id=uuid.uuid4(),
+        body='{"type":"x"}',
         status=status,
         armed_attempt=len(attempts) + 1 if status == "pending" else max(len(attempts), 1),
         next_attempt_at=at + timedelta(minutes=5) if status == "pending" else None,
-        created_at=at, delivered_at=at if status == "delivered" else None,
-        failed_at=at if status == "failed" else None)
+        created_at=at,
+        delivered_at=at if status == "delivered" else None,
+        failed_at=at if status == "failed" else None,
+    )
     for number, (code, latency, error, excerpt) in enumerate(attempts, start=1):
         WebhookAttempt.objects.create(
-            delivery=delivery, number=number, at=at + timedelta(seconds=number - 1),
-            status_code=code, latency_ms=latency, error=error, response_excerpt=excerpt)
+            delivery=delivery,
+            number=number,
+            at=at + timedelta(seconds=number - 1),
+            status_code=code,
+            latency_ms=latency,
+            error=error,
+            response_excerpt=excerpt,
+        )
     return delivery
 
 
 def _log(endpoint, flag) -> list[LogEntry]:
-    return list(LogEntry.objects.filter(object_id=str(endpoint.pk), action_flag=flag,
-                                        content_type__model="webhookendpoint"))
+    return list(
+        LogEntry.objects.filter(
+            object_id=str(endpoint.pk), action_flag=flag, content_type__model="webhookendpoint"
+        )
+    )
 
 
 # --- add ------------------------------------------------------------------------------
@@ -116,9 +132,14 @@ def test_adding_an_endpoint_creates_it_and_shows_its_secret_once(admin_client):
     # The service's atomic(durable=True) raises if it runs inside the atomic
     # block Django's admin opens around a POST (see the next test): that it
     # created the endpoint is the proof that the admin does not open one.
-    posted = admin_client.post(ADD, {
-        "url": URL, "events": ["purchase.confirmed", "purchase.refunded"],
-        "description": "the ERP"})
+    posted = admin_client.post(
+        ADD,
+        {
+            "url": URL,
+            "events": ["purchase.confirmed", "purchase.refunded"],
+            "description": "the ERP",
+        },
+    )
 
     # Post/redirect/get: a reload of the page that shows the secret is a GET.
     assert posted.status_code == 303
@@ -126,7 +147,11 @@ def test_adding_an_endpoint_creates_it_and_shows_its_secret_once(admin_client):
     assert response.status_code == 200
     endpoint = WebhookEndpoint.objects.get()
     assert (endpoint.url, endpoint.events, endpoint.description, endpoint.enabled) == (
-        URL, ["purchase.confirmed", "purchase.refunded"], "the ERP", True)
+        URL,
+        ["purchase.confirmed", "purchase.refunded"],
+        "the ERP",
+        True,
+    )
     html = response.content.decode()
     assert endpoint.secret.startswith("whsec_") and endpoint.secret in html
     assert "it is not shown again" in html
@@ -149,12 +174,14 @@ def test_the_services_would_refuse_the_admins_own_transaction():
 
 
 def test_adding_an_endpoint_with_a_url_that_is_not_allowed_is_an_error_on_url(
-        admin_client, settings):
+    admin_client, settings
+):
     settings.WEBHOOK_ALLOW_LOCAL_URLS = False
 
     plain_http = admin_client.post(ADD, {"url": URL, "events": ["purchase.confirmed"]})
-    private = admin_client.post(ADD, {"url": "https://10.0.0.1/hook",
-                                      "events": ["purchase.confirmed"]})
+    private = admin_client.post(
+        ADD, {"url": "https://10.0.0.1/hook", "events": ["purchase.confirmed"]}
+    )
 
     assert "https://" in " ".join(_errors(plain_http)["url"])
     assert "not public" in " ".join(_errors(private)["url"])
@@ -172,8 +199,12 @@ def test_adding_an_endpoint_without_an_event_type_is_an_error_on_events(admin_cl
 def test_the_add_form_offers_the_four_event_types_as_checkboxes(admin_client):
     html = admin_client.get(ADD).content.decode()
 
-    for event_type in ("purchase.confirmed", "purchase.failed", "purchase.refunded",
-                       "purchase.needs_attention"):
+    for event_type in (
+        "purchase.confirmed",
+        "purchase.failed",
+        "purchase.refunded",
+        "purchase.needs_attention",
+    ):
         assert f'type="checkbox" name="events" value="{event_type}"' in html
 
 
@@ -185,15 +216,16 @@ def test_changing_an_endpoint_goes_through_the_service(admin_client):
         endpoint = _endpoint(description="old")
 
     with freeze_time(T0 + timedelta(hours=1)):
-        response = admin_client.post(_change(endpoint), _form(
-            endpoint, enabled=None, events=["purchase.failed", "purchase.refunded"]))
+        response = admin_client.post(
+            _change(endpoint),
+            _form(endpoint, enabled=None, events=["purchase.failed", "purchase.refunded"]),
+        )
 
     assert response.status_code == 302
     changed = WebhookEndpoint.objects.get()
     assert changed.enabled is False
     assert changed.events == ["purchase.failed", "purchase.refunded"]
-    assert (changed.url, changed.description, changed.secret) == (
-        URL, "old", endpoint.secret)
+    assert (changed.url, changed.description, changed.secret) == (URL, "old", endpoint.secret)
     assert changed.updated_at == T0 + timedelta(hours=1)
     [entry] = _log(endpoint, CHANGE)
     assert "Enabled" in entry.get_change_message() and "Events" in entry.get_change_message()
@@ -267,7 +299,8 @@ def test_deleting_an_endpoint_takes_its_deliveries_and_attempts(admin_client):
 
     confirm = admin_client.get(_delete(endpoint))
     assert confirm.status_code == 200 and "1 delivery, with their attempts" in (
-        confirm.content.decode())
+        confirm.content.decode()
+    )
     done = admin_client.post(_delete(endpoint), {"post": "yes"})
 
     assert done.status_code == 302
@@ -282,8 +315,10 @@ def test_deleting_selected_endpoints_goes_through_the_service(admin_client):
     first, second = _endpoint(), _endpoint()
     _delivery(first)
 
-    response = admin_client.post(CHANGELIST, {
-        "action": "delete_selected", "_selected_action": [first.pk, second.pk], "post": "yes"})
+    response = admin_client.post(
+        CHANGELIST,
+        {"action": "delete_selected", "_selected_action": [first.pk, second.pk], "post": "yes"},
+    )
 
     assert response.status_code == 302
     assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
@@ -304,11 +339,13 @@ def test_staff_who_may_only_look_cannot_add_change_rotate_or_delete(staff, setti
     assert viewer.post(_rotate(endpoint)).status_code == 403
     assert viewer.get(_delete(endpoint)).status_code == 403
     assert viewer.post(_delete(endpoint), {"post": "yes"}).status_code == 403
-    viewer.post(CHANGELIST, {"action": "delete_selected", "_selected_action": [endpoint.pk],
-                             "post": "yes"})
+    viewer.post(
+        CHANGELIST, {"action": "delete_selected", "_selected_action": [endpoint.pk], "post": "yes"}
+    )
 
     assert list(WebhookEndpoint.objects.values("enabled", "secret", "updated_at")) == [
-        {"enabled": True, "secret": endpoint.secret, "updated_at": endpoint.updated_at}]
+        {"enabled": True, "secret": endpoint.secret, "updated_at": endpoint.updated_at}
+    ]
     assert WebhookEndpoint.objects.count() == 1 and not LogEntry.objects.exists()
     page = viewer.get(_change(endpoint)).content.decode()
     assert "rotate-secret-link" not in page and 'name="_save"' not in page
@@ -334,8 +371,13 @@ def test_changing_lets_staff_rotate_but_not_delete(staff):
 
 def test_the_endpoint_page_lists_its_deliveries_and_their_attempts(staff):
     endpoint = _endpoint()
-    failed = _delivery(endpoint, attempts=[(500, 12.4, "HTTP 500", "receiver says no"),
-                                           (None, None, "timeout after 5s", "")])
+    failed = _delivery(
+        endpoint,
+        attempts=[
+            (500, 12.4, "HTTP 500", "receiver says no"),
+            (None, None, "timeout after 5s", ""),
+        ],
+    )
     pending = _delivery(endpoint, status="pending", at=T0 + timedelta(hours=1))
     elsewhere = _delivery(_endpoint())
 
@@ -395,8 +437,7 @@ def test_staff_who_may_not_read_deliveries_do_not_see_them_on_the_endpoint_page(
     assert delivery.message_id not in html and 'id="endpoint-deliveries"' not in html
 
 
-def test_the_delivery_list_finds_a_saga_id_a_delivery_id_or_a_webhook_id_exactly(
-        admin_client):
+def test_the_delivery_list_finds_a_saga_id_a_delivery_id_or_a_webhook_id_exactly(admin_client):
     endpoint = _endpoint()
     one, other = _delivery(endpoint), _delivery(endpoint, message_id="msg_wanted")
 

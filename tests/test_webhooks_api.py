@@ -97,7 +97,7 @@ def _failed_delivery(buyer, show, seat: str) -> WebhookDelivery:
     _confirm(buyer, show, seat)
     drain_outbox()
     delivery = WebhookDelivery.objects.order_by("-pk").first()
-    assert delivery.status == "failed"
+    assert delivery is not None and delivery.status == "failed"
     return delivery
 
 
@@ -116,9 +116,12 @@ def _assert_invalid(response, field: str) -> dict:
     return data
 
 
-def _webhook_rows() -> list[str]:
-    return list(OutboxMessage.objects.filter(topic="webhook.delivery")
-                .order_by("pk").values_list("key", flat=True))
+def _webhook_rows() -> list[str | None]:
+    return list(
+        OutboxMessage.objects.filter(topic="webhook.delivery")
+        .order_by("pk")
+        .values_list("key", flat=True)
+    )
 
 
 # --- authorization: staff only, on every route and method -----------------------------
@@ -156,16 +159,19 @@ def _call(client, world, method, path, body):
 
 def _state() -> tuple:
     """Everything a refused request must leave as it was."""
-    return (list(WebhookEndpoint.objects.order_by("pk").values_list(
-                "pk", "url", "description", "enabled", "secret")),
-            list(WebhookDelivery.objects.order_by("pk").values_list(
-                "pk", "status", "armed_attempt")),
-            _webhook_rows())
+    return (
+        list(
+            WebhookEndpoint.objects.order_by("pk").values_list(
+                "pk", "url", "description", "enabled", "secret"
+            )
+        ),
+        list(WebhookDelivery.objects.order_by("pk").values_list("pk", "status", "armed_attempt")),
+        _webhook_rows(),
+    )
 
 
 @pytest.mark.parametrize("method, path, body, _", ROUTES, ids=ROUTE_IDS)
-def test_anonymous_is_401_with_www_authenticate_and_changes_nothing(world, method, path, body,
-                                                                     _):
+def test_anonymous_is_401_with_www_authenticate_and_changes_nothing(world, method, path, body, _):
     before = _state()
 
     response = _call(APIClient(), world, method, path, body)
@@ -176,8 +182,7 @@ def test_anonymous_is_401_with_www_authenticate_and_changes_nothing(world, metho
 
 
 @pytest.mark.parametrize("method, path, body, _", ROUTES, ids=ROUTE_IDS)
-def test_a_user_who_is_not_staff_is_403_and_changes_nothing(world, user_api, method, path, body,
-                                                            _):
+def test_a_user_who_is_not_staff_is_403_and_changes_nothing(world, user_api, method, path, body, _):
     before = _state()
 
     response = _call(user_api, world, method, path, body)
@@ -217,8 +222,11 @@ def test_every_staff_user_sees_every_endpoint_whoever_created_it(closed_url):
 
 
 def test_create_is_201_with_a_whsec_secret_that_signs_and_verifies(staff_api, closed_url):
-    response = staff_api.post(ENDPOINTS, {"url": closed_url, "events": ["purchase.confirmed"],
-                                          "description": "orders system"}, format="json")
+    response = staff_api.post(
+        ENDPOINTS,
+        {"url": closed_url, "events": ["purchase.confirmed"], "description": "orders system"},
+        format="json",
+    )
 
     assert response.status_code == 201, response.content
     data = response.json()
@@ -232,15 +240,22 @@ def test_create_is_201_with_a_whsec_secret_that_signs_and_verifies(staff_api, cl
     # A receiver verifies with any Standard Webhooks library and this secret.
     body, sent_at = '{"type": "purchase.confirmed"}', datetime.now(UTC)
     signature = Webhook(data["secret"]).sign("msg_1", sent_at, body)
-    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(int(sent_at.timestamp())),
-               "webhook-signature": signature}
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(int(sent_at.timestamp())),
+        "webhook-signature": signature,
+    }
     assert Webhook(data["secret"]).verify(body, headers) == {"type": "purchase.confirmed"}
 
 
-def test_create_without_a_description_leaves_it_empty_and_drops_repeated_events(staff_api,
-                                                                                closed_url):
-    response = staff_api.post(ENDPOINTS, {
-        "url": closed_url, "events": ["purchase.failed", "purchase.failed"]}, format="json")
+def test_create_without_a_description_leaves_it_empty_and_drops_repeated_events(
+    staff_api, closed_url
+):
+    response = staff_api.post(
+        ENDPOINTS,
+        {"url": closed_url, "events": ["purchase.failed", "purchase.failed"]},
+        format="json",
+    )
 
     assert response.status_code == 201, response.content
     assert response.json()["description"] == ""
@@ -248,8 +263,7 @@ def test_create_without_a_description_leaves_it_empty_and_drops_repeated_events(
 
 
 def test_the_secret_is_shown_at_creation_and_rotation_only(staff_api, closed_url):
-    created = staff_api.post(ENDPOINTS, {"url": closed_url, "events": ALL},
-                             format="json").json()
+    created = staff_api.post(ENDPOINTS, {"url": closed_url, "events": ALL}, format="json").json()
     detail_path = f"{ENDPOINTS}{created['id']}/"
 
     listing = staff_api.get(ENDPOINTS)
@@ -271,14 +285,18 @@ def test_the_secret_is_shown_at_creation_and_rotation_only(staff_api, closed_url
     assert WebhookEndpoint.objects.get().secret == new
     # Signed with the new secret, a message no longer verifies with the old one.
     sent_at = datetime.now(UTC)
-    headers = {"webhook-id": "msg_2", "webhook-timestamp": str(int(sent_at.timestamp())),
-               "webhook-signature": Webhook(new).sign("msg_2", sent_at, "{}")}
+    headers = {
+        "webhook-id": "msg_2",
+        "webhook-timestamp": str(int(sent_at.timestamp())),
+        "webhook-signature": Webhook(new).sign("msg_2", sent_at, "{}"),
+    }
     with pytest.raises(WebhookVerificationError):
         Webhook(created["secret"]).verify("{}", headers)
 
 
-def test_the_list_is_paginated_oldest_first_with_delivery_counts(staff_api, closed_url, buyer,
-                                                                 show, gateway):
+def test_the_list_is_paginated_oldest_first_with_delivery_counts(
+    staff_api, closed_url, buyer, show, gateway
+):
     first = _endpoint(closed_url)
     others = [_endpoint(f"{closed_url}/{n}", events=["purchase.refunded"]) for n in range(21)]
     _failed_delivery(buyer, show, "A1")
@@ -293,7 +311,10 @@ def test_the_list_is_paginated_oldest_first_with_delivery_counts(staff_api, clos
     assert ids == [first.pk, *(e.pk for e in others)]
     assert page_one.json()["next"].endswith("?page=2") and page_two.json()["next"] is None
     assert page_one.json()["results"][0]["delivery_counts"] == {
-        "pending": 0, "delivered": 0, "failed": 1}
+        "pending": 0,
+        "delivered": 0,
+        "failed": 1,
+    }
     _assert_error(past_the_end, 404, "not_found")
 
 
@@ -301,21 +322,34 @@ def test_patch_changes_what_is_given_and_nothing_else(staff_api, closed_url):
     endpoint = _endpoint(closed_url)
     path = f"{ENDPOINTS}{endpoint.pk}/"
 
-    response = staff_api.patch(path, {"url": f"{closed_url}/v2",
-                                      "events": ["purchase.refunded", "purchase.failed"],
-                                      "description": "", "enabled": False}, format="json")
+    response = staff_api.patch(
+        path,
+        {
+            "url": f"{closed_url}/v2",
+            "events": ["purchase.refunded", "purchase.failed"],
+            "description": "",
+            "enabled": False,
+        },
+        format="json",
+    )
     only_enabled = staff_api.patch(path, {"enabled": True}, format="json")
 
     assert response.status_code == 200, response.content
     assert {k: response.json()[k] for k in ("url", "events", "description", "enabled")} == {
-        "url": f"{closed_url}/v2", "events": ["purchase.refunded", "purchase.failed"],
-        "description": "", "enabled": False}
+        "url": f"{closed_url}/v2",
+        "events": ["purchase.refunded", "purchase.failed"],
+        "description": "",
+        "enabled": False,
+    }
     assert only_enabled.json()["enabled"] is True
     assert only_enabled.json()["url"] == f"{closed_url}/v2"
     assert staff_api.get(path).json() == only_enabled.json()
     endpoint.refresh_from_db()
     assert (endpoint.url, endpoint.events, endpoint.enabled) == (
-        f"{closed_url}/v2", ["purchase.refunded", "purchase.failed"], True)
+        f"{closed_url}/v2",
+        ["purchase.refunded", "purchase.failed"],
+        True,
+    )
 
 
 BAD_CREATES = [
@@ -331,8 +365,7 @@ BAD_CREATES = [
     ({"url": "https://x.example/" + "a" * 2000, "events": ALL}, True, "url"),
     ({"events": ALL}, True, "url"),
     ({"url": "{url}", "events": ["purchase.exploded"]}, True, "events"),
-    ({"url": "{url}", "events": ["purchase.confirmed", "purchase.needs_operator"]}, True,
-     "events"),
+    ({"url": "{url}", "events": ["purchase.confirmed", "purchase.needs_operator"]}, True, "events"),
     ({"url": "{url}", "events": []}, True, "events"),
     ({"url": "{url}", "events": "purchase.confirmed"}, True, "events"),
     ({"url": "{url}", "events": [1]}, True, "events"),
@@ -347,8 +380,9 @@ BAD_CREATES = [
 
 
 @pytest.mark.parametrize("body, local, field", BAD_CREATES)
-def test_create_with_a_bad_body_is_400_naming_the_field(staff_api, closed_url, settings, body,
-                                                        local, field):
+def test_create_with_a_bad_body_is_400_naming_the_field(
+    staff_api, closed_url, settings, body, local, field
+):
     settings.WEBHOOK_ALLOW_LOCAL_URLS = local
     body = {k: v.format(url=closed_url) if isinstance(v, str) else v for k, v in body.items()}
 
@@ -360,10 +394,14 @@ def test_create_with_a_bad_body_is_400_naming_the_field(staff_api, closed_url, s
 
 def test_create_with_a_body_that_is_not_an_object_or_not_json_is_400(staff_api, closed_url):
     _assert_error(staff_api.post(ENDPOINTS, [closed_url], format="json"), 400, "invalid")
-    _assert_error(staff_api.post(ENDPOINTS, "{", content_type="application/json"), 400,
-                  "parse_error")
-    _assert_error(staff_api.post(ENDPOINTS, {"url": closed_url, "events": ALL[0]},
-                                 format="multipart"), 415, "unsupported_media_type")
+    _assert_error(
+        staff_api.post(ENDPOINTS, "{", content_type="application/json"), 400, "parse_error"
+    )
+    _assert_error(
+        staff_api.post(ENDPOINTS, {"url": closed_url, "events": ALL[0]}, format="multipart"),
+        415,
+        "unsupported_media_type",
+    )
     assert not WebhookEndpoint.objects.exists()
 
 
@@ -385,7 +423,8 @@ BAD_PATCHES = [
 
 @pytest.mark.parametrize("body, field", BAD_PATCHES)
 def test_patch_with_a_bad_body_is_400_naming_the_field_and_changes_nothing(
-        staff_api, closed_url, settings, body, field):
+    staff_api, closed_url, settings, body, field
+):
     endpoint = _endpoint(closed_url)
     settings.WEBHOOK_ALLOW_LOCAL_URLS = False  # for the private address
     before = _state()
@@ -397,9 +436,11 @@ def test_patch_with_a_bad_body_is_400_naming_the_field_and_changes_nothing(
 
 
 def test_a_disabled_endpoint_gets_no_delivery_for_a_new_confirmed_purchase(
-        staff_api, closed_url, buyer, show, gateway):
-    created = staff_api.post(ENDPOINTS, {"url": closed_url, "events": ["purchase.confirmed"]},
-                             format="json").json()
+    staff_api, closed_url, buyer, show, gateway
+):
+    created = staff_api.post(
+        ENDPOINTS, {"url": closed_url, "events": ["purchase.confirmed"]}, format="json"
+    ).json()
     path = f"{ENDPOINTS}{created['id']}/"
     _confirm(buyer, show, "A1")
     assert WebhookDelivery.objects.count() == 1
@@ -422,7 +463,8 @@ def test_a_disabled_endpoint_gets_no_delivery_for_a_new_confirmed_purchase(
 
 
 def test_the_deliveries_are_listed_newest_first_with_their_attempts(
-        staff_api, closed_url, buyer, show, gateway):
+    staff_api, closed_url, buyer, show, gateway
+):
     endpoint = _endpoint(closed_url)
     other = _endpoint(f"{closed_url}/other")
     with freeze_time(T0) as clock:
@@ -445,8 +487,15 @@ def test_the_deliveries_are_listed_newest_first_with_their_attempts(
     assert (newest["type"], newest["status"]) == ("purchase.confirmed", "failed")
     assert newest["created_at"] == "2026-12-02T12:02:00Z"
     [attempt] = newest["attempts"]
-    assert {"number", "at", "status_code", "latency_ms", "error", "response_excerpt",
-            "resend"} <= set(attempt)
+    assert {
+        "number",
+        "at",
+        "status_code",
+        "latency_ms",
+        "error",
+        "response_excerpt",
+        "resend",
+    } <= set(attempt)
     assert attempt["number"] == 1 and attempt["resend"] is False
     assert attempt["at"] == "2026-12-02T12:02:00Z"
     assert attempt["status_code"] is None and attempt["error"]
@@ -462,7 +511,8 @@ def test_an_endpoint_without_deliveries_lists_an_empty_page(staff_api, closed_ur
 
 
 def test_a_page_of_deliveries_costs_the_same_few_queries_however_many_attempts(
-        staff_api, closed_url, buyer, show, gateway, django_assert_max_num_queries):
+    staff_api, closed_url, buyer, show, gateway, django_assert_max_num_queries
+):
     endpoint = _endpoint(closed_url)
     for seat in ("A1", "A2", "A3", "A4", "A5"):
         delivery = _failed_delivery(buyer, show, seat)
@@ -479,7 +529,8 @@ def test_a_page_of_deliveries_costs_the_same_few_queries_however_many_attempts(
 
 
 def test_resend_of_a_failed_delivery_is_202_and_arms_an_attempt_with_the_same_message_id(
-        staff_api, closed_url, buyer, show, gateway, caplog):
+    staff_api, closed_url, buyer, show, gateway, caplog
+):
     endpoint = _endpoint(closed_url)
     delivery = _failed_delivery(buyer, show, "A1")
     path = f"{ENDPOINTS}{endpoint.pk}/deliveries/{delivery.pk}/resend/"
@@ -501,8 +552,9 @@ def test_resend_of_a_failed_delivery_is_202_and_arms_an_attempt_with_the_same_me
     assert [(a["number"], a["resend"]) for a in listed["attempts"]] == [(1, False), (2, True)]
 
 
-def test_resend_takes_an_empty_body_and_refuses_an_unknown_field(staff_api, closed_url, buyer,
-                                                                 show, gateway):
+def test_resend_takes_an_empty_body_and_refuses_an_unknown_field(
+    staff_api, closed_url, buyer, show, gateway
+):
     endpoint = _endpoint(closed_url)
     delivery = _failed_delivery(buyer, show, "A1")
     path = f"{ENDPOINTS}{endpoint.pk}/deliveries/{delivery.pk}/resend/"
@@ -512,8 +564,9 @@ def test_resend_takes_an_empty_body_and_refuses_an_unknown_field(staff_api, clos
     assert staff_api.post(path).status_code == 202
 
 
-def test_resend_of_a_pending_delivery_is_409_resend_refused(staff_api, closed_url, buyer, show,
-                                                            gateway):
+def test_resend_of_a_pending_delivery_is_409_resend_refused(
+    staff_api, closed_url, buyer, show, gateway
+):
     endpoint = _endpoint(closed_url)
     _confirm(buyer, show, "A1")  # its first attempt is owed, not yet made
     delivery = WebhookDelivery.objects.get()
@@ -536,8 +589,7 @@ def test_resend_to_a_disabled_endpoint_is_409(staff_api, closed_url, buyer, show
     _assert_error(response, 409, "resend_refused")
 
 
-def test_resend_through_another_endpoints_path_is_404(staff_api, closed_url, buyer, show,
-                                                      gateway):
+def test_resend_through_another_endpoints_path_is_404(staff_api, closed_url, buyer, show, gateway):
     _endpoint(closed_url)
     other = _endpoint(f"{closed_url}/other", events=["purchase.refunded"])
     delivery = _failed_delivery(buyer, show, "A1")
@@ -549,8 +601,7 @@ def test_resend_through_another_endpoints_path_is_404(staff_api, closed_url, buy
     assert _state() == before
 
 
-def test_delete_is_204_then_every_route_of_it_is_404(staff_api, closed_url, buyer, show,
-                                                     gateway):
+def test_delete_is_204_then_every_route_of_it_is_404(staff_api, closed_url, buyer, show, gateway):
     endpoint = _endpoint(closed_url)
     delivery = _failed_delivery(buyer, show, "A1")
     path = f"{ENDPOINTS}{endpoint.pk}/"
@@ -559,23 +610,30 @@ def test_delete_is_204_then_every_route_of_it_is_404(staff_api, closed_url, buye
 
     assert response.status_code == 204 and response.content == b""
     assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
-    for answer in (staff_api.get(path), staff_api.patch(path, {"enabled": True}, format="json"),
-                   staff_api.delete(path), staff_api.post(f"{path}rotate-secret/"),
-                   staff_api.get(f"{path}deliveries/"),
-                   staff_api.post(f"{path}deliveries/{delivery.pk}/resend/")):
+    for answer in (
+        staff_api.get(path),
+        staff_api.patch(path, {"enabled": True}, format="json"),
+        staff_api.delete(path),
+        staff_api.post(f"{path}rotate-secret/"),
+        staff_api.get(f"{path}deliveries/"),
+        staff_api.post(f"{path}deliveries/{delivery.pk}/resend/"),
+    ):
         _assert_error(answer, 404, "not_found")
 
 
-@pytest.mark.parametrize("path", [
-    "/api/webhook-endpoints/{missing}/",
-    "/api/webhook-endpoints/abc/",
-    "/api/webhook-endpoints/-1/",
-    "/api/webhook-endpoints/1.0/",
-    "/api/webhook-endpoints/99999999999999999999999/",
-    "/api/webhook-endpoints/{missing}/deliveries/",
-    "/api/webhook-endpoints/abc/deliveries/",
-    "/api/webhook-endpoints/{endpoint}/deliveries/?page=2",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/webhook-endpoints/{missing}/",
+        "/api/webhook-endpoints/abc/",
+        "/api/webhook-endpoints/-1/",
+        "/api/webhook-endpoints/1.0/",
+        "/api/webhook-endpoints/99999999999999999999999/",
+        "/api/webhook-endpoints/{missing}/deliveries/",
+        "/api/webhook-endpoints/abc/deliveries/",
+        "/api/webhook-endpoints/{endpoint}/deliveries/?page=2",
+    ],
+)
 @pytest.mark.parametrize("debug", [True, False])
 def test_an_unknown_or_malformed_id_is_a_json_404(staff_api, closed_url, settings, path, debug):
     settings.DEBUG = debug
@@ -594,9 +652,12 @@ def test_writes_to_an_unknown_or_malformed_id_are_404(staff_api, closed_url, seg
     segment = segment.format(missing=endpoint.pk + 1000)
     path = f"{ENDPOINTS}{segment}/"
 
-    for answer in (staff_api.patch(path, {"description": "x"}, format="json"),
-                   staff_api.delete(path), staff_api.post(f"{path}rotate-secret/"),
-                   staff_api.post(f"{ENDPOINTS}{endpoint.pk}/deliveries/{segment}/resend/")):
+    for answer in (
+        staff_api.patch(path, {"description": "x"}, format="json"),
+        staff_api.delete(path),
+        staff_api.post(f"{path}rotate-secret/"),
+        staff_api.post(f"{ENDPOINTS}{endpoint.pk}/deliveries/{segment}/resend/"),
+    ):
         _assert_error(answer, 404, "not_found")
     assert WebhookEndpoint.objects.count() == 1
 
@@ -608,20 +669,27 @@ OPERATIONS = {
     ("/api/webhook-endpoints/", "get"): {"401", "403", "404"},
     ("/api/webhook-endpoints/", "post"): {"400", "401", "403", "413", "415"},
     ("/api/webhook-endpoints/{endpoint_id}/", "get"): {"401", "403", "404"},
-    ("/api/webhook-endpoints/{endpoint_id}/", "patch"): {"400", "401", "403", "404", "413",
-                                                          "415"},
+    ("/api/webhook-endpoints/{endpoint_id}/", "patch"): {"400", "401", "403", "404", "413", "415"},
     ("/api/webhook-endpoints/{endpoint_id}/", "delete"): {"401", "403", "404"},
     ("/api/webhook-endpoints/{endpoint_id}/rotate-secret/", "post"): {"401", "403", "404"},
     ("/api/webhook-endpoints/{endpoint_id}/deliveries/", "get"): {"401", "403", "404"},
     ("/api/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend/", "post"): {
-        "400", "401", "403", "404", "409", "413", "415"},
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "413",
+        "415",
+    },
 }
 
 
 def test_the_schema_documents_every_operation_its_errors_and_the_token(anon_api):
     schema = anon_api.get("/api/schema/", {"format": "json"}).json()
-    served = {(p, m) for p, item in schema["paths"].items() for m in item
-              if p.startswith(ENDPOINTS)}
+    served = {
+        (p, m) for p, item in schema["paths"].items() for m in item if p.startswith(ENDPOINTS)
+    }
 
     assert served == set(OPERATIONS)
     for (path, method), errors in OPERATIONS.items():

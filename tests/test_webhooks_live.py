@@ -36,11 +36,16 @@ LONG_TIMEOUT = 20.0  # the narrow stack's WEBHOOK_TIMEOUT_SECONDS
 
 @pytest.fixture
 def stack(live_server, tmp_path, broker_queue):
-    with Stack.running(live_server, tmp_path, webhooks=True, extra_env={
-        "WEBHOOK_ALLOW_LOCAL_URLS": "true",
-        "WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT),
-        "WEBHOOK_RETRY_SECONDS": "1,1",
-    }) as s:
+    with Stack.running(
+        live_server,
+        tmp_path,
+        webhooks=True,
+        extra_env={
+            "WEBHOOK_ALLOW_LOCAL_URLS": "true",
+            "WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT),
+            "WEBHOOK_RETRY_SECONDS": "1,1",
+        },
+    ) as s:
         yield s
 
 
@@ -48,11 +53,17 @@ def stack(live_server, tmp_path, broker_queue):
 def narrow_stack(live_server, tmp_path, broker_queue):
     """One saga worker process and one webhook worker process: were the
     attempts on the saga's pool, one hanging attempt would stop every saga."""
-    with Stack.running(live_server, tmp_path, concurrency=1, webhooks=True, extra_env={
-        "WEBHOOK_ALLOW_LOCAL_URLS": "true",
-        "WEBHOOK_TIMEOUT_SECONDS": str(LONG_TIMEOUT),
-        "WEBHOOK_RETRY_SECONDS": "60",
-    }) as s:
+    with Stack.running(
+        live_server,
+        tmp_path,
+        concurrency=1,
+        webhooks=True,
+        extra_env={
+            "WEBHOOK_ALLOW_LOCAL_URLS": "true",
+            "WEBHOOK_TIMEOUT_SECONDS": str(LONG_TIMEOUT),
+            "WEBHOOK_RETRY_SECONDS": "60",
+        },
+    ) as s:
         yield s
 
 
@@ -74,8 +85,9 @@ def receiver(settings):
 
 def _login(http, username):
     UserFactory(username=username, password="pw-" + username)
-    answer = http.post("/api/auth/token/", json={"username": username,
-                                                 "password": "pw-" + username})
+    answer = http.post(
+        "/api/auth/token/", json={"username": username, "password": "pw-" + username}
+    )
     assert answer.status_code == 200, answer.text
     return {"Authorization": f"Token {answer.json()['token']}"}
 
@@ -97,7 +109,8 @@ def _settled(saga_id):
 
 
 def test_signed_webhooks_reach_a_real_receiver_for_a_visa_and_a_declined_purchase(
-        stack, http, receiver):
+    stack, http, receiver
+):
     endpoint = webhook_endpoint_create(url=receiver.url(), events=ALL)
     event = EventFactory(seats=["A1", "A2"])
     auth = _login(http, "alice")
@@ -107,29 +120,38 @@ def test_signed_webhooks_reach_a_real_receiver_for_a_visa_and_a_declined_purchas
     for accepted in (visa, declined):
         stack.wait_for(_settled(accepted["id"]), "the saga to settle")
     stack.wait_for(lambda: len(receiver.requests) >= 2, "two webhooks at the receiver")
-    stack.wait_for(lambda: not WebhookDelivery.objects.filter(status="pending").exists(),
-                   "the deliveries to be recorded")
+    stack.wait_for(
+        lambda: not WebhookDelivery.objects.filter(status="pending").exists(),
+        "the deliveries to be recorded",
+    )
 
     # Verified here, in real time: signature, and a timestamp within the
     # library's five-minute tolerance.
     heard = {}
     for request in receiver.requests:
         payload = request.verify(endpoint.secret)
-        heard[payload["data"]["purchase"]["id"]] = (payload["type"],
-                                                    payload["data"]["purchase"]["status"])
-    assert heard == {visa["id"]: ("purchase.confirmed", "CONFIRMED"),
-                     declined["id"]: ("purchase.failed", "COMPENSATED")}
+        heard[payload["data"]["purchase"]["id"]] = (
+            payload["type"],
+            payload["data"]["purchase"]["status"],
+        )
+    assert heard == {
+        visa["id"]: ("purchase.confirmed", "CONFIRMED"),
+        declined["id"]: ("purchase.failed", "COMPENSATED"),
+    }
     assert len(receiver.requests) == 2  # one each, no more
     deliveries = WebhookDelivery.objects.filter(endpoint=endpoint)
     assert {d.status for d in deliveries} == {"delivered"}
     assert sorted(r.headers["webhook-id"] for r in receiver.requests) == sorted(
-        d.message_id for d in deliveries)
+        d.message_id for d in deliveries
+    )
     assert list(WebhookAttempt.objects.values_list("number", "status_code").distinct()) == [
-        (1, 200)]
+        (1, 200)
+    ]
 
 
 def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
-        stack, http, receiver):
+    stack, http, receiver
+):
     # Rows due when they are written are handed to Celery on the commit that
     # writes them (outbox/handover.py): the relay is the safety net, not a
     # step. With it stopped, nothing waits for it.
@@ -140,8 +162,10 @@ def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
 
     visa, _ = _buy(http, auth, event, "A1", "pm_card_visa", "live-webhook-no-relay")
     stack.wait_for(_settled(visa["id"]), "the saga to settle")
-    stack.wait_for(lambda: WebhookDelivery.objects.filter(status="delivered").exists(),
-                   "the webhook, delivered without a relay")
+    stack.wait_for(
+        lambda: WebhookDelivery.objects.filter(status="delivered").exists(),
+        "the webhook, delivered without a relay",
+    )
     stack.wait_for(lambda: len(stack.emails()) == 1, "the confirmation email")
 
     [request] = receiver.requests
@@ -150,7 +174,8 @@ def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
     assert {r.topic for r in rows} == {"purchase.confirmed", "webhook.delivery"}
     # Completed by the worker the commit handed them to; no relay pass.
     assert all(r.completed_at and r.fired_at and r.deliveries == 0 for r in rows), [
-        (r.topic, r.completed_at, r.fired_at, r.deliveries) for r in rows]
+        (r.topic, r.completed_at, r.fired_at, r.deliveries) for r in rows
+    ]
 
 
 def test_a_hanging_receiver_does_not_slow_the_purchase(stack, http, receiver):
@@ -182,19 +207,27 @@ def test_a_hanging_receiver_does_not_slow_the_purchase(stack, http, receiver):
 
     # The receiver did hang: every purchase's webhook was posted and timed out.
     stack.wait_for(
-        lambda: WebhookAttempt.objects.filter(delivery__endpoint=endpoint,
-                                              delivery__saga_id__in=sagas).count() >= rounds,
-        "the first attempts to time out", timeout=60)
+        lambda: (
+            WebhookAttempt.objects.filter(
+                delivery__endpoint=endpoint, delivery__saga_id__in=sagas
+            ).count()
+            >= rounds
+        ),
+        "the first attempts to time out",
+        timeout=60,
+    )
     first = WebhookAttempt.objects.filter(delivery__endpoint=endpoint, number=1)
     assert all(a.status_code is None and "timeout" in a.error.lower() for a in first)
-    assert all(a.latency_ms >= TIMEOUT * 1000 * 0.9 for a in first)
+    assert all(a.latency_ms is not None and a.latency_ms >= TIMEOUT * 1000 * 0.9 for a in first)
     assert {s.state for s in PurchaseSaga.objects.filter(pk__in=sagas)} == {"CONFIRMED"}
 
     median_without, median_hanging = statistics.median(without), statistics.median(hanging)
-    print(f"POST /api/purchases/ median: {median_without * 1000:.1f} ms without an endpoint, "
-          f"{median_hanging * 1000:.1f} ms with a receiver that hangs {HANG:g}s "
-          f"(each: without {[round(t * 1000, 1) for t in without]}, "
-          f"hanging {[round(t * 1000, 1) for t in hanging]})")
+    print(
+        f"POST /api/purchases/ median: {median_without * 1000:.1f} ms without an endpoint, "
+        f"{median_hanging * 1000:.1f} ms with a receiver that hangs {HANG:g}s "
+        f"(each: without {[round(t * 1000, 1) for t in without]}, "
+        f"hanging {[round(t * 1000, 1) for t in hanging]})"
+    )
     assert median_hanging < max(3 * median_without, median_without + 0.25), (without, hanging)
 
 
@@ -210,8 +243,9 @@ def test_a_hanging_receiver_does_not_hold_up_the_sagas(narrow_stack, http, recei
 
     for seat in ("A1", "A2", "A3"):
         accepted, _ = _buy(http, auth, event, seat, "pm_card_visa", f"narrow-{seat}")
-        narrow_stack.wait_for(_settled(accepted["id"]), f"{seat}'s saga to settle",
-                              timeout=LONG_TIMEOUT / 2)
+        narrow_stack.wait_for(
+            _settled(accepted["id"]), f"{seat}'s saga to settle", timeout=LONG_TIMEOUT / 2
+        )
         assert PurchaseSaga.objects.get(pk=accepted["id"]).state == "CONFIRMED"
 
     # The attempts really were in flight: the receiver holds every one.
@@ -220,7 +254,8 @@ def test_a_hanging_receiver_does_not_hold_up_the_sagas(narrow_stack, http, recei
 
 
 def test_a_real_worker_retries_with_the_same_webhook_id_fails_after_the_schedule_and_resends(
-        stack, http, receiver):
+    stack, http, receiver
+):
     """The worker's schedule here is two retries 1 s apart (WEBHOOK_RETRY_SECONDS
     "1,1"). First purchase: 500, then 200 -> delivered on the retry, one
     webhook-id. Second: 500 three times -> failed; a resend through the staff
@@ -231,30 +266,42 @@ def test_a_real_worker_retries_with_the_same_webhook_id_fails_after_the_schedule
 
     receiver.script = [500]
     retried, _ = _buy(http, auth, event, "A1", "pm_card_visa", "live-retry")
-    stack.wait_for(lambda: WebhookDelivery.objects.filter(
-        saga_id=retried["id"], status="delivered").exists(), "the retry to be delivered")
+    stack.wait_for(
+        lambda: WebhookDelivery.objects.filter(saga_id=retried["id"], status="delivered").exists(),
+        "the retry to be delivered",
+    )
     receiver.script = [500, 500, 500]
     failing, _ = _buy(http, auth, event, "A2", "pm_card_visa", "live-fail")
-    stack.wait_for(lambda: WebhookDelivery.objects.filter(
-        saga_id=failing["id"], status="failed").exists(), "the schedule to run out")
+    stack.wait_for(
+        lambda: WebhookDelivery.objects.filter(saga_id=failing["id"], status="failed").exists(),
+        "the schedule to run out",
+    )
     failed = WebhookDelivery.objects.get(saga_id=failing["id"])
     staff = UserFactory(username="ops", password="pw-ops", is_staff=True)
-    token = http.post("/api/auth/token/", json={"username": staff.username,
-                                                "password": "pw-ops"}).json()["token"]
-    resent = http.post(f"/api/webhook-endpoints/{endpoint.pk}/deliveries/{failed.pk}/resend/",
-                       headers={"Authorization": f"Token {token}"}, json={})
+    token = http.post(
+        "/api/auth/token/", json={"username": staff.username, "password": "pw-ops"}
+    ).json()["token"]
+    resent = http.post(
+        f"/api/webhook-endpoints/{endpoint.pk}/deliveries/{failed.pk}/resend/",
+        headers={"Authorization": f"Token {token}"},
+        json={},
+    )
     assert resent.status_code == 202, resent.text
-    stack.wait_for(lambda: WebhookDelivery.objects.get(pk=failed.pk).status == "delivered",
-                   "the resend to be delivered")
+    stack.wait_for(
+        lambda: WebhookDelivery.objects.get(pk=failed.pk).status == "delivered",
+        "the resend to be delivered",
+    )
 
-    ids = {}
+    ids: dict[str, set[str]] = {}
     for request in receiver.requests:
         payload = request.verify(endpoint.secret)
-        ids.setdefault(payload["data"]["purchase"]["id"], set()).add(
-            request.headers["webhook-id"])
-    assert {saga: len(found) for saga, found in ids.items()} == {retried["id"]: 1,
-                                                                failing["id"]: 1}
-    codes = {d.saga_id.hex: [a.status_code for a in d.attempts.order_by("number")]
-             for d in WebhookDelivery.objects.filter(endpoint=endpoint)}
-    assert codes == {retried["id"].replace("-", ""): [500, 200],
-                     failing["id"].replace("-", ""): [500, 500, 500, 200]}
+        ids.setdefault(payload["data"]["purchase"]["id"], set()).add(request.headers["webhook-id"])
+    assert {saga: len(found) for saga, found in ids.items()} == {retried["id"]: 1, failing["id"]: 1}
+    codes = {
+        d.saga_id.hex: [a.status_code for a in d.attempts.order_by("number")]
+        for d in WebhookDelivery.objects.filter(endpoint=endpoint)
+    }
+    assert codes == {
+        retried["id"].replace("-", ""): [500, 200],
+        failing["id"].replace("-", ""): [500, 500, 500, 200],
+    }

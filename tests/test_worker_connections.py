@@ -34,7 +34,7 @@ def test_a_connection_killed_between_tasks_is_replaced_before_the_next_task():
         cursor.execute("SELECT 1")  # the task that met the restart fails
 
     signals.task_postrun.send(sender=None)  # what the worker sends after it
-    signals.task_prerun.send(sender=None)   # and before the next task, at once
+    signals.task_prerun.send(sender=None)  # and before the next task, at once
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
@@ -42,8 +42,7 @@ def test_a_connection_killed_between_tasks_is_replaced_before_the_next_task():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_connection_killed_while_the_worker_was_idle_is_checked_before_the_next_task(
-        monkeypatch):
+def test_a_connection_killed_while_the_worker_was_idle_is_checked_before_the_next_task(monkeypatch):
     # The chaos run: a pool process idle through a PostgreSQL restart failed
     # its next task on the dead connection, minutes after the restart.
     from config import celery as celery_config
@@ -53,8 +52,9 @@ def test_a_connection_killed_while_the_worker_was_idle_is_checked_before_the_nex
         cursor.execute("SELECT 1")
     signals.task_postrun.send(sender=None)
     _kill_own_backend()
-    monkeypatch.setattr(celery_config, "_last_task_ended",
-                        celery_config._last_task_ended - 60)  # a minute without a task
+    monkeypatch.setattr(
+        celery_config, "_last_task_ended", celery_config._last_task_ended - 60
+    )  # a minute without a task
 
     signals.task_prerun.send(sender=None)
 
@@ -87,7 +87,7 @@ def _serve(view=_select_one):
 def checks(monkeypatch, settings):
     """Counts Django's health checks (the real ones run)."""
     settings.DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    connection.health_check_enabled = True
+    connection.health_check_enabled = True  # type: ignore[attr-defined]  # stubs lack it
     made = []
     real = DatabaseWrapper.is_usable
 

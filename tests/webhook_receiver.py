@@ -44,8 +44,9 @@ class Receiver:
 
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                receiver.requests.append(Received(
-                    self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                receiver.requests.append(
+                    Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                )
                 action = receiver.script.pop(0) if receiver.script else 200
                 if isinstance(action, tuple) and action[0] == "hang":
                     receiver.release.wait(action[1])
@@ -77,8 +78,9 @@ class Receiver:
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def url(self, path: str = "/hook") -> str:

@@ -95,23 +95,24 @@ class EndpointForm(forms.ModelForm):
         widgets = {"url": forms.TextInput(attrs={"size": 80})}
         help_texts = {
             "url": "https:// and public addresses only (unless WEBHOOK_ALLOW_LOCAL_URLS): "
-                   "checked now, and again before each attempt.",
+            "checked now, and again before each attempt.",
             "enabled": "A disabled endpoint is sent nothing new; an attempt that comes due "
-                       "meanwhile fails without sending.",
+            "meanwhile fails without sending.",
         }
 
     def _post_clean(self):
-        if self._errors:
+        if self.errors:  # as full_clean left them (it runs this last)
             return
         data = self.cleaned_data
         try:
             if self.instance.pk is None:
                 self.instance = webhook_endpoint_create(
-                    url=data["url"], events=data["events"], description=data["description"])
+                    url=data["url"], events=data["events"], description=data["description"]
+                )
             elif self.changed_data:
                 self.instance = webhook_endpoint_update(
-                    endpoint_id=self.instance.pk,
-                    **{name: data[name] for name in self.changed_data})
+                    endpoint_id=self.instance.pk, **{name: data[name] for name in self.changed_data}
+                )
         except WebhookInvalid as exc:
             self.add_error(exc.field if exc.field in self.fields else None, exc.message)
         except WebhookNotFound:
@@ -124,8 +125,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     # inventory, and every write goes through its service (see EndpointForm).
     # The permissions are Django's own: add, change (and rotate), delete.
     form = EndpointForm
-    list_display = ["id", "url", "event_types", "enabled", "deliveries", "description",
-                    "updated"]
+    list_display = ["id", "url", "event_types", "enabled", "deliveries", "description", "updated"]
     list_filter = ["enabled"]
     search_fields = ["url", "description"]
     # The secret is never among them.
@@ -137,16 +137,29 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ["url", "events", "description"]  # a new endpoint is enabled
-        return ["id", "url", "events", "enabled", "description", "deliveries",
-                "secret_note", "created", "updated"]
+        return [
+            "id",
+            "url",
+            "events",
+            "enabled",
+            "description",
+            "deliveries",
+            "secret_note",
+            "created",
+            "updated",
+        ]
 
     def get_urls(self):
-        rotate = path("<path:object_id>/rotate-secret/",
-                      self.admin_site.admin_view(self.rotate_secret_view),
-                      name=f"{self.opts.app_label}_{self.opts.model_name}_rotate_secret")
-        shown = path("<path:object_id>/secret/",
-                     self.admin_site.admin_view(self.secret_view),
-                     name=f"{self.opts.app_label}_{self.opts.model_name}_secret")
+        rotate = path(
+            "<path:object_id>/rotate-secret/",
+            self.admin_site.admin_view(self.rotate_secret_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_rotate_secret",
+        )
+        shown = path(
+            "<path:object_id>/secret/",
+            self.admin_site.admin_view(self.secret_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_secret",
+        )
         return [rotate, shown, *super().get_urls()]
 
     # --- columns ------------------------------------------------------------------
@@ -157,13 +170,17 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="deliveries")
     def deliveries(self, obj):
-        return (f"{obj.delivered_count} delivered · {obj.pending_count} pending · "
-                f"{obj.failed_count} failed")
+        return (
+            f"{obj.delivered_count} delivered · {obj.pending_count} pending · "
+            f"{obj.failed_count} failed"
+        )
 
     @admin.display(description="secret")
     def secret_note(self, obj):
-        return ("Shown once, when the endpoint was created or its secret rotated. To hand it "
-                "over again, rotate it: the old one stops working at once.")
+        return (
+            "Shown once, when the endpoint was created or its secret rotated. To hand it "
+            "over again, rotate it: the old one stops working at once."
+        )
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
@@ -179,7 +196,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # Django runs a POST's _changeform_view inside transaction.atomic; the
         # services open their own, durable, and resolve the URL's host first.
-        return self._changeform_view(request, object_id, form_url, extra_context)
+        return self._changeform_view(  # type: ignore[attr-defined]  # Django's; not in the stubs
+            request, object_id, form_url, extra_context
+        )
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         latest = None  # no section: the deliveries are not this user's to read
@@ -188,18 +207,25 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                 endpoint_id = int(unquote(object_id))
             except ValueError:
                 endpoint_id = None  # the admin answers "no such endpoint"
-            latest = ([] if endpoint_id is None else list(
-                endpoint_deliveries(endpoint_id=endpoint_id)[:ENDPOINT_PAGE_DELIVERIES]))
-        extra_context = {**(extra_context or {}), "deliveries": latest,
-                         "deliveries_shown": ENDPOINT_PAGE_DELIVERIES}
+            latest = (
+                []
+                if endpoint_id is None
+                else list(endpoint_deliveries(endpoint_id=endpoint_id)[:ENDPOINT_PAGE_DELIVERIES])
+            )
+        extra_context = {
+            **(extra_context or {}),
+            "deliveries": latest,
+            "deliveries_shown": ENDPOINT_PAGE_DELIVERIES,
+        }
         return super().change_view(request, object_id, form_url, extra_context)
 
     def save_model(self, request, obj, form, change):
         pass  # saved by its service while the form was validated (EndpointForm)
 
     def response_add(self, request, obj, post_url_continue=None):
-        return self._show_once(request, obj, secret=obj.secret,
-                               done="The endpoint was added, enabled.")
+        return self._show_once(
+            request, obj, secret=obj.secret, done="The endpoint was added, enabled."
+        )
 
     # --- the secret: shown once ------------------------------------------------------
 
@@ -220,18 +246,26 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         except WebhookNotFound as exc:
             raise Http404("No such webhook endpoint.") from exc
         self.log_change(request, endpoint, "Rotated the secret (the old one stopped working).")
-        return self._show_once(request, endpoint, secret=secret,
-                               done="The secret was rotated: the old one no longer signs "
-                                    "anything, retries of older deliveries included.")
+        return self._show_once(
+            request,
+            endpoint,
+            secret=secret,
+            done="The secret was rotated: the old one no longer signs "
+            "anything, retries of older deliveries included.",
+        )
 
     def _show_once(self, request, endpoint, *, secret: str, done: str):
         """Post/redirect/get: the secret waits in the session for the one GET
         that shows it, so a reload neither repeats the POST (a second
         endpoint, another rotation) nor shows the secret again."""
-        request.session[_SECRET_SESSION_KEY] = {"endpoint": endpoint.pk, "secret": secret,
-                                                "done": done}
-        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_secret",
-                      args=[endpoint.pk])
+        request.session[_SECRET_SESSION_KEY] = {
+            "endpoint": endpoint.pk,
+            "secret": secret,
+            "done": done,
+        }
+        url = reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_secret", args=[endpoint.pk]
+        )
         return HttpResponseRedirect(url, status=303)
 
     def secret_view(self, request, object_id):
@@ -245,12 +279,12 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
             if waiting:
                 request.session[_SECRET_SESSION_KEY] = waiting  # another endpoint's
             return self._secret_page(request, endpoint)
-        return self._secret_page(request, endpoint, secret=waiting["secret"],
-                                 done=waiting["done"])
+        return self._secret_page(request, endpoint, secret=waiting["secret"], done=waiting["done"])
 
     def _change_url(self, endpoint) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
-                       args=[endpoint.pk])
+        return reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[endpoint.pk]
+        )
 
     def _secret_page(self, request, endpoint, *, secret="", done=""):
         context = {
@@ -270,7 +304,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     @csrf_protect_m
     def delete_view(self, request, object_id, extra_context=None):
         # As changeform_view: no atomic block of Django's around the service's.
-        return self._delete_view(request, object_id, extra_context)
+        return self._delete_view(  # type: ignore[attr-defined]  # Django's; not in the stubs
+            request, object_id, extra_context
+        )
 
     def delete_model(self, request, obj):
         webhook_endpoint_delete(endpoint_id=obj.pk)
@@ -292,18 +328,24 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         for endpoint in endpoints:
             count = endpoint.delivered_count + endpoint.pending_count + endpoint.failed_count
             total += count
-            lines += [format_html('Webhook endpoint: <a href="{}">{}</a>',
-                                  self._change_url(endpoint), endpoint.url),
-                      [f"{count} deliver{'y' if count == 1 else 'ies'}, with their attempts"]]
-        model_count = {WebhookEndpoint._meta.verbose_name_plural: len(endpoints),
-                       WebhookDelivery._meta.verbose_name_plural: total}
+            lines += [
+                format_html(
+                    'Webhook endpoint: <a href="{}">{}</a>',
+                    self._change_url(endpoint),
+                    endpoint.url,
+                ),
+                [f"{count} deliver{'y' if count == 1 else 'ies'}, with their attempts"],
+            ]
+        model_count = {
+            WebhookEndpoint._meta.verbose_name_plural: len(endpoints),
+            WebhookDelivery._meta.verbose_name_plural: total,
+        }
         return lines, model_count, set(), []
 
 
 class WebhookAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = WebhookAttempt
-    fields = ["number", "when", "resend", "status_code", "latency_ms", "error",
-              "response_excerpt"]
+    fields = ("number", "when", "resend", "status_code", "latency_ms", "error", "response_excerpt")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -337,8 +379,9 @@ def _resend_plan(deliveries: list[WebhookDelivery]) -> list[ResendLine]:
     for d in deliveries:
         if d.status == DeliveryStatus.PENDING:
             due = format_utc_seconds(d.next_attempt_at)
-            lines.append(ResendLine(d, refused=f"attempt {d.armed_attempt} is already owed "
-                                               f"(due {due})"))
+            lines.append(
+                ResendLine(d, refused=f"attempt {d.armed_attempt} is already owed (due {due})")
+            )
         elif not d.endpoint.enabled:
             lines.append(ResendLine(d, refused="the endpoint is disabled"))
         else:
@@ -348,16 +391,37 @@ def _resend_plan(deliveries: list[WebhookDelivery]) -> list[ResendLine]:
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "event_type", "status", "endpoint", "saga_id", "message_id",
-                    "attempt_count", "created", "settled"]
+    list_display = [
+        "id",
+        "event_type",
+        "status",
+        "endpoint",
+        "saga_id",
+        "message_id",
+        "attempt_count",
+        "created",
+        "settled",
+    ]
     list_filter = ["status", "event_type"]
     list_select_related = ["endpoint"]
     search_fields = ["message_id"]  # see get_search_results
     search_help_text = "Saga id, webhook-id (msg_…) or delivery id (exact)."
     show_full_result_count = False
     actions = ["resend"]
-    fields = ["id", "message_id", "event_type", "status", "endpoint", "saga_link",
-              "event_id", "created", "settled", "next_attempt", "armed_attempt", "body_json"]
+    fields = (
+        "id",
+        "message_id",
+        "event_type",
+        "status",
+        "endpoint",
+        "saga_link",
+        "event_id",
+        "created",
+        "settled",
+        "next_attempt",
+        "armed_attempt",
+        "body_json",
+    )
     readonly_fields = fields
     inlines = [WebhookAttemptInline]
 
@@ -399,7 +463,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="body (as signed and sent)")
     def body_json(self, obj):
-        return format_html("<pre style=\"white-space: pre-wrap\">{}</pre>", obj.body)
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.body)
 
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, field="message_id")
@@ -410,11 +474,15 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def resend(self, request, queryset):
         """First POST: what each resend will do, and a reason form.
         Confirmed POST with a reason: resend, write the admin log."""
-        deliveries = list(queryset.select_related("endpoint").order_by("pk")
-                          [:RESEND_MAX_DELIVERIES + 1])
+        deliveries = list(
+            queryset.select_related("endpoint").order_by("pk")[: RESEND_MAX_DELIVERIES + 1]
+        )
         if len(deliveries) > RESEND_MAX_DELIVERIES:
-            self.message_user(request, f"More than {RESEND_MAX_DELIVERIES} deliveries "
-                              "selected. Nothing was resent.", messages.ERROR)
+            self.message_user(
+                request,
+                f"More than {RESEND_MAX_DELIVERIES} deliveries selected. Nothing was resent.",
+                messages.ERROR,
+            )
             return None
         form = ResendReasonForm(request.POST if request.POST.get("confirm") else None)
         if form.is_bound and form.is_valid():
@@ -431,8 +499,9 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "media": self.media,
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/webhooks/webhookdelivery/resend_confirm.html",
-                                context)
+        return TemplateResponse(
+            request, "admin/webhooks/webhookdelivery/resend_confirm.html", context
+        )
 
     def _resend(self, request, deliveries, reason):
         done = 0
@@ -440,13 +509,18 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             try:
                 attempt = webhook_resend(delivery.pk, by=request.user.username, reason=reason)
             except (WebhookResendRefused, WebhookNotFound) as exc:
-                self.message_user(request, f"Delivery {delivery.pk} not resent: {exc}",
-                                  messages.WARNING)
+                self.message_user(
+                    request, f"Delivery {delivery.pk} not resent: {exc}", messages.WARNING
+                )
                 continue
             done += 1
-            self.log_change(request, delivery,
-                            f'Resend: attempt {attempt} armed; reason: "{reason}"')
-        self.message_user(request, f"Resent {done} deliver{'y' if done == 1 else 'ies'}: the "
-                          "relay hands the attempts over now.",
-                          messages.SUCCESS if done else messages.WARNING)
+            self.log_change(
+                request, delivery, f'Resend: attempt {attempt} armed; reason: "{reason}"'
+            )
+        self.message_user(
+            request,
+            f"Resent {done} deliver{'y' if done == 1 else 'ies'}: the "
+            "relay hands the attempts over now.",
+            messages.SUCCESS if done else messages.WARNING,
+        )
         return None

@@ -84,20 +84,24 @@ _STAFF_ONLY = (
 )
 _FORBIDDEN = error_response(
     "`permission_denied`: the user is not staff, or session authentication without a valid "
-    "CSRF token")
+    "CSRF token"
+)
 _FORBIDDEN_READ = error_response("`permission_denied`: the user is not staff")
 _NO_ENDPOINT = error_response("`not_found`: no such endpoint, or an id that is not one")
-_ENDPOINT_ID = OpenApiParameter("endpoint_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                                required=True)
-_DELIVERY_ID = OpenApiParameter("delivery_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                                required=True)
+_ENDPOINT_ID = OpenApiParameter(
+    "endpoint_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True
+)
+_DELIVERY_ID = OpenApiParameter(
+    "delivery_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True
+)
 
 
 def _bad_body(fields: str) -> OpenApiResponse:
     return error_response(
         f"`invalid` (with `field` and `errors`): {fields}; a field the operation does not "
         "take (named in `field`), or a value of the wrong JSON type; `parse_error`: a body "
-        "that is not JSON")
+        "that is not JSON"
+    )
 
 
 class _StaffApi(APIView):
@@ -135,11 +139,14 @@ class WebhookEndpointListCreateApi(_StaffApi):
             201: OpenApiResponse(
                 WebhookEndpointCreatedSerializer,
                 description="Created, enabled. The only answer, with a rotation's, that shows "
-                            "the secret"),
-            400: _bad_body("a URL that is not `https://` to public addresses, or not a URL "
-                           "(`field`: `url`); an unknown event type or an empty list "
-                           "(`events`); a description over 300 characters (`description`); "
-                           "a missing field"),
+                "the secret",
+            ),
+            400: _bad_body(
+                "a URL that is not `https://` to public addresses, or not a URL "
+                "(`field`: `url`); an unknown event type or an empty list "
+                "(`events`); a description over 300 characters (`description`); "
+                "a missing field"
+            ),
             401: NOT_AUTHENTICATED,
             403: _FORBIDDEN,
             413: PAYLOAD_TOO_LARGE,
@@ -165,8 +172,12 @@ class WebhookEndpointDetailApi(_StaffApi):
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
-        responses={200: WebhookEndpointSerializer, 401: NOT_AUTHENTICATED,
-                   403: _FORBIDDEN_READ, 404: _NO_ENDPOINT},
+        responses={
+            200: WebhookEndpointSerializer,
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN_READ,
+            404: _NO_ENDPOINT,
+        },
         summary="One webhook endpoint (without its secret)",
         description=_STAFF_ONLY,
         operation_id="webhook_endpoints_retrieve",
@@ -183,10 +194,12 @@ class WebhookEndpointDetailApi(_StaffApi):
         request=WebhookEndpointUpdateSerializer,
         responses={
             200: WebhookEndpointSerializer,
-            400: _bad_body("a URL that is not `https://` to public addresses (`field`: `url`); "
-                           "an unknown event type or an empty list (`events`); a description "
-                           "over 300 characters (`description`); `enabled` not a boolean; any "
-                           "other field (`id`, `secret`...)"),
+            400: _bad_body(
+                "a URL that is not `https://` to public addresses (`field`: `url`); "
+                "an unknown event type or an empty list (`events`); a description "
+                "over 300 characters (`description`); `enabled` not a boolean; any "
+                "other field (`id`, `secret`...)"
+            ),
             401: NOT_AUTHENTICATED,
             403: _FORBIDDEN,
             404: _NO_ENDPOINT,
@@ -218,9 +231,15 @@ class WebhookEndpointDetailApi(_StaffApi):
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
-        responses={204: OpenApiResponse(description="Deleted, with its deliveries and their "
-                                                    "attempts; nothing more is sent to it"),
-                   401: NOT_AUTHENTICATED, 403: _FORBIDDEN, 404: _NO_ENDPOINT},
+        responses={
+            204: OpenApiResponse(
+                description="Deleted, with its deliveries and their "
+                "attempts; nothing more is sent to it"
+            ),
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN,
+            404: _NO_ENDPOINT,
+        },
         summary="Delete a webhook endpoint",
         description=_STAFF_ONLY,
         operation_id="webhook_endpoints_destroy",
@@ -243,8 +262,12 @@ class WebhookEndpointRotateSecretApi(_StaffApi):
     @extend_schema(
         parameters=[_ENDPOINT_ID],
         request=None,
-        responses={200: WebhookSecretSerializer, 401: NOT_AUTHENTICATED, 403: _FORBIDDEN,
-                   404: _NO_ENDPOINT},
+        responses={
+            200: WebhookSecretSerializer,
+            401: NOT_AUTHENTICATED,
+            403: _FORBIDDEN,
+            404: _NO_ENDPOINT,
+        },
         summary="Give a webhook endpoint a new secret; the answer shows it once",
         description=_STAFF_ONLY + " Every attempt from now on, retries of earlier deliveries "
         "too, is signed with the new secret alone.",
@@ -275,8 +298,9 @@ class WebhookDeliveryListApi(_StaffApi):
             200: WebhookDeliverySerializer(many=True),
             401: NOT_AUTHENTICATED,
             403: _FORBIDDEN_READ,
-            404: error_response("`not_found`: no such endpoint, an id that is not one, or a "
-                                "page past the end"),
+            404: error_response(
+                "`not_found`: no such endpoint, an id that is not one, or a page past the end"
+            ),
         },
         summary="A webhook endpoint's deliveries, newest first, with their attempts",
         description=_STAFF_ONLY,
@@ -287,8 +311,7 @@ class WebhookDeliveryListApi(_StaffApi):
         if pk is None:
             return _no_endpoint()
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(selectors.endpoint_deliveries(endpoint_id=pk),
-                                           request)
+        page = paginator.paginate_queryset(selectors.endpoint_deliveries(endpoint_id=pk), request)
         # Only an empty page asks whether the endpoint exists: the selector
         # counts every delivery of it, which costs nothing only then.
         if not page and _endpoint(pk) is None:
@@ -307,15 +330,20 @@ class WebhookDeliveryResendApi(_StaffApi):
             202: OpenApiResponse(
                 WebhookResendAcceptedSerializer,
                 description="The attempt is armed, due now, with the delivery's `webhook-id`; "
-                            "a worker makes it. No retry follows it: its outcome is in the "
-                            "delivery's attempts"),
+                "a worker makes it. No retry follows it: its outcome is in the "
+                "delivery's attempts",
+            ),
             400: _bad_body("a `reason` that is not a text of at most 500 characters"),
             401: NOT_AUTHENTICATED,
             403: _FORBIDDEN,
-            404: error_response("`not_found`: no such endpoint, no such delivery of that "
-                                "endpoint, or an id that is not one"),
-            409: error_response("`resend_refused`: an attempt is already owed (the delivery "
-                                "is `pending`), or the endpoint is disabled"),
+            404: error_response(
+                "`not_found`: no such endpoint, no such delivery of that "
+                "endpoint, or an id that is not one"
+            ),
+            409: error_response(
+                "`resend_refused`: an attempt is already owed (the delivery "
+                "is `pending`), or the endpoint is disabled"
+            ),
             413: PAYLOAD_TOO_LARGE,
             415: NOT_JSON,
         },
@@ -334,8 +362,10 @@ class WebhookDeliveryResendApi(_StaffApi):
             return _no_delivery()
         try:
             attempt = services.webhook_resend(
-                delivery_pk, by=request.user.get_username(),
-                reason=payload.validated_data.get("reason", ""))
+                delivery_pk,
+                by=request.user.get_username(),
+                reason=payload.validated_data.get("reason", ""),
+            )
         except WebhookNotFound:  # deleted since, with its endpoint
             return _no_delivery()
         except WebhookResendRefused as exc:

@@ -18,7 +18,9 @@ from .services import webhook_attempt_send
 
 def deliver(message: OutboxMessage) -> Callable[[], str] | None:
     payload = message.payload
-    outcome = webhook_attempt_send(delivery_id=payload["delivery_id"],
-                                   attempt=payload["attempt"],
-                                   resend=bool(payload.get("resend")))
+    outcome = webhook_attempt_send(
+        delivery_id=payload["delivery_id"],
+        attempt=payload["attempt"],
+        resend=bool(payload.get("resend")),
+    )
     return None if isinstance(outcome, str) else outcome

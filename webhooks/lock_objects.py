@@ -28,16 +28,25 @@ def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
     sql, params = rows.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} FOR KEY SHARE", params)
-        return [(pk, json.loads(events) if isinstance(events, str) else events)
-                for pk, events in cursor.fetchall()]
+        return [
+            (pk, json.loads(events) if isinstance(events, str) else events)
+            for pk, events in cursor.fetchall()
+        ]
 
 
 def delivery_for_update(*, delivery_id: int) -> WebhookDelivery | None:
-    return (WebhookDelivery.objects.select_related("endpoint")
-            .select_for_update(of=("self",)).filter(pk=delivery_id).first())
+    return (
+        WebhookDelivery.objects.select_related("endpoint")
+        .select_for_update(of=("self",))
+        .filter(pk=delivery_id)
+        .first()
+    )
 
 
 def endpoint_for_update(*, endpoint_id: int, delete: bool = False) -> WebhookEndpoint | None:
     """``FOR NO KEY UPDATE`` for a change, ``FOR UPDATE`` for a delete."""
-    return (WebhookEndpoint.objects.select_for_update(of=("self",), no_key=not delete)
-            .filter(pk=endpoint_id).first())
+    return (
+        WebhookEndpoint.objects.select_for_update(of=("self",), no_key=not delete)
+        .filter(pk=endpoint_id)
+        .first()
+    )

@@ -48,8 +48,9 @@ class DeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(models.Model):
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
-                                 related_name="deliveries")
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
     # The webhook-id header: the same for every attempt of this delivery.
     # Unique per event in the database (``Meta``); a random UUID's hex, so
     # unique everywhere.
@@ -62,8 +63,9 @@ class WebhookDelivery(models.Model):
     # Compact JSON, exactly the bytes signed and sent (not a JSONField: the
     # database would normalise it).
     body = models.TextField()
-    status = models.CharField(max_length=10, choices=DeliveryStatus.choices,
-                              default=DeliveryStatus.PENDING)
+    status = models.CharField(
+        max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
     # The number of the latest attempt armed (its outbox row's key is
     # "webhook:<id>:<n>"), and when it is due while the delivery is pending.
     armed_attempt = models.PositiveIntegerField(default=1)
@@ -77,15 +79,19 @@ class WebhookDelivery(models.Model):
         constraints = [
             # Each type is sent at most once per saga per endpoint, whatever
             # the redeliveries (docs/api.md).
-            models.UniqueConstraint(fields=["endpoint", "saga_id", "event_type", "event_id"],
-                                    name="webhook_once_per_endpoint_saga_type"),
-            models.UniqueConstraint(fields=["message_id", "event_id"],
-                                    name="webhook_message_id_once_per_event"),
+            models.UniqueConstraint(
+                fields=["endpoint", "saga_id", "event_type", "event_id"],
+                name="webhook_once_per_endpoint_saga_type",
+            ),
+            models.UniqueConstraint(
+                fields=["message_id", "event_id"], name="webhook_message_id_once_per_event"
+            ),
         ]
         indexes = [
             # An endpoint's deliveries, newest first (the API's list).
-            models.Index(fields=["endpoint", "-created_at", "-id"],
-                         name="webhook_delivery_by_endpoint"),
+            models.Index(
+                fields=["endpoint", "-created_at", "-id"], name="webhook_delivery_by_endpoint"
+            ),
             # An endpoint's deliveries counted by status (its list, the admin).
             models.Index(fields=["endpoint", "status"], name="webhook_delivery_by_status"),
         ]
@@ -101,8 +107,9 @@ class WebhookDelivery(models.Model):
 class WebhookAttempt(models.Model):
     # The database's key is (event_id, delivery_id) -> the delivery's
     # (event_id, id) (webhooks/migrations/0003_citus_distribution.py).
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
-                                 related_name="attempts", db_constraint=False)
+    delivery = models.ForeignKey(
+        WebhookDelivery, on_delete=models.CASCADE, related_name="attempts", db_constraint=False
+    )
     # The delivery's event: the attempt lives on the delivery's shard.
     event_id = models.BigIntegerField()
     number = models.PositiveIntegerField()  # 1-based; a resend continues the count
@@ -116,8 +123,9 @@ class WebhookAttempt(models.Model):
     class Meta:
         ordering = ["number"]
         constraints = [
-            models.UniqueConstraint(fields=["delivery", "number", "event_id"],
-                                    name="webhook_attempt_once"),
+            models.UniqueConstraint(
+                fields=["delivery", "number", "event_id"], name="webhook_attempt_once"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -73,7 +73,9 @@ def build_request(target: Target, *, headers: dict[str, str], body: bytes) -> ht
         address += f":{target.port}"
     url = f"{target.scheme}://{address}{target.path}"
     return httpx.Request(
-        "POST", url, content=body,
+        "POST",
+        url,
+        content=body,
         headers={**headers, "Host": target.host_header, "User-Agent": USER_AGENT},
         extensions={"sni_hostname": target.host} if target.scheme == "https" else {},
     )
@@ -89,27 +91,29 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     its own and the attempt ends at the deadline whatever it is doing. The
     connection is then closed, which ends that thread at its next read."""
     assert_no_transaction("webhook POST")
-    request = build_request(target, headers={**headers, "Accept-Encoding": "identity"},
-                            body=body)
+    request = build_request(target, headers={**headers, "Accept-Encoding": "identity"}, body=body)
     started = time.monotonic()
-    client = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False,
-                          verify=_tls())
+    client = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False, verify=_tls())
     outcome: list[Answer] = []
-    exchange = threading.Thread(target=lambda: outcome.append(_exchange(client, request,
-                                                                          started, timeout)),
-                                name="webhook-post", daemon=True)
+    exchange = threading.Thread(
+        target=lambda: outcome.append(_exchange(client, request, started, timeout)),
+        name="webhook-post",
+        daemon=True,
+    )
     exchange.start()
     exchange.join(timeout + _DEADLINE_SLACK_SECONDS)
     if outcome:
         client.close()
         return outcome[0]
     client.close()  # the abandoned exchange fails at its next read and ends
-    return Answer(latency_ms=_ms_since(started),
-                  error=f"timeout after {timeout:g}s (no complete answer)")
+    return Answer(
+        latency_ms=_ms_since(started), error=f"timeout after {timeout:g}s (no complete answer)"
+    )
 
 
-def _exchange(client: httpx.Client, request: httpx.Request, started: float,
-              timeout: float) -> Answer:
+def _exchange(
+    client: httpx.Client, request: httpx.Request, started: float, timeout: float
+) -> Answer:
     try:
         response = client.send(request, stream=True)
         try:
@@ -123,18 +127,20 @@ def _exchange(client: httpx.Client, request: httpx.Request, started: float,
         finally:
             response.close()
     except httpx.TimeoutException as exc:
-        return Answer(latency_ms=_ms_since(started),
-                      error=f"timeout after {timeout:g}s ({type(exc).__name__})")
+        return Answer(
+            latency_ms=_ms_since(started),
+            error=f"timeout after {timeout:g}s ({type(exc).__name__})",
+        )
     except httpx.HTTPError as exc:
-        return Answer(latency_ms=_ms_since(started),
-                      error=_short(f"{type(exc).__name__}: {exc}"))
+        return Answer(latency_ms=_ms_since(started), error=_short(f"{type(exc).__name__}: {exc}"))
     excerpt = head.decode("utf-8", errors="replace")[:EXCERPT_CHARS]
     code = response.status_code
     if 200 <= code < 300:
         error = ""
     elif response.is_redirect:
-        error = _short(f"HTTP {code}: redirect to {response.headers.get('location', '?')} "
-                       "not followed")
+        error = _short(
+            f"HTTP {code}: redirect to {response.headers.get('location', '?')} not followed"
+        )
     else:
         error = f"HTTP {code}"
     return Answer(status_code=code, latency_ms=latency, error=error, excerpt=excerpt)

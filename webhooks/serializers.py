@@ -25,8 +25,10 @@ from .models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndp
 from .services import DESCRIPTION_MAX_CHARS, URL_MAX_CHARS
 
 RESEND_REASON_MAX_CHARS = 500
-_URL_HELP = ("`https://` to public addresses only (`http://` and private addresses too with "
-             "`WEBHOOK_ALLOW_LOCAL_URLS`); checked now and before each delivery")
+_URL_HELP = (
+    "`https://` to public addresses only (`http://` and private addresses too with "
+    "`WEBHOOK_ALLOW_LOCAL_URLS`); checked now and before each delivery"
+)
 _EVENTS_HELP = "The event types to send; at least one"
 
 
@@ -66,8 +68,11 @@ class _WebhookEventFieldSchema(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema, direction):
         schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
         component = ResolvedComponent(
-            name="WebhookEventType", type=ResolvedComponent.SCHEMA, object="WebhookEventType",
-            schema={k: schema[k] for k in ("type", "enum", "description") if k in schema})
+            name="WebhookEventType",
+            type=ResolvedComponent.SCHEMA,
+            object="WebhookEventType",
+            schema={k: schema[k] for k in ("type", "enum", "description") if k in schema},
+        )
         auto_schema.registry.register_on_missing(component)
         return component.ref
 
@@ -90,8 +95,9 @@ class StrictRequestSerializer(serializers.Serializer):
             known = ", ".join(self.fields)
             unknown = [name for name in data if name not in self.fields]
             if unknown:
-                raise serializers.ValidationError({
-                    name: [f"unknown field; the fields are: {known}"] for name in unknown})
+                raise serializers.ValidationError(
+                    {name: [f"unknown field; the fields are: {known}"] for name in unknown}
+                )
         return super().to_internal_value(data)
 
 
@@ -101,8 +107,12 @@ class WebhookEndpointCreateSerializer(StrictRequestSerializer):
     url = StrictCharField(max_length=URL_MAX_CHARS, help_text=_URL_HELP)
     events = _event_types_request()
     description = StrictCharField(
-        required=False, allow_blank=True, trim_whitespace=False,
-        max_length=DESCRIPTION_MAX_CHARS, help_text="For people: whose system it is")
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=DESCRIPTION_MAX_CHARS,
+        help_text="For people: whose system it is",
+    )
 
 
 class WebhookEndpointUpdateSerializer(StrictRequestSerializer):
@@ -111,11 +121,14 @@ class WebhookEndpointUpdateSerializer(StrictRequestSerializer):
 
     url = StrictCharField(required=False, max_length=URL_MAX_CHARS, help_text=_URL_HELP)
     events = _event_types_request(required=False)
-    description = StrictCharField(required=False, allow_blank=True, trim_whitespace=False,
-                                  max_length=DESCRIPTION_MAX_CHARS)
+    description = StrictCharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=DESCRIPTION_MAX_CHARS
+    )
     enabled = StrictBooleanField(
-        required=False, help_text="`false`: no delivery is written for it from now on, and an "
-                                  "attempt that comes due fails without being sent")
+        required=False,
+        help_text="`false`: no delivery is written for it from now on, and an "
+        "attempt that comes due fails without being sent",
+    )
 
 
 class DeliveryCountsSerializer(serializers.Serializer):
@@ -130,8 +143,10 @@ class WebhookEndpointCreatedSerializer(serializers.ModelSerializer):
 
     events = _event_types(read_only=True)
     secret = serializers.CharField(
-        read_only=True, help_text="`whsec_<base64>`: verify deliveries with it (any Standard "
-                                  "Webhooks library). Shown now and at each rotation only")
+        read_only=True,
+        help_text="`whsec_<base64>`: verify deliveries with it (any Standard "
+        "Webhooks library). Shown now and at each rotation only",
+    )
 
     class Meta:
         model = WebhookEndpoint
@@ -144,68 +159,103 @@ class WebhookEndpointSerializer(serializers.ModelSerializer):
 
     events = _event_types(read_only=True)
     delivery_counts = DeliveryCountsSerializer(
-        read_only=True, source="*", help_text="Its deliveries, counted by status")
+        read_only=True, source="*", help_text="Its deliveries, counted by status"
+    )
 
     class Meta:
         model = WebhookEndpoint
-        fields = ["id", "url", "events", "description", "enabled", "created_at", "updated_at",
-                  "delivery_counts"]
+        fields = [
+            "id",
+            "url",
+            "events",
+            "description",
+            "enabled",
+            "created_at",
+            "updated_at",
+            "delivery_counts",
+        ]
         read_only_fields = fields
 
 
 class WebhookSecretSerializer(serializers.Serializer):
     secret = serializers.CharField(
-        read_only=True, help_text="The new `whsec_<base64>`; every attempt from now on is "
-                                  "signed with it alone")
+        read_only=True,
+        help_text="The new `whsec_<base64>`; every attempt from now on is signed with it alone",
+    )
 
 
 class WebhookAttemptSerializer(serializers.ModelSerializer):
-    at = serializers.DateTimeField(read_only=True,
-                                   help_text="When it started: its `webhook-timestamp`")
-    status_code = serializers.IntegerField(read_only=True, allow_null=True,
-                                           help_text="The receiver's; null: no answer")
-    latency_ms = serializers.FloatField(read_only=True, allow_null=True,
-                                        help_text="null: nothing was sent")
+    at = serializers.DateTimeField(
+        read_only=True, help_text="When it started: its `webhook-timestamp`"
+    )
+    status_code = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="The receiver's; null: no answer"
+    )
+    latency_ms = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="null: nothing was sent"
+    )
     error = serializers.CharField(read_only=True, help_text="Empty on a 2xx")
-    response_excerpt = serializers.CharField(read_only=True,
-                                             help_text="The start of the receiver's answer")
+    response_excerpt = serializers.CharField(
+        read_only=True, help_text="The start of the receiver's answer"
+    )
     resend = serializers.BooleanField(read_only=True, help_text="Asked for by staff")
 
     class Meta:
         model = WebhookAttempt
-        fields = ["number", "at", "status_code", "latency_ms", "error", "response_excerpt",
-                  "resend"]
+        fields = [
+            "number",
+            "at",
+            "status_code",
+            "latency_ms",
+            "error",
+            "response_excerpt",
+            "resend",
+        ]
         read_only_fields = fields
 
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
     message_id = serializers.CharField(
-        read_only=True, help_text="The `webhook-id` header: the same on every attempt")
+        read_only=True, help_text="The `webhook-id` header: the same on every attempt"
+    )
     type = WebhookEventField(source="event_type", read_only=True)
     status = serializers.ChoiceField(choices=DeliveryStatus.choices, read_only=True)
-    purchase = serializers.UUIDField(source="saga_id", read_only=True,
-                                     help_text="The purchase it is about")
+    purchase = serializers.UUIDField(
+        source="saga_id", read_only=True, help_text="The purchase it is about"
+    )
     next_attempt_at = serializers.DateTimeField(
-        read_only=True, allow_null=True, help_text="When the attempt owed is due (pending)")
-    attempts = WebhookAttemptSerializer(many=True, read_only=True,
-                                        help_text="Oldest first")
+        read_only=True, allow_null=True, help_text="When the attempt owed is due (pending)"
+    )
+    attempts = WebhookAttemptSerializer(many=True, read_only=True, help_text="Oldest first")
 
     class Meta:
         model = WebhookDelivery
-        fields = ["id", "message_id", "type", "status", "purchase", "created_at",
-                  "next_attempt_at", "delivered_at", "failed_at", "attempts"]
+        fields = [
+            "id",
+            "message_id",
+            "type",
+            "status",
+            "purchase",
+            "created_at",
+            "next_attempt_at",
+            "delivered_at",
+            "failed_at",
+            "attempts",
+        ]
         read_only_fields = fields
 
 
 class WebhookResendSerializer(StrictRequestSerializer):
     """Optional: the body may be empty."""
 
-    reason = StrictCharField(required=False, allow_blank=True,
-                             max_length=RESEND_REASON_MAX_CHARS,
-                             help_text="Why: written to the log with who asked")
+    reason = StrictCharField(
+        required=False,
+        allow_blank=True,
+        max_length=RESEND_REASON_MAX_CHARS,
+        help_text="Why: written to the log with who asked",
+    )
 
 
 class WebhookResendAcceptedSerializer(serializers.Serializer):
     delivery = serializers.IntegerField(read_only=True)
-    attempt = serializers.IntegerField(read_only=True,
-                                       help_text="The number of the attempt armed")
+    attempt = serializers.IntegerField(read_only=True, help_text="The number of the attempt armed")

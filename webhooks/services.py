@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Field, OuterRef
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -87,8 +87,15 @@ logger = logging.getLogger(__name__)
 
 EVENT_TYPES: tuple[str, ...] = tuple(WebhookEvent.values)
 SECRET_BYTES = 32  # the HMAC-SHA256 key: 256 random bits
-URL_MAX_CHARS = WebhookEndpoint._meta.get_field("url").max_length
-DESCRIPTION_MAX_CHARS = WebhookEndpoint._meta.get_field("description").max_length
+
+
+def _max_length(field: Field) -> int:
+    assert field.max_length is not None  # both are CharFields with one
+    return field.max_length
+
+
+URL_MAX_CHARS = _max_length(WebhookEndpoint._meta.get_field("url"))
+DESCRIPTION_MAX_CHARS = _max_length(WebhookEndpoint._meta.get_field("description"))
 PENDING = DeliveryStatus.PENDING
 DELIVERED = DeliveryStatus.DELIVERED
 FAILED = DeliveryStatus.FAILED
@@ -121,25 +128,29 @@ def _clean_url(url) -> str:
 
 def _clean_events(events) -> list[str]:
     known = ", ".join(EVENT_TYPES)
-    if (not isinstance(events, list | tuple) or not events
-            or not all(isinstance(e, str) for e in events)):
+    if (
+        not isinstance(events, list | tuple)
+        or not events
+        or not all(isinstance(e, str) for e in events)
+    ):
         raise WebhookInvalid("events", f"a non-empty list of event types among: {known}")
     unknown = [e for e in events if e not in EVENT_TYPES]
     if unknown:
-        raise WebhookInvalid("events", f"unknown event type {', '.join(map(repr, unknown))}; "
-                                       f"the types are: {known}")
+        raise WebhookInvalid(
+            "events", f"unknown event type {', '.join(map(repr, unknown))}; the types are: {known}"
+        )
     return list(dict.fromkeys(events))
 
 
 def _clean_description(description) -> str:
     if not isinstance(description, str) or len(description) > DESCRIPTION_MAX_CHARS:
-        raise WebhookInvalid("description", f"a text of at most {DESCRIPTION_MAX_CHARS} "
-                                            "characters")
+        raise WebhookInvalid("description", f"a text of at most {DESCRIPTION_MAX_CHARS} characters")
     return description
 
 
-def webhook_endpoint_create(*, url: str, events: Iterable[str], description: str = "",
-                            now: datetime | None = None) -> WebhookEndpoint:
+def webhook_endpoint_create(
+    *, url: str, events: Iterable[str], description: str = "", now: datetime | None = None
+) -> WebhookEndpoint:
     """A new endpoint, enabled, with a new secret (``endpoint.secret``: show
     it to the person who created it; nothing shows it again)."""
     url, events = _clean_url(url), _clean_events(events)
@@ -147,17 +158,30 @@ def webhook_endpoint_create(*, url: str, events: Iterable[str], description: str
     now = now or timezone.now()
     with transaction.atomic(durable=True):
         endpoint = WebhookEndpoint.objects.create(
-            url=url, events=events, description=description, enabled=True,
-            secret=new_secret(), created_at=now, updated_at=now)
-    logger.info("webhook endpoint created", extra={
-        "endpoint_id": endpoint.pk, "endpoint": url, "events": ",".join(events)})
+            url=url,
+            events=events,
+            description=description,
+            enabled=True,
+            secret=new_secret(),
+            created_at=now,
+            updated_at=now,
+        )
+    logger.info(
+        "webhook endpoint created",
+        extra={"endpoint_id": endpoint.pk, "endpoint": url, "events": ",".join(events)},
+    )
     return endpoint
 
 
-def webhook_endpoint_update(*, endpoint_id: int, url: str | None = None,
-                            events: Iterable[str] | None = None,
-                            description: str | None = None, enabled: bool | None = None,
-                            now: datetime | None = None) -> WebhookEndpoint:
+def webhook_endpoint_update(
+    *,
+    endpoint_id: int,
+    url: str | None = None,
+    events: Iterable[str] | None = None,
+    description: str | None = None,
+    enabled: bool | None = None,
+    now: datetime | None = None,
+) -> WebhookEndpoint:
     """Change what is given (``None``: unchanged). A disabled endpoint is
     sent nothing new: no delivery is written for it, and an attempt that
     comes due while it is disabled fails without sending (resend it once it
@@ -182,8 +206,15 @@ def webhook_endpoint_update(*, endpoint_id: int, url: str | None = None,
         endpoint.updated_at = now or timezone.now()
         endpoint.save()
     if changes:
-        logger.info("webhook endpoint changed: %s", ", ".join(sorted(changes)), extra={
-            "endpoint_id": endpoint.pk, "endpoint": endpoint.url, "enabled": endpoint.enabled})
+        logger.info(
+            "webhook endpoint changed: %s",
+            ", ".join(sorted(changes)),
+            extra={
+                "endpoint_id": endpoint.pk,
+                "endpoint": endpoint.url,
+                "enabled": endpoint.enabled,
+            },
+        )
     return endpoint
 
 
@@ -232,9 +263,14 @@ def purchase_data(facts: dict, *, status: str, version: int) -> dict:
     }
 
 
-def webhook_publish(*, event_type: str, saga_id, event_id: int | None,
-                    data: dict | Callable[[], dict], now: datetime | None
-                    ) -> list[WebhookDelivery]:
+def webhook_publish(
+    *,
+    event_type: str,
+    saga_id,
+    event_id: int | None,
+    data: dict | Callable[[], dict],
+    now: datetime | None,
+) -> list[WebhookDelivery]:
     """Inside the caller's transaction: a delivery and its first attempt's
     outbox row for every enabled endpoint subscribed to ``event_type``; the
     deliveries written now (none for an endpoint that already has this type
@@ -244,64 +280,99 @@ def webhook_publish(*, event_type: str, saga_id, event_id: int | None,
     endpoint is subscribed, so that a saga's commit pays one query when no
     one listens."""
     if not in_transaction():
-        raise WebhookOutsideTransaction("webhook_publish must run inside the commit of the "
-                                        "move it announces")
+        raise WebhookOutsideTransaction(
+            "webhook_publish must run inside the commit of the move it announces"
+        )
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown webhook event type {event_type!r}")
     now = now or timezone.now()
     # A handful of endpoints: filtered here, so that SQLite (the embedded
     # mode, no JSON containment) reads them the same way.
-    endpoint_ids = [pk for pk, events in lock_objects.enabled_endpoints_key_share()
-                    if event_type in events]
+    endpoint_ids = [
+        pk for pk, events in lock_objects.enabled_endpoints_key_share() if event_type in events
+    ]
     if not endpoint_ids:
         return []
-    body = json.dumps({"type": str(event_type), "timestamp": iso_z(now),
-                       "data": data() if callable(data) else data}, separators=(",", ":"))
+    body = json.dumps(
+        {
+            "type": str(event_type),
+            "timestamp": iso_z(now),
+            "data": data() if callable(data) else data,
+        },
+        separators=(",", ":"),
+    )
     # Never NULL, the shard key (config/distribution.py); the product always
     # names the event (tests/test_citus_rules.py).
     event_id = NO_EVENT if event_id is None else event_id
-    rows = [WebhookDelivery(endpoint_id=pk, message_id=new_message_id(), event_type=event_type,
-                            saga_id=saga_id, event_id=event_id, body=body, status=PENDING,
-                            armed_attempt=1, next_attempt_at=now, created_at=now)
-            for pk in endpoint_ids]
+    rows = [
+        WebhookDelivery(
+            endpoint_id=pk,
+            message_id=new_message_id(),
+            event_type=event_type,
+            saga_id=saga_id,
+            event_id=event_id,
+            body=body,
+            status=PENDING,
+            armed_attempt=1,
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for pk in endpoint_ids
+    ]
     # ON CONFLICT DO NOTHING: a type already written for this saga and
     # endpoint stays as it is, and the saga's commit goes on.
     WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
-    written = list(WebhookDelivery.objects.filter(message_id__in=[r.message_id for r in rows])
-                   .order_by("pk"))
+    written = list(
+        WebhookDelivery.objects.filter(message_id__in=[r.message_id for r in rows]).order_by("pk")
+    )
     for delivery in written:
         _arm(delivery, attempt=1, due_at=now, now=now)
     return written
 
 
-def _arm(delivery: WebhookDelivery, *, attempt: int, due_at: datetime, now: datetime,
-         resend: bool = False, if_absent: bool = False) -> None:
+def _arm(
+    delivery: WebhookDelivery,
+    *,
+    attempt: int,
+    due_at: datetime,
+    now: datetime,
+    resend: bool = False,
+    if_absent: bool = False,
+) -> None:
     payload = {"delivery_id": delivery.pk, "attempt": attempt}
     if resend:
         payload["resend"] = True
-    timer_schedule(key=f"webhook:{delivery.pk}:{attempt}", topic=DELIVERY, payload=payload,
-                   due_at=due_at, event_id=delivery.event_id, saga_id=delivery.saga_id,
-                   now=now, if_absent=if_absent)
+    timer_schedule(
+        key=f"webhook:{delivery.pk}:{attempt}",
+        topic=DELIVERY,
+        payload=payload,
+        due_at=due_at,
+        event_id=delivery.event_id,
+        saga_id=delivery.saga_id,
+        now=now,
+        if_absent=if_absent,
+    )
 
 
 # --- attempts ---------------------------------------------------------------------------
 
 
-def webhook_attempt(*, delivery_id: int, attempt: int, resend: bool = False,
-                    now: datetime | None = None) -> str:
+def webhook_attempt(
+    *, delivery_id: int, attempt: int, resend: bool = False, now: datetime | None = None
+) -> str:
     """Make attempt ``attempt`` of a delivery, if it is still owed, and record
     it in a commit of its own; returns ``delivered``, ``retry``, ``failed``
     or ``skipped: <why>``."""
-    outcome = webhook_attempt_send(delivery_id=delivery_id, attempt=attempt, resend=resend,
-                                   now=now)
+    outcome = webhook_attempt_send(delivery_id=delivery_id, attempt=attempt, resend=resend, now=now)
     if isinstance(outcome, str):
         return outcome
     with transaction.atomic(durable=True):
         return outcome()
 
 
-def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False,
-                         now: datetime | None = None) -> str | Callable[[], str]:
+def webhook_attempt_send(
+    *, delivery_id: int, attempt: int, resend: bool = False, now: datetime | None = None
+) -> str | Callable[[], str]:
     """The half of an attempt that calls out: read the delivery, POST it
     (outside any transaction). Returns the other half, the record of the
     attempt and of what the delivery owes next, to run inside a transaction
@@ -314,8 +385,12 @@ def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False
     arms nothing.
     """
     made = WebhookAttempt.objects.filter(delivery_id=OuterRef("pk"), number=attempt)
-    delivery = (WebhookDelivery.objects.select_related("endpoint")
-                .annotate(attempt_made=Exists(made)).filter(pk=delivery_id).first())
+    delivery = (
+        WebhookDelivery.objects.select_related("endpoint")
+        .annotate(attempt_made=Exists(made))
+        .filter(pk=delivery_id)
+        .first()
+    )
     if delivery is None:
         return "skipped: no such delivery (its endpoint was deleted)"
     if delivery.attempt_made:
@@ -323,10 +398,15 @@ def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False
     if delivery.status != PENDING or delivery.armed_attempt != attempt:
         return f"skipped: the delivery is {delivery.status}, attempt {delivery.armed_attempt}"
     if tracing.enabled():
-        tracing.set_attributes({"webhook.delivery_id": delivery.pk, "webhook.attempt": attempt,
-                                "webhook.event_type": delivery.event_type,
-                                "webhook.endpoint_id": delivery.endpoint_id,
-                                "saga.id": delivery.saga_id})
+        tracing.set_attributes(
+            {
+                "webhook.delivery_id": delivery.pk,
+                "webhook.attempt": attempt,
+                "webhook.event_type": delivery.event_type,
+                "webhook.endpoint_id": delivery.endpoint_id,
+                "saga.id": delivery.saga_id,
+            }
+        )
     at = now or timezone.now()
     endpoint = delivery.endpoint
     if endpoint.enabled:
@@ -336,8 +416,16 @@ def webhook_attempt_send(*, delivery_id: int, attempt: int, resend: bool = False
         # to it, and a delivery left owing fails now (no alert; a resend once
         # it is enabled again), rather than waiting with nothing to wake it.
         answer, final = Answer(error="endpoint disabled: not sent"), True
-    return functools.partial(_record, delivery_id=delivery_id, attempt=attempt, resend=resend,
-                             at=at, answer=answer, final=final, now=now)
+    return functools.partial(
+        _record,
+        delivery_id=delivery_id,
+        attempt=attempt,
+        resend=resend,
+        at=at,
+        answer=answer,
+        final=final,
+        now=now,
+    )
 
 
 def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime) -> Answer:
@@ -347,19 +435,32 @@ def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime)
         return Answer(error=f"refused: {exc}")
     seconds = int(at.timestamp())
     signature = Webhook(endpoint.secret).sign(
-        delivery.message_id, datetime.fromtimestamp(seconds, tz=UTC), delivery.body)
+        delivery.message_id, datetime.fromtimestamp(seconds, tz=UTC), delivery.body
+    )
     headers = {
         "webhook-id": delivery.message_id,
         "webhook-timestamp": str(seconds),
         "webhook-signature": signature,
         "content-type": "application/json",
     }
-    return post(target, headers=headers, body=delivery.body.encode(),
-                timeout=settings.WEBHOOK_TIMEOUT_SECONDS)
+    return post(
+        target,
+        headers=headers,
+        body=delivery.body.encode(),
+        timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
+    )
 
 
-def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answer: Answer,
-            final: bool, now: datetime | None) -> str:
+def _record(
+    *,
+    delivery_id: int,
+    attempt: int,
+    resend: bool,
+    at: datetime,
+    answer: Answer,
+    final: bool,
+    now: datetime | None,
+) -> str:
     """Inside the caller's transaction: the attempt, and what the delivery
     owes next; the log line (and any alert) is the last thing before the
     commit, so only a commit that then fails repeats it, when the attempt is
@@ -372,9 +473,16 @@ def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answe
     if WebhookAttempt.objects.filter(delivery=delivery, number=attempt).exists():
         return "skipped: this attempt was recorded by another worker"
     WebhookAttempt.objects.create(
-        delivery=delivery, event_id=delivery.event_id, number=attempt, resend=resend, at=at,
-        status_code=answer.status_code, latency_ms=answer.latency_ms,
-        error=answer.error[:500], response_excerpt=answer.excerpt[:500])
+        delivery=delivery,
+        event_id=delivery.event_id,
+        number=attempt,
+        resend=resend,
+        at=at,
+        status_code=answer.status_code,
+        latency_ms=answer.latency_ms,
+        error=answer.error[:500],
+        response_excerpt=answer.excerpt[:500],
+    )
     alert = False
     if delivery.status != PENDING or delivery.armed_attempt != attempt:
         verdict = "recorded"  # evidence only: the delivery moved meanwhile
@@ -393,29 +501,47 @@ def _record(*, delivery_id: int, attempt: int, resend: bool, at: datetime, answe
         delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
         # if_absent: a second arming of the same attempt is the same row.
         _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
-    delivery.save(update_fields=["status", "delivered_at", "failed_at", "armed_attempt",
-                                 "next_attempt_at"])
+    delivery.save(
+        update_fields=["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
+    )
     _log_attempt(delivery, attempt=attempt, verdict=verdict, answer=answer, alert=alert)
     return verdict
 
 
-def _log_attempt(delivery: WebhookDelivery, *, attempt: int, verdict: str, answer: Answer,
-                 alert: bool) -> None:
-    extra = {"delivery_id": delivery.pk, "endpoint_id": delivery.endpoint_id,
-             "endpoint": delivery.endpoint.url, "saga_id": str(delivery.saga_id),
-             "type": delivery.event_type, "message_id": delivery.message_id,
-             "attempt": attempt, "status_code": answer.status_code,
-             "latency_ms": answer.latency_ms}
-    logger.info("webhook attempt %s: %s%s", attempt, verdict,
-                f" ({answer.error})" if answer.error else "", extra=extra)
+def _log_attempt(
+    delivery: WebhookDelivery, *, attempt: int, verdict: str, answer: Answer, alert: bool
+) -> None:
+    extra = {
+        "delivery_id": delivery.pk,
+        "endpoint_id": delivery.endpoint_id,
+        "endpoint": delivery.endpoint.url,
+        "saga_id": str(delivery.saga_id),
+        "type": delivery.event_type,
+        "message_id": delivery.message_id,
+        "attempt": attempt,
+        "status_code": answer.status_code,
+        "latency_ms": answer.latency_ms,
+    }
+    logger.info(
+        "webhook attempt %s: %s%s",
+        attempt,
+        verdict,
+        f" ({answer.error})" if answer.error else "",
+        extra=extra,
+    )
     if alert:
-        logger.error("webhook failed after %s attempts: %s", attempt, answer.error,
-                     extra={**extra, "alert": "webhook_failed"})
+        logger.error(
+            "webhook failed after %s attempts: %s",
+            attempt,
+            answer.error,
+            extra={**extra, "alert": "webhook_failed"},
+        )
         metrics.ALERTS.labels(kind="webhook_failed").inc()
 
 
-def webhook_resend(delivery_id: int, *, now: datetime | None = None, by: str = "",
-                   reason: str = "") -> int:
+def webhook_resend(
+    delivery_id: int, *, now: datetime | None = None, by: str = "", reason: str = ""
+) -> int:
     """Arm one more attempt of a delivered or failed delivery, due now, with
     the same ``webhook-id``; returns its number (the count goes on). A resend
     is one attempt: no retries follow it and its failure raises no alert
@@ -427,15 +553,24 @@ def webhook_resend(delivery_id: int, *, now: datetime | None = None, by: str = "
             raise WebhookNotFound(f"no webhook delivery {delivery_id}")
         if delivery.status == PENDING:
             due = iso_z(delivery.next_attempt_at) if delivery.next_attempt_at else "now"
-            raise WebhookResendRefused(f"attempt {delivery.armed_attempt} is already owed "
-                                       f"(due {due})")
+            raise WebhookResendRefused(
+                f"attempt {delivery.armed_attempt} is already owed (due {due})"
+            )
         if not delivery.endpoint.enabled:
             raise WebhookResendRefused("the endpoint is disabled: enable it first")
         attempt = delivery.armed_attempt + 1
         delivery.status, delivery.armed_attempt, delivery.next_attempt_at = PENDING, attempt, now
         delivery.save(update_fields=["status", "armed_attempt", "next_attempt_at"])
         _arm(delivery, attempt=attempt, due_at=now, now=now, resend=True)
-    logger.info("webhook resend: attempt %s armed", attempt, extra={
-        "delivery_id": delivery.pk, "saga_id": str(delivery.saga_id),
-        "type": delivery.event_type, "operator": by, "reason": reason})
+    logger.info(
+        "webhook resend: attempt %s armed",
+        attempt,
+        extra={
+            "delivery_id": delivery.pk,
+            "saga_id": str(delivery.saga_id),
+            "type": delivery.event_type,
+            "operator": by,
+            "reason": reason,
+        },
+    )
     return attempt

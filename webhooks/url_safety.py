@@ -66,7 +66,7 @@ def resolve(host: str, port: int) -> list[str]:
 
 
 def why_not_allowed(address: str, *, allow_local: bool) -> str:
-    """"" if a webhook may be sent to ``address``, else the reason."""
+    """ "" if a webhook may be sent to ``address``, else the reason."""
     ip = ipaddress.ip_address(address)
     if isinstance(ip, ipaddress.IPv6Address):
         # An IPv4 address inside an IPv6 one is judged as what it is.
@@ -106,11 +106,14 @@ def check_url(url: str, *, allow_local: bool | None = None) -> Target:
         raise UnsafeURL(f"not a URL: {exc}") from exc
     scheme = parts.scheme.lower()
     if scheme not in schemes:
-        raise UnsafeURL("the URL must be https://" + (
-            "" if allow_local else " (http:// only with WEBHOOK_ALLOW_LOCAL_URLS)"))
+        raise UnsafeURL(
+            "the URL must be https://"
+            + ("" if allow_local else " (http:// only with WEBHOOK_ALLOW_LOCAL_URLS)")
+        )
     if parts.username is not None or parts.password is not None:
-        raise UnsafeURL("credentials in the URL are not allowed: the signature "
-                        "authenticates the request")
+        raise UnsafeURL(
+            "credentials in the URL are not allowed: the signature authenticates the request"
+        )
     if not parts.hostname:
         raise UnsafeURL("the URL has no host")
     port = port or DEFAULT_PORTS[scheme]

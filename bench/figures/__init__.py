@@ -24,6 +24,16 @@ from bench.figures import (
     webhooks,
 )
 
-WITH_STACK = (reserve, celery_baseline, e2e, timers, hot_seat, gateway_latency, catalog,
-              webhooks, onsale, scale_out)
+WITH_STACK = (
+    reserve,
+    celery_baseline,
+    e2e,
+    timers,
+    hot_seat,
+    gateway_latency,
+    catalog,
+    webhooks,
+    onsale,
+    scale_out,
+)
 WITHOUT_STACK = (sweeps,)

@@ -20,8 +20,12 @@ import httpx
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
 from bench.load import closed_loop
 
-FIGURE = Figure(phase="catalog", key="8_catalog", label="8 catalog cache",
-                timeout=lambda ctx: 300 + 9 * (ctx.warmup + ctx.dur + 10))
+FIGURE = Figure(
+    phase="catalog",
+    key="8_catalog",
+    label="8 catalog cache",
+    timeout=lambda ctx: 300 + 9 * (ctx.warmup + ctx.dur + 10),
+)
 SEATS = 2000
 CLIENTS = (4, 16)  # the reserve pairs in run() are written out for these
 
@@ -36,8 +40,9 @@ def run(ctx: Context) -> None:
         for c in CLIENTS:
             fig[f"cached_c{c}"] = _gets(ctx, path, c, label=f"seats cached c={c}")
         etag = httpx.get(ctx.stack.base_url + path, trust_env=False, timeout=30).headers["ETag"]
-        fig["not_modified_c16"] = _gets(ctx, path, 16, label="seats 304 c=16",
-                                        headers={"If-None-Match": etag}, expect=304)
+        fig["not_modified_c16"] = _gets(
+            ctx, path, 16, label="seats 304 c=16", headers={"If-None-Match": etag}, expect=304
+        )
         # Each pair back to back, in the order on, off, off, on: the
         # machine's drift over the run weighs on both sides alike.
         fig["reserve_invalidating_c4"] = _reserve(ctx, 4, "invalidating")
@@ -79,8 +84,15 @@ def _forget_cache(ctx: Context) -> None:
         ctx.broker.redis.delete(*keys)
 
 
-def _gets(ctx: Context, path: str, clients: int, *, label: str, headers: dict | None = None,
-          expect: int = 200) -> dict:
+def _gets(
+    ctx: Context,
+    path: str,
+    clients: int,
+    *,
+    label: str,
+    headers: dict | None = None,
+    expect: int = 200,
+) -> dict:
     """``clients`` closed-loop anonymous clients, each its own keep-alive
     connection, GETting ``path`` for the warm-up and the measured window."""
     stop = threading.Event()
@@ -90,16 +102,25 @@ def _gets(ctx: Context, path: str, clients: int, *, label: str, headers: dict | 
 
     def loop(k: int) -> None:
         try:
-            with httpx.Client(base_url=ctx.stack.base_url, headers=headers or {},
-                              timeout=httpx.Timeout(60.0), trust_env=False,
-                              limits=httpx.Limits(max_connections=1,
-                                                  max_keepalive_connections=1)) as client:
+            with httpx.Client(
+                base_url=ctx.stack.base_url,
+                headers=headers or {},
+                timeout=httpx.Timeout(60.0),
+                trust_env=False,
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            ) as client:
                 barrier.wait()
                 while not stop.is_set():
                     started = time.perf_counter()
                     answer = client.get(path)
-                    records[k].append((time.monotonic(), time.perf_counter() - started,
-                                       answer.status_code, len(answer.content)))
+                    records[k].append(
+                        (
+                            time.monotonic(),
+                            time.perf_counter() - started,
+                            answer.status_code,
+                            len(answer.content),
+                        )
+                    )
         except threading.BrokenBarrierError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -120,12 +141,21 @@ def _gets(ctx: Context, path: str, clients: int, *, label: str, headers: dict | 
     window = [r for rs in records for r in rs if w0 <= r[0] <= w1]
     ok = [r[1] for r in window if r[2] == expect]
     if errors or len(ok) != len(window) or not ok:
-        raise PhaseFailed(f"{label}: {len(window) - len(ok)} of {len(window)} answers were not "
-                          f"{expect}: {errors[:3]}")
-    out = {"clients": clients, "requests": len(window), "throughput_per_s": len(ok) / ctx.dur,
-           "latency": lat_summary(ok), "body_bytes": window[-1][3]}
-    log(f"   {label}: {out['throughput_per_s']:.1f} req/s, p50 {out['latency']['p50_ms']:.1f} "
-        f"ms, p99 {out['latency']['p99_ms']:.1f} ms, {out['body_bytes']} bytes")
+        raise PhaseFailed(
+            f"{label}: {len(window) - len(ok)} of {len(window)} answers were not "
+            f"{expect}: {errors[:3]}"
+        )
+    out = {
+        "clients": clients,
+        "requests": len(window),
+        "throughput_per_s": len(ok) / ctx.dur,
+        "latency": lat_summary(ok),
+        "body_bytes": window[-1][3],
+    }
+    log(
+        f"   {label}: {out['throughput_per_s']:.1f} req/s, p50 {out['latency']['p50_ms']:.1f} "
+        f"ms, p99 {out['latency']['p99_ms']:.1f} ms, {out['body_bytes']} bytes"
+    )
     return out
 
 
@@ -135,15 +165,24 @@ def _reserve(ctx: Context, clients: int, how: str) -> dict:
     paused = ctx.broker.pause_consumer()
     try:
         ctx.broker.purge()
-        m = closed_loop(ctx.stack, ctx.users, label=f"reserve {how} c={clients}",
-                        clients=clients, warmup=ctx.warmup, duration=ctx.dur, event_id=event,
-                        nseats=nseats)
+        m = closed_loop(
+            ctx.stack,
+            ctx.users,
+            label=f"reserve {how} c={clients}",
+            clients=clients,
+            warmup=ctx.warmup,
+            duration=ctx.dur,
+            event_id=event,
+            nseats=nseats,
+        )
     finally:
         ctx.broker.purge()
         if paused:
             ctx.broker.resume_consumer()
-    log(f"   reserve {how} c={clients}: {m['throughput_per_s']:.1f} req/s, "
-        f"p50 {m['latency_202']['p50_ms']:.1f} ms, p99 {m['latency_202']['p99_ms']:.1f} ms")
+    log(
+        f"   reserve {how} c={clients}: {m['throughput_per_s']:.1f} req/s, "
+        f"p50 {m['latency_202']['p50_ms']:.1f} ms, p99 {m['latency_202']['p99_ms']:.1f} ms"
+    )
     return m
 
 
@@ -152,29 +191,40 @@ def rows(fig: dict) -> list[dict]:
     for c in CLIENTS:
         cached, database = fig[f"cached_c{c}"], fig[f"database_c{c}"]
         out += [
-            {"figure": f"8 seats of {SEATS:,} c={c} throughput, cached vs database",
-             "measured": f"{cached['throughput_per_s']:.1f} req/s",
-             "baseline": f"{database['throughput_per_s']:.1f} req/s",
-             "ratio": ratio(cached["throughput_per_s"], database["throughput_per_s"])},
-            {"figure": f"8 seats of {SEATS:,} c={c} p50 / p99, cached vs database",
-             "measured": f"{cached['latency']['p50_ms']:.1f} / {cached['latency']['p99_ms']:.1f}"
-                         " ms",
-             "baseline": f"{database['latency']['p50_ms']:.1f} / "
-                         f"{database['latency']['p99_ms']:.1f} ms",
-             "ratio": ratio(cached["latency"]["p50_ms"], database["latency"]["p50_ms"])},
+            {
+                "figure": f"8 seats of {SEATS:,} c={c} throughput, cached vs database",
+                "measured": f"{cached['throughput_per_s']:.1f} req/s",
+                "baseline": f"{database['throughput_per_s']:.1f} req/s",
+                "ratio": ratio(cached["throughput_per_s"], database["throughput_per_s"]),
+            },
+            {
+                "figure": f"8 seats of {SEATS:,} c={c} p50 / p99, cached vs database",
+                "measured": f"{cached['latency']['p50_ms']:.1f} / {cached['latency']['p99_ms']:.1f}"
+                " ms",
+                "baseline": f"{database['latency']['p50_ms']:.1f} / "
+                f"{database['latency']['p99_ms']:.1f} ms",
+                "ratio": ratio(cached["latency"]["p50_ms"], database["latency"]["p50_ms"]),
+            },
         ]
     not_modified, cached = fig["not_modified_c16"], fig["cached_c16"]
-    out.append({"figure": "8 seats c=16 throughput, 304 vs cached 200",
-                "measured": f"{not_modified['throughput_per_s']:.1f} req/s",
-                "baseline": f"{cached['throughput_per_s']:.1f} req/s",
-                "ratio": ratio(not_modified["throughput_per_s"], cached["throughput_per_s"])})
+    out.append(
+        {
+            "figure": "8 seats c=16 throughput, 304 vs cached 200",
+            "measured": f"{not_modified['throughput_per_s']:.1f} req/s",
+            "baseline": f"{cached['throughput_per_s']:.1f} req/s",
+            "ratio": ratio(not_modified["throughput_per_s"], cached["throughput_per_s"]),
+        }
+    )
     for c in CLIENTS:
         on, off = fig[f"reserve_invalidating_c{c}"], fig[f"reserve_not_invalidating_c{c}"]
-        out.append({
-            "figure": f"8 reserve c={c} throughput, invalidating vs not",
-            "measured": f"{on['throughput_per_s']:.1f} req/s "
-                        f"(p99 {on['latency_202']['p99_ms']:.0f} ms)",
-            "baseline": f"{off['throughput_per_s']:.1f} req/s "
-                        f"(p99 {off['latency_202']['p99_ms']:.0f} ms)",
-            "ratio": ratio(on["throughput_per_s"], off["throughput_per_s"])})
+        out.append(
+            {
+                "figure": f"8 reserve c={c} throughput, invalidating vs not",
+                "measured": f"{on['throughput_per_s']:.1f} req/s "
+                f"(p99 {on['latency_202']['p99_ms']:.0f} ms)",
+                "baseline": f"{off['throughput_per_s']:.1f} req/s "
+                f"(p99 {off['latency_202']['p99_ms']:.0f} ms)",
+                "ratio": ratio(on["throughput_per_s"], off["throughput_per_s"]),
+            }
+        )
     return out

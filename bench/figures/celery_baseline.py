@@ -8,8 +8,12 @@ import time
 
 from bench.common import Context, Figure, PhaseFailed, log, ratio
 
-FIGURE = Figure(phase="celery", key="7_celery", label="7 celery task rates",
-                timeout=lambda ctx: 240 if not ctx.full else 900)
+FIGURE = Figure(
+    phase="celery",
+    key="7_celery",
+    label="7 celery task rates",
+    timeout=lambda ctx: 240 if not ctx.full else 900,
+)
 
 
 def _task_rate(ctx: Context, name: str, count: int, *, args_fn, done_fn) -> dict:
@@ -27,8 +31,13 @@ def _task_rate(ctx: Context, name: str, count: int, *, args_fn, done_fn) -> dict
         broker.resume_consumer()
     broker.wait_drained(None, f"{name} tasks", also=done_fn, every=0.01)
     secs = time.monotonic() - (t0 if paused else t_enq)
-    return {"tasks": count, "seconds": secs, "per_s": count / secs,
-            "enqueue_seconds": enqueue_s, "prefilled_queue": paused}
+    return {
+        "tasks": count,
+        "seconds": secs,
+        "per_s": count / secs,
+        "enqueue_seconds": enqueue_s,
+        "prefilled_queue": paused,
+    }
 
 
 def run(ctx: Context) -> None:
@@ -38,14 +47,22 @@ def run(ctx: Context) -> None:
     noop = _task_rate(ctx, "bench.noop", n_noop, args_fn=lambda i: [], done_fn=lambda: True)
     log(f"   no-op: {noop['per_s']:.0f} tasks/s")
     txn = _task_rate(
-        ctx, "bench.small_txn", n_txn, args_fn=lambda i: [i],
-        done_fn=lambda: ctx.db.q1("SELECT count(*) FROM bench_log")[0] >= n_txn)
+        ctx,
+        "bench.small_txn",
+        n_txn,
+        args_fn=lambda i: [i],
+        done_fn=lambda: ctx.db.q1("SELECT count(*) FROM bench_log")[0] >= n_txn,
+    )
     log(f"   small transaction: {txn['per_s']:.0f} tasks/s")
     ctx.results["figures"][FIGURE.key] = {"noop": noop, "small_txn": txn}
-    ctx.rows.append({"figure": "7 celery small-txn task rate",
-                     "measured": f"{txn['per_s']:.0f} tasks/s",
-                     "baseline": f"{noop['per_s']:.0f} no-op tasks/s",
-                     "ratio": ratio(txn["per_s"], noop["per_s"])})
+    ctx.rows.append(
+        {
+            "figure": "7 celery small-txn task rate",
+            "measured": f"{txn['per_s']:.0f} tasks/s",
+            "baseline": f"{noop['per_s']:.0f} no-op tasks/s",
+            "ratio": ratio(txn["per_s"], noop["per_s"]),
+        }
+    )
 
 
 def combined_rows(figures: dict) -> list[dict]:
@@ -54,9 +71,11 @@ def combined_rows(figures: dict) -> list[dict]:
     e2e, celery = figures.get("2_e2e"), figures.get(FIGURE.key)
     if not (e2e and celery):
         return []
-    return [{
-        "figure": "2/7 e2e confirmed/s vs small-txn task/s",
-        "measured": f"{e2e['confirmed_per_s']:.1f} /s",
-        "baseline": f"{celery['small_txn']['per_s']:.0f} tasks/s",
-        "ratio": ratio(e2e["confirmed_per_s"], celery["small_txn"]["per_s"]),
-    }]
+    return [
+        {
+            "figure": "2/7 e2e confirmed/s vs small-txn task/s",
+            "measured": f"{e2e['confirmed_per_s']:.1f} /s",
+            "baseline": f"{celery['small_txn']['per_s']:.0f} tasks/s",
+            "ratio": ratio(e2e["confirmed_per_s"], celery["small_txn"]["per_s"]),
+        }
+    ]

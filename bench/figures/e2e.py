@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from typing import Any
 
 from bench import sqlcount
 from bench.common import (
@@ -67,9 +68,12 @@ def run(ctx: Context) -> None:
     noise_rate = (s_b["xact_commit"] - s_a["xact_commit"]) / (s_b["t"] - s_a["t"])
     own_b = ctx.db.autocommits
 
-    window = WindowCPU(roots={n: p.pid for n, p in ctx.stack.procs.items()}, pg=ctx.pg,
-                       redis_pid=_redis_pid(ctx),
-                       excluded=ctx.profiler.pids() if ctx.profiler else [])
+    window = WindowCPU(
+        roots={n: p.pid for n, p in ctx.stack.procs.items()},
+        pg=ctx.pg,
+        redis_pid=_redis_pid(ctx),
+        excluded=ctx.profiler.pids() if ctx.profiler else [],
+    )
     window.start()
     try:
         m = measure(ctx, ev, total, "e2e")
@@ -83,7 +87,9 @@ def run(ctx: Context) -> None:
     quiet = ctx.broker.quiesce(ctx.db, 180)
     (emails_left,) = ctx.db.q1(
         "SELECT count(*) FROM outbox_outboxmessage WHERE event_id = %s"
-        " AND completed_at IS NULL AND cancelled_at IS NULL", [ev])
+        " AND completed_at IS NULL AND cancelled_at IS NULL",
+        [ev],
+    )
     time.sleep(STATS_FLUSH_SECONDS)
     s_c = ctx.db.stats()
     commits = s_c["xact_commit"] - s_b["xact_commit"]
@@ -92,24 +98,50 @@ def run(ctx: Context) -> None:
     # commits on the same database; not the product's.
     own = ctx.db.autocommits - own_b
     per_purchase_txn = (commits - noise - own) / total
-    log(f"   e2e: {per_purchase_txn:.1f} committed transactions per purchase "
-        f"(raw {commits}, background {noise:.0f}, the bench's own {own})")
+    log(
+        f"   e2e: {per_purchase_txn:.1f} committed transactions per purchase "
+        f"(raw {commits}, background {noise:.0f}, the bench's own {own})"
+    )
 
     log(f"   pgbench -N (built-in simple-update) at {CLIENTS} clients, {ctx.dur:.0f}s")
-    pgb = ctx.pgbench.run(args=["-N", "-M", ctx.pgbench.mode, "-c", str(CLIENTS),
-                                "-j", str(CLIENTS), "-T", str(int(ctx.dur))],
-                          db=PGBENCH_DB, timeout=ctx.dur + 120, tag="simple-update")
-    reserve_txn = (ctx.results["figures"].get("1_reserve", {}).get("levels", {})
-                   .get("4", {}).get("pgbench", {}).get("xact_commit_per_txn"))
-    fig.update({
-        "quiesced": quiet, "outbox_rows_left": emails_left,
-        "xact_commit_delta": commits, "background_xact_per_s": noise_rate,
-        "background_xact": noise, "bench_own_xact": own,
-        "transactions_per_purchase": per_purchase_txn,
-        "rows_written_per_purchase": _rows_written(s_b, s_c, total),
-        "pgbench_simple_update": pgb,
-        "reserve_transactions_per_request_pgbench": reserve_txn,
-    })
+    pgb = ctx.pgbench.run(
+        args=[
+            "-N",
+            "-M",
+            ctx.pgbench.mode,
+            "-c",
+            str(CLIENTS),
+            "-j",
+            str(CLIENTS),
+            "-T",
+            str(int(ctx.dur)),
+        ],
+        db=PGBENCH_DB,
+        timeout=ctx.dur + 120,
+        tag="simple-update",
+    )
+    reserve_txn = (
+        ctx.results["figures"]
+        .get("1_reserve", {})
+        .get("levels", {})
+        .get("4", {})
+        .get("pgbench", {})
+        .get("xact_commit_per_txn")
+    )
+    fig.update(
+        {
+            "quiesced": quiet,
+            "outbox_rows_left": emails_left,
+            "xact_commit_delta": commits,
+            "background_xact_per_s": noise_rate,
+            "background_xact": noise,
+            "bench_own_xact": own,
+            "transactions_per_purchase": per_purchase_txn,
+            "rows_written_per_purchase": _rows_written(s_b, s_c, total),
+            "pgbench_simple_update": pgb,
+            "reserve_transactions_per_request_pgbench": reserve_txn,
+        }
+    )
     fig["sql"] = _count_run(ctx, min(total, COUNT_RUN_PURCHASES))
     ctx.rows += rows(fig)
 
@@ -134,12 +166,20 @@ def measure(ctx: Context, ev: int, total: int, label: str) -> dict:
     drained_at = _wait_drained(ctx, ev, label)
     request_s = t_sent - t_first
     drain_s = max(0.0, drained_at - t_sent)
-    log(f"   {label}: {total} confirmed in {seconds:.1f}s = {total / seconds:.1f}/s "
-        f"(requests took {request_s:.1f}s, the drain after them {drain_s:.1f}s)")
-    return {"event": ev, "purchases": total, "seconds": seconds,
-            "confirmed_per_s": total / seconds, "statuses": statuses,
-            "request_phase_seconds": request_s, "drain_seconds": drain_s,
-            "drain_over_request_phase": ratio(drain_s, request_s)}
+    log(
+        f"   {label}: {total} confirmed in {seconds:.1f}s = {total / seconds:.1f}/s "
+        f"(requests took {request_s:.1f}s, the drain after them {drain_s:.1f}s)"
+    )
+    return {
+        "event": ev,
+        "purchases": total,
+        "seconds": seconds,
+        "confirmed_per_s": total / seconds,
+        "statuses": statuses,
+        "request_phase_seconds": request_s,
+        "drain_seconds": drain_s,
+        "drain_over_request_phase": ratio(drain_s, request_s),
+    }
 
 
 def _purchase(ctx: Context, ev: int, total: int) -> tuple[dict[int, int], list[str]]:
@@ -158,8 +198,7 @@ def _purchase(ctx: Context, ev: int, total: int) -> tuple[dict[int, int], list[s
                     if status != 202 and len(errors) < 5:
                         errors.append(f"{status} {head}")
 
-    threads = [threading.Thread(target=client_loop, args=(k,), daemon=True)
-               for k in range(CLIENTS)]
+    threads = [threading.Thread(target=client_loop, args=(k,), daemon=True) for k in range(CLIENTS)]
     for th in threads:
         th.start()
     for th in threads:
@@ -176,7 +215,9 @@ def _wait_confirmed(ctx: Context, ev: int, total: int):
             "SELECT count(*) FILTER (WHERE state = 'CONFIRMED'),"
             " count(*) FILTER (WHERE state NOT IN ('CONFIRMED', 'PENDING', 'CHARGING')),"
             " extract(epoch FROM max(updated_at) FILTER (WHERE state = 'CONFIRMED'))"
-            " FROM purchases_purchasesaga WHERE event_id = %s", [ev])
+            " FROM purchases_purchasesaga WHERE event_id = %s",
+            [ev],
+        )
         if seen["confirmed"] == total:
             return True
         if other_final:
@@ -184,8 +225,12 @@ def _wait_confirmed(ctx: Context, ev: int, total: int):
         ctx.stack.check_alive()
         return False
 
-    if not poll(all_confirmed, timeout=600 if ctx.full else 240, every=0.2,
-                progress=lambda: log(f"   e2e: {seen['confirmed']}/{total} confirmed")):
+    if not poll(
+        all_confirmed,
+        timeout=600 if ctx.full else 240,
+        every=0.2,
+        progress=lambda: log(f"   e2e: {seen['confirmed']}/{total} confirmed"),
+    ):
         raise PhaseFailed(f"e2e: only {seen['confirmed']}/{total} confirmed in time")
     return seen["last_at"]
 
@@ -202,18 +247,27 @@ def _wait_drained(ctx: Context, ev: int, label: str) -> float:
             "        AND state NOT IN ('CONFIRMED', 'COMPENSATED')),"
             " (SELECT count(*) FROM outbox_outboxmessage WHERE event_id = %s"
             "  AND completed_at IS NULL AND cancelled_at IS NULL AND dead_at IS NULL"
-            "  AND available_at <= now())", [ev, ev])
+            "  AND available_at <= now())",
+            [ev, ev],
+        )
         return left["sagas"] == 0 and left["rows"] == 0
 
-    if not poll(drained, timeout=600 if ctx.full else 240, every=0.2,
-                progress=lambda: log(f"   {label}: draining, {left['sagas']} sagas and "
-                                     f"{left['rows']} outbox rows owed")):
+    if not poll(
+        drained,
+        timeout=600 if ctx.full else 240,
+        every=0.2,
+        progress=lambda: log(
+            f"   {label}: draining, {left['sagas']} sagas and {left['rows']} outbox rows owed"
+        ),
+    ):
         raise PhaseFailed(f"{label}: not drained in time: {left}")
     (at,) = ctx.db.q1(
         "SELECT extract(epoch FROM greatest("
         " (SELECT max(updated_at) FROM purchases_purchasesaga WHERE event_id = %s),"
         " (SELECT max(greatest(completed_at, cancelled_at)) FROM outbox_outboxmessage"
-        "  WHERE event_id = %s)))", [ev, ev])
+        "  WHERE event_id = %s)))",
+        [ev, ev],
+    )
     return float(at)
 
 
@@ -286,12 +340,16 @@ def _count_run(ctx: Context, n: int) -> dict:
     raw = sqlcount.minus(after, idle)
     background = sqlcount.minus(idle, before)
     counted = sqlcount.minus(raw, background, scale=(t2 - t1) / (t1 - t0))
-    steps = {step: {k: round(v / n, 3) for k, v in sqlcount.summary(c).items()}
-             for step, c in sorted(counted.items())
-             if any(round(v / n, 2) for v in c.values())}
+    steps = {
+        step: {k: round(v / n, 3) for k, v in sqlcount.summary(c).items()}
+        for step, c in sorted(counted.items())
+        if any(round(v / n, 2) for v in c.values())
+    }
     product = [s for s in steps if not s.startswith("gateway")]
-    total = {k: round(sum(steps[s][k] for s in product), 3)
-             for k in ("statements", "commits", "round_trips")}
+    total = {
+        k: round(sum(steps[s][k] for s in product), 3)
+        for k in ("statements", "commits", "round_trips")
+    }
     product_raw = [c for step, c in raw.items() if not step.startswith("gateway")]
     connects = sum(c["connects"] for c in product_raw)
     check = {
@@ -304,12 +362,23 @@ def _count_run(ctx: Context, n: int) -> dict:
         "pg_stat_database_commits": s2["xact_commit"] - s1["xact_commit"] - (own2 - own1),
         "bench_own_commits": own2 - own1,
     }
-    log(f"   counter check: {check['counted_commits']:.0f} commits counted, "
-        f"{check['pg_stat_database_commits']} in pg_stat_database")
-    return {"purchases": n, "run": m, "quiesced": quiet, "directory": str(directory),
-            "idle_seconds": t1 - t0, "window_seconds": t2 - t1,
-            "raw": raw, "idle": background, "per_purchase": steps, "product_total": total,
-            "counter_check": check}
+    log(
+        f"   counter check: {check['counted_commits']:.0f} commits counted, "
+        f"{check['pg_stat_database_commits']} in pg_stat_database"
+    )
+    return {
+        "purchases": n,
+        "run": m,
+        "quiesced": quiet,
+        "directory": str(directory),
+        "idle_seconds": t1 - t0,
+        "window_seconds": t2 - t1,
+        "raw": raw,
+        "idle": background,
+        "per_purchase": steps,
+        "product_total": total,
+        "counter_check": check,
+    }
 
 
 # --- the table ---------------------------------------------------------------------------
@@ -321,23 +390,32 @@ def rows(fig: dict) -> list[dict]:
     reserve_txn = fig["reserve_transactions_per_request_pgbench"]
     per_purchase_txn = fig["transactions_per_purchase"]
     out = [
-        {"figure": f"2 e2e confirmed purchases/s (c={CLIENTS})",
-         "measured": f"{rate:.1f} /s",
-         "baseline": f"{pgb['tps']:.0f} tps pgbench -N",
-         "ratio": ratio(rate, pgb["tps"])},
-        {"figure": f"2 e2e confirmed/s vs reserve alone (c={CLIENTS})", "note": "goal >= 0.5",
-         "measured": f"{rate:.1f} /s",
-         "baseline": f"{alone['throughput_per_s']:.1f} req/s reserve alone",
-         "ratio": ratio(rate, alone["throughput_per_s"])},
-        {"figure": "2 e2e drain after the last request vs the request phase",
-         "note": "goal <= 1",
-         "measured": f"{fig['drain_seconds']:.1f} s",
-         "baseline": f"{fig['request_phase_seconds']:.1f} s requests",
-         "ratio": fig["drain_over_request_phase"]},
-        {"figure": "2 e2e transactions per purchase",
-         "measured": f"{per_purchase_txn:.1f}",
-         "baseline": (f"{reserve_txn:.1f} per reserve (pgbench)" if reserve_txn else "n/a"),
-         "ratio": ratio(per_purchase_txn, reserve_txn)},
+        {
+            "figure": f"2 e2e confirmed purchases/s (c={CLIENTS})",
+            "measured": f"{rate:.1f} /s",
+            "baseline": f"{pgb['tps']:.0f} tps pgbench -N",
+            "ratio": ratio(rate, pgb["tps"]),
+        },
+        {
+            "figure": f"2 e2e confirmed/s vs reserve alone (c={CLIENTS})",
+            "note": "goal >= 0.5",
+            "measured": f"{rate:.1f} /s",
+            "baseline": f"{alone['throughput_per_s']:.1f} req/s reserve alone",
+            "ratio": ratio(rate, alone["throughput_per_s"]),
+        },
+        {
+            "figure": "2 e2e drain after the last request vs the request phase",
+            "note": "goal <= 1",
+            "measured": f"{fig['drain_seconds']:.1f} s",
+            "baseline": f"{fig['request_phase_seconds']:.1f} s requests",
+            "ratio": fig["drain_over_request_phase"],
+        },
+        {
+            "figure": "2 e2e transactions per purchase",
+            "measured": f"{per_purchase_txn:.1f}",
+            "baseline": (f"{reserve_txn:.1f} per reserve (pgbench)" if reserve_txn else "n/a"),
+            "ratio": ratio(per_purchase_txn, reserve_txn),
+        },
     ]
     return out + cpu_rows(fig) + sql_rows(fig)
 
@@ -348,24 +426,44 @@ def cpu_rows(fig: dict) -> list[dict]:
     cpu = fig["cpu_ms_per_purchase"]
     total = cpu["total"]
     alone = (fig["reserve_alone"].get("cpu_ms_per_202") or {}).get("machine_all_processes")
-    out = []
+    out: list[dict[str, Any]] = []
     for key, label in LABELS.items():
         v = cpu.get(key)
         if key == "beat":
-            out.append({"figure": "2 e2e CPU per purchase: beat", "measured": "not run",
-                        "baseline": "the bench starts no beat", "ratio": None})
+            out.append(
+                {
+                    "figure": "2 e2e CPU per purchase: beat",
+                    "measured": "not run",
+                    "baseline": "the bench starts no beat",
+                    "ratio": None,
+                }
+            )
         elif v is not None:
-            out.append({"figure": f"2 e2e CPU per purchase: {label}", "measured": f"{v:.2f} ms",
-                        "baseline": f"of {total:.1f} ms total", "ratio": ratio(v, total)})
-    out.append({"figure": "2 e2e CPU per purchase: total of the above",
-                "measured": f"{total:.1f} ms",
-                "baseline": (f"{alone:.1f} ms machine per reserve alone" if alone else "n/a"),
-                "ratio": ratio(total, alone)})
+            out.append(
+                {
+                    "figure": f"2 e2e CPU per purchase: {label}",
+                    "measured": f"{v:.2f} ms",
+                    "baseline": f"of {total:.1f} ms total",
+                    "ratio": ratio(v, total),
+                }
+            )
+    out.append(
+        {
+            "figure": "2 e2e CPU per purchase: total of the above",
+            "measured": f"{total:.1f} ms",
+            "baseline": (f"{alone:.1f} ms machine per reserve alone" if alone else "n/a"),
+            "ratio": ratio(total, alone),
+        }
+    )
     left_out = ", ".join(f"{k} {cpu[k]:.1f} ms" for k in NOT_COUNTED if cpu.get(k))
-    out.append({"figure": "2 e2e CPU per purchase: whole machine (others' work too)",
-                "measured": f"{cpu['machine_all_processes']:.1f} ms",
-                "baseline": f"not counted: {left_out or 'none'}",
-                "ratio": ratio(total, cpu["machine_all_processes"])})
+    out.append(
+        {
+            "figure": "2 e2e CPU per purchase: whole machine (others' work too)",
+            "measured": f"{cpu['machine_all_processes']:.1f} ms",
+            "baseline": f"not counted: {left_out or 'none'}",
+            "ratio": ratio(total, cpu["machine_all_processes"]),
+        }
+    )
     return out
 
 
@@ -374,22 +472,31 @@ def sql_rows(fig: dict) -> list[dict]:
     the product's total commits against pg_stat_database's of the measured
     run."""
     sql = fig["sql"]
-    out = []
+    out: list[dict[str, Any]] = []
     for step, s in sql["per_purchase"].items():
         where = " (gateway's database)" if step.startswith("gateway") else ""
-        out.append({"figure": f"2 e2e SQL per purchase: {step}{where}",
-                    "measured": f"{s['statements']:.2f} stmts, {s['commits']:.2f} commits",
-                    "baseline": f"{s['round_trips']:.2f} round trips", "ratio": None})
+        out.append(
+            {
+                "figure": f"2 e2e SQL per purchase: {step}{where}",
+                "measured": f"{s['statements']:.2f} stmts, {s['commits']:.2f} commits",
+                "baseline": f"{s['round_trips']:.2f} round trips",
+                "ratio": None,
+            }
+        )
     t, check = sql["product_total"], sql["counter_check"]
     out += [
-        {"figure": f"2 e2e SQL per purchase: total on {BENCH_DB}",
-         "measured": f"{t['statements']:.1f} stmts, {t['commits']:.1f} commits",
-         "baseline": f"{fig['transactions_per_purchase']:.1f} commits (pg, measured run)",
-         "ratio": ratio(t["commits"], fig["transactions_per_purchase"]),
-         "note": f"{t['round_trips']:.1f} round trips"},
-        {"figure": "2 e2e SQL counter check: commits counted vs pg_stat_database (count run)",
-         "measured": f"{check['counted_commits']:.0f}",
-         "baseline": f"{check['pg_stat_database_commits']}",
-         "ratio": ratio(check["counted_commits"], check["pg_stat_database_commits"])},
+        {
+            "figure": f"2 e2e SQL per purchase: total on {BENCH_DB}",
+            "measured": f"{t['statements']:.1f} stmts, {t['commits']:.1f} commits",
+            "baseline": f"{fig['transactions_per_purchase']:.1f} commits (pg, measured run)",
+            "ratio": ratio(t["commits"], fig["transactions_per_purchase"]),
+            "note": f"{t['round_trips']:.1f} round trips",
+        },
+        {
+            "figure": "2 e2e SQL counter check: commits counted vs pg_stat_database (count run)",
+            "measured": f"{check['counted_commits']:.0f}",
+            "baseline": f"{check['pg_stat_database_commits']}",
+            "ratio": ratio(check["counted_commits"], check["pg_stat_database_commits"]),
+        },
     ]
     return out

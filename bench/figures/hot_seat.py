@@ -9,8 +9,12 @@ import threading
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
 from bench.load import http_client, post_purchase
 
-FIGURE = Figure(phase="hot", key="5_hot_seat", label="5 hot seat",
-                timeout=lambda ctx: 300 if not ctx.full else 1200)
+FIGURE = Figure(
+    phase="hot",
+    key="5_hot_seat",
+    label="5 hot seat",
+    timeout=lambda ctx: 300 if not ctx.full else 1200,
+)
 BUYERS = 200
 SEATS = [f"A{i}" for i in range(1, 11)]
 
@@ -27,8 +31,9 @@ class _Buyers:
         self.results: list[list[tuple]] = [[] for _ in events]  # (status, secs, ref, head)
         self.lock = threading.Lock()
         self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._buyer, args=(k,), daemon=True)
-                        for k in range(BUYERS)]
+        self.threads = [
+            threading.Thread(target=self._buyer, args=(k,), daemon=True) for k in range(BUYERS)
+        ]
 
     def _buyer(self, k: int) -> None:
         rng = random.Random(1000 + k)
@@ -64,11 +69,20 @@ def _check_run(ctx: Context, r: int, event: int, res: list[tuple]) -> dict:
         "       (SELECT count(*) FROM purchases_reservationseat WHERE event_id = %(e)s"
         "          AND released_at IS NULL),"
         "       (SELECT count(*) FROM purchases_purchasesaga WHERE event_id = %(e)s)",
-        {"e": event})
+        {"e": event},
+    )
     ok = n202 == 10 and n409 == BUYERS - 10 and taken == 10 and links == 10 and sagas == 10
-    return {"run": r, "event": event, "202": n202, "409": n409,
-            "other": [x[0] for x in res if x[0] not in (202, 409)][:5],
-            "seats_taken": taken, "live_links": links, "sagas": sagas, "ok": ok}
+    return {
+        "run": r,
+        "event": event,
+        "202": n202,
+        "409": n409,
+        "other": [x[0] for x in res if x[0] not in (202, 409)][:5],
+        "seats_taken": taken,
+        "live_links": links,
+        "sagas": sagas,
+        "ok": ok,
+    }
 
 
 def run(ctx: Context) -> None:
@@ -86,8 +100,10 @@ def run(ctx: Context) -> None:
             if not per_run[-1]["ok"]:
                 log(f"!! hot seat run {r}: {per_run[-1]}")
             if (r + 1) % 5 == 0 or r + 1 == runs:
-                log(f"   hot seat: {r + 1}/{runs} runs, "
-                    f"{sum(1 for p in per_run if p['ok'])} exactly 10 sold")
+                log(
+                    f"   hot seat: {r + 1}/{runs} runs, "
+                    f"{sum(1 for p in per_run if p['ok'])} exactly 10 sold"
+                )
     finally:
         buyers.end()
     if buyers.failures:
@@ -97,8 +113,13 @@ def run(ctx: Context) -> None:
     passed = sum(1 for p in per_run if p["ok"])
     s409, s202 = lat_summary(lat409), lat_summary(lat202)
     ctx.results["figures"][FIGURE.key] = {
-        "runs": runs, "buyers": BUYERS, "seats": 10, "runs_exactly_10": passed,
-        "latency_409": s409, "latency_202": s202, "per_run": per_run,
+        "runs": runs,
+        "buyers": BUYERS,
+        "seats": 10,
+        "runs_exactly_10": passed,
+        "latency_409": s409,
+        "latency_202": s202,
+        "per_run": per_run,
     }
     ctx.rows += rows(runs, passed, s409, s202)
     if passed != runs:
@@ -107,12 +128,22 @@ def run(ctx: Context) -> None:
 
 def rows(runs: int, passed: int, s409: dict, s202: dict) -> list[dict]:
     return [
-        {"figure": "5 hot seat runs with exactly 10 sold", "measured": f"{passed}/{runs}",
-         "baseline": f"{runs}/{runs}", "ratio": ratio(passed, runs)},
-        {"figure": "5 hot seat 409 p50", "measured": f"{s409['p50_ms']:.0f} ms",
-         "baseline": f"{s202['p50_ms']:.0f} ms (202s)",
-         "ratio": ratio(s409["p50_ms"], s202["p50_ms"])},
-        {"figure": "5 hot seat 409 p99", "measured": f"{s409['p99_ms']:.0f} ms",
-         "baseline": f"{s202['p99_ms']:.0f} ms (202s)",
-         "ratio": ratio(s409["p99_ms"], s202["p99_ms"])},
+        {
+            "figure": "5 hot seat runs with exactly 10 sold",
+            "measured": f"{passed}/{runs}",
+            "baseline": f"{runs}/{runs}",
+            "ratio": ratio(passed, runs),
+        },
+        {
+            "figure": "5 hot seat 409 p50",
+            "measured": f"{s409['p50_ms']:.0f} ms",
+            "baseline": f"{s202['p50_ms']:.0f} ms (202s)",
+            "ratio": ratio(s409["p50_ms"], s202["p50_ms"]),
+        },
+        {
+            "figure": "5 hot seat 409 p99",
+            "measured": f"{s409['p99_ms']:.0f} ms",
+            "baseline": f"{s202['p99_ms']:.0f} ms (202s)",
+            "ratio": ratio(s409["p99_ms"], s202["p99_ms"]),
+        },
     ]

@@ -41,14 +41,17 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
 from bench.figures import webhooks
 from bench.load import auth_headers, http_client, start_purchase
 from devtools.processes import poll
 
-FIGURE = Figure(phase="onsale", key="10_onsale", label="10 on-sale",
-                timeout=lambda ctx: 240 + _runs(ctx) * 240)
+FIGURE = Figure(
+    phase="onsale", key="10_onsale", label="10 on-sale", timeout=lambda ctx: 240 + _runs(ctx) * 240
+)
 BUYERS = 2000
 ROWS, ROW_SIZE = 20, 50
 SEATS = ROWS * ROW_SIZE
@@ -80,8 +83,10 @@ class _OnSale:
         self.ctx, self.users, self.event = ctx, users, event
         self.path = f"/api/events/{event}/seats/"
         plan = random.Random(seed)
-        self.plan = [("named" if plan.random() < NAMED_SHARE else "quantity",
-                      plan.randint(1, MAX_QUANTITY)) for _ in users]
+        self.plan = [
+            ("named" if plan.random() < NAMED_SHARE else "quantity", plan.randint(1, MAX_QUANTITY))
+            for _ in users
+        ]
         self.seed = seed
         self.next = 0
         self.lock = threading.Lock()
@@ -93,8 +98,9 @@ class _OnSale:
         self.gets: list[list[float]] = [[] for _ in range(CLIENTS)]
         self.left_on_map = 0  # buyers whose seat map showed no seat
         self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True)
-                        for k in range(CLIENTS)]
+        self.threads = [
+            threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(CLIENTS)
+        ]
 
     def _client(self, k: int) -> None:
         rng = random.Random(self.seed * 1000 + k)
@@ -130,29 +136,55 @@ class _OnSale:
                 with self.lock:
                     self.left_on_map += 1
                 return
-            body = {"seats": rng.sample(free, min(asked, len(free)))}
+            body: dict[str, Any] = {"seats": rng.sample(free, min(asked, len(free)))}
         else:
             body = {"quantity": asked}
-        if self._attempt(client, k, buyer, "first", kind, len(body.get("seats", ())) or asked,
-                         {"event": self.event, **body, "payment_method": PAYMENT_METHOD},
-                         headers) and not self.sold_out.is_set():
-            self._attempt(client, k, buyer, "retry", "quantity", 1,
-                          {"event": self.event, "quantity": 1,
-                           "payment_method": PAYMENT_METHOD}, headers)
+        if (
+            self._attempt(
+                client,
+                k,
+                buyer,
+                "first",
+                kind,
+                len(body.get("seats", ())) or asked,
+                {"event": self.event, **body, "payment_method": PAYMENT_METHOD},
+                headers,
+            )
+            and not self.sold_out.is_set()
+        ):
+            self._attempt(
+                client,
+                k,
+                buyer,
+                "retry",
+                "quantity",
+                1,
+                {"event": self.event, "quantity": 1, "payment_method": PAYMENT_METHOD},
+                headers,
+            )
 
-    def _attempt(self, client, k: int, buyer: int, attempt: str, kind: str, asked: int,
-                 body: dict, headers: dict) -> bool:
+    def _attempt(
+        self,
+        client,
+        k: int,
+        buyer: int,
+        attempt: str,
+        kind: str,
+        asked: int,
+        body: dict,
+        headers: dict,
+    ) -> bool:
         """One purchase start; True when the buyer may try again (a 409 that
         does not say the event is sold out)."""
         status, secs, answer = start_purchase(client, body, headers=headers)
         answered = time.monotonic()
         code = answer.get("code") if status == 409 else None
         seats = answer.get("seats") if status == 202 else None
-        self.records[k].append((buyer, attempt, kind, asked, status, code, secs, answered,
-                                seats))
+        self.records[k].append((buyer, attempt, kind, asked, status, code, secs, answered, seats))
         if status not in (202, 409):
-            raise PhaseFailed(f"buyer {buyer} ({kind} {asked}) answered {status}: "
-                              f"{answer.get('head')}")
+            raise PhaseFailed(
+                f"buyer {buyer} ({kind} {asked}) answered {status}: {answer.get('head')}"
+            )
         if code == "not_enough_seats" and answer.get("available") == 0:
             with self.lock:
                 if self.sold_out_answered_at is None:
@@ -199,8 +231,14 @@ def _one_run(ctx: Context, users: list[int], r: int) -> dict:
         msg = f"on-sale run {r}: the stack did not drain within 180s (queue {ctx.broker.depth()})"
         log("!! " + msg)
         ctx.results["notes"].append(msg)
-    out = _summary(sale, event, t0=t0, sold_out_s=sold_out_s, buyers_done_s=buyers_done - t0,
-                   terminal_s=terminal_s)
+    out = _summary(
+        sale,
+        event,
+        t0=t0,
+        sold_out_s=sold_out_s,
+        buyers_done_s=buyers_done - t0,
+        terminal_s=terminal_s,
+    )
     out.update(run=r, drained=quiet, **_database(ctx, event))
     out["problems"] = _problems(out)
     return out
@@ -211,8 +249,10 @@ def _watch(ctx: Context, sale: _OnSale, event: int, t0: float) -> float | None:
     was seen) or every client is done (None)."""
     last = t0
     while True:
-        (available,) = ctx.db.q1("SELECT count(*) FROM purchases_seat WHERE event_id = %s"
-                                 " AND status = 'available'", [event])
+        (available,) = ctx.db.q1(
+            "SELECT count(*) FROM purchases_seat WHERE event_id = %s AND status = 'available'",
+            [event],
+        )
         now = time.monotonic()
         if available == 0:
             sale.sold_out.set()
@@ -220,8 +260,10 @@ def _watch(ctx: Context, sale: _OnSale, event: int, t0: float) -> float | None:
         if not any(th.is_alive() for th in sale.threads):
             return None
         if now - last >= 5:
-            log(f"   on-sale: {available} seats available after {now - t0:.0f}s, "
-                f"{sum(len(x) for x in sale.records)} requests")
+            log(
+                f"   on-sale: {available} seats available after {now - t0:.0f}s, "
+                f"{sum(len(x) for x in sale.records)} requests"
+            )
             last = now
         time.sleep(SOLD_OUT_POLL_S)
 
@@ -234,69 +276,110 @@ def _wait_terminal(ctx: Context, event: int) -> float:
     def terminal() -> bool:
         seen["live"], seen["last"] = ctx.db.q1(
             "SELECT count(*) FILTER (WHERE state <> ALL(%s)), extract(epoch FROM max(updated_at))"
-            " FROM purchases_purchasesaga WHERE event_id = %s", [list(TERMINAL), event])
+            " FROM purchases_purchasesaga WHERE event_id = %s",
+            [list(TERMINAL), event],
+        )
         if seen["live"]:
             ctx.stack.check_alive()
         return seen["live"] == 0
 
-    if not poll(terminal, timeout=300, every=0.2,
-                progress=lambda: log(f"   on-sale: {seen['live']} sagas not terminal yet")):
+    if not poll(
+        terminal,
+        timeout=300,
+        every=0.2,
+        progress=lambda: log(f"   on-sale: {seen['live']} sagas not terminal yet"),
+    ):
         raise PhaseFailed(f"on-sale: {seen['live']} sagas still not terminal after 300s")
     return float(seen["last"]) if seen["last"] is not None else time.time()
 
 
-def _summary(sale: _OnSale, event: int, *, t0: float, sold_out_s: float | None,
-             buyers_done_s: float, terminal_s: float) -> dict:
+def _summary(
+    sale: _OnSale,
+    event: int,
+    *,
+    t0: float,
+    sold_out_s: float | None,
+    buyers_done_s: float,
+    terminal_s: float,
+) -> dict:
     recs = sale.all_records()
     ok = [x for x in recs if x[4] == 202]
     refused = [x for x in recs if x[4] == 409]
     refs = [ref for x in ok for ref in x[8]]
     window = sold_out_s if sold_out_s is not None else buyers_done_s
     by_code = {c: sum(1 for x in refused if x[5] == c) for c in CODES}
-    by_code.update({str(c): sum(1 for x in refused if x[5] == c)
-                    for c in {x[5] for x in refused} - set(CODES)})
+    by_code.update(
+        {str(c): sum(1 for x in refused if x[5] == c) for c in {x[5] for x in refused} - set(CODES)}
+    )
     return {
         "event": event,
-        "sold_out": sold_out_s is not None, "sold_out_s": sold_out_s,
-        "buyers_done_s": buyers_done_s, "terminal_s": terminal_s,
+        "sold_out": sold_out_s is not None,
+        "sold_out_s": sold_out_s,
+        "buyers_done_s": buyers_done_s,
+        "terminal_s": terminal_s,
         "buyers_served": len({x[0] for x in recs}) + sale.left_on_map,
         "buyers_left_on_map": sale.left_on_map,
         "buyers_bought": len({x[0] for x in ok}),
-        "requests": len(recs), "202": len(ok), "409": len(refused), "409_by_code": by_code,
+        "requests": len(recs),
+        "202": len(ok),
+        "409": len(refused),
+        "409_by_code": by_code,
         "202_first": sum(1 for x in ok if x[1] == "first"),
         "202_retry": sum(1 for x in ok if x[1] == "retry"),
         "retries": sum(1 for x in recs if x[1] == "retry"),
-        "202_by_kind": {k: sum(1 for x in ok if x[1] == "first" and x[2] == k)
-                        for k in ("quantity", "named")},
-        "first_by_kind": {k: sum(1 for x in recs if x[1] == "first" and x[2] == k)
-                          for k in ("quantity", "named")},
-        "seats_in_202s": len(refs), "refs_in_two_202s": len(refs) - len(set(refs)),
+        "202_by_kind": {
+            k: sum(1 for x in ok if x[1] == "first" and x[2] == k) for k in ("quantity", "named")
+        },
+        "first_by_kind": {
+            k: sum(1 for x in recs if x[1] == "first" and x[2] == k) for k in ("quantity", "named")
+        },
+        "seats_in_202s": len(refs),
+        "refs_in_two_202s": len(refs) - len(set(refs)),
         "rate_202_per_s": len(ok) / window if window else None,
         "latency_202": lat_summary([x[6] for x in ok]),
         "latency_409": lat_summary([x[6] for x in refused]),
-        "latency_409_by_code": {c: lat_summary([x[6] for x in refused if x[5] == c])
-                                for c in CODES},
+        "latency_409_by_code": {
+            c: lat_summary([x[6] for x in refused if x[5] == c]) for c in CODES
+        },
         "latency_seat_map": lat_summary([s for g in sale.gets for s in g]),
         # Whatever the answer: which requests are slow, and when they were sent.
-        "latency_first_by_kind": {k: lat_summary([x[6] for x in recs
-                                                  if x[1] == "first" and x[2] == k])
-                                  for k in ("quantity", "named")},
-        "latency_quantity_by_n": {n: lat_summary([x[6] for x in recs
-                                                  if x[2] == "quantity" and x[3] == n])
-                                  for n in range(1, MAX_QUANTITY + 1)},
-        "slowest": [{"attempt": x[1], "kind": x[2], "asked": x[3], "status": x[4],
-                     "code": x[5], "sent_s": round(x[7] - x[6] - t0, 3),
-                     "secs": round(x[6], 3)}
-                    for x in sorted(recs, key=lambda x: -x[6])[:10]],
+        "latency_first_by_kind": {
+            k: lat_summary([x[6] for x in recs if x[1] == "first" and x[2] == k])
+            for k in ("quantity", "named")
+        },
+        "latency_quantity_by_n": {
+            n: lat_summary([x[6] for x in recs if x[2] == "quantity" and x[3] == n])
+            for n in range(1, MAX_QUANTITY + 1)
+        },
+        "slowest": [
+            {
+                "attempt": x[1],
+                "kind": x[2],
+                "asked": x[3],
+                "status": x[4],
+                "code": x[5],
+                "sent_s": round(x[7] - x[6] - t0, 3),
+                "secs": round(x[6], 3),
+            }
+            for x in sorted(recs, key=lambda x: -x[6])[:10]
+        ],
     }
 
 
 def _database(ctx: Context, event: int) -> dict:
     """The event as the database has it once every saga is terminal."""
-    seats = dict(ctx.db.q("SELECT status, count(*) FROM purchases_seat WHERE event_id = %s"
-                          " GROUP BY status", [event]))
-    sagas = dict(ctx.db.q("SELECT state, count(*) FROM purchases_purchasesaga"
-                          " WHERE event_id = %s GROUP BY state", [event]))
+    seats = dict(
+        ctx.db.q(
+            "SELECT status, count(*) FROM purchases_seat WHERE event_id = %s GROUP BY status",
+            [event],
+        )
+    )
+    sagas = dict(
+        ctx.db.q(
+            "SELECT state, count(*) FROM purchases_purchasesaga WHERE event_id = %s GROUP BY state",
+            [event],
+        )
+    )
     confirmed, confirmed_links, live_links = ctx.db.q1(
         "SELECT (SELECT count(*) FROM purchases_reservation WHERE event_id = %(e)s"
         "          AND status = 'CONFIRMED'),"
@@ -304,7 +387,9 @@ def _database(ctx: Context, event: int) -> dict:
         "          JOIN purchases_reservation r ON r.id = rs.reservation_id"
         "         WHERE r.event_id = %(e)s AND r.status = 'CONFIRMED'),"
         "       (SELECT count(*) FROM purchases_reservationseat WHERE event_id = %(e)s"
-        "          AND released_at IS NULL)", {"e": event})
+        "          AND released_at IS NULL)",
+        {"e": event},
+    )
     # Double sales: a seat in more than one CONFIRMED reservation, or a seat
     # sold that no CONFIRMED reservation holds.
     in_two, sold_alone = ctx.db.q1(
@@ -316,15 +401,22 @@ def _database(ctx: Context, event: int) -> dict:
         "          AND s.status = 'sold' AND NOT EXISTS (SELECT 1"
         "            FROM purchases_reservationseat rs"
         "            JOIN purchases_reservation r ON r.id = rs.reservation_id"
-        "           WHERE rs.seat_id = s.id AND r.status = 'CONFIRMED'))", {"e": event})
+        "           WHERE rs.seat_id = s.id AND r.status = 'CONFIRMED'))",
+        {"e": event},
+    )
     return {
-        "seats": SEATS, "seats_by_status": seats,
-        "seats_sold": seats.get("sold", 0), "seats_held": seats.get("held", 0),
+        "seats": SEATS,
+        "seats_by_status": seats,
+        "seats_sold": seats.get("sold", 0),
+        "seats_held": seats.get("held", 0),
         "seats_available": seats.get("available", 0),
-        "sagas": sum(sagas.values()), "sagas_by_state": sagas,
-        "reservations_confirmed": confirmed, "seats_in_confirmed_reservations": confirmed_links,
+        "sagas": sum(sagas.values()),
+        "sagas_by_state": sagas,
+        "reservations_confirmed": confirmed,
+        "seats_in_confirmed_reservations": confirmed_links,
         "live_seat_links": live_links,
-        "seats_in_two_confirmed_reservations": in_two, "seats_sold_unconfirmed": sold_alone,
+        "seats_in_two_confirmed_reservations": in_two,
+        "seats_sold_unconfirmed": sold_alone,
         "double_sales": in_two + sold_alone,
     }
 
@@ -342,8 +434,9 @@ def _problems(run: dict) -> list[str]:
     if run["refs_in_two_202s"] and not run["sagas_by_state"].get("COMPENSATED"):
         out.append(f"FAIL {run['refs_in_two_202s']} seats in two 202 answers, none released")
     if not run["sold_out"]:
-        out.append(f"not sold out: {run['seats_available']} seats left after "
-                   f"{run['buyers_served']} buyers")
+        out.append(
+            f"not sold out: {run['seats_available']} seats left after {run['buyers_served']} buyers"
+        )
     if run["seats_held"]:
         out.append(f"{run['seats_held']} seats still held with every saga terminal")
     if run["seats_sold"] != run["seats_in_202s"] and not run["sagas_by_state"].get("COMPENSATED"):
@@ -393,10 +486,17 @@ def run(ctx: Context) -> None:
     users = ctx.db.ensure_users(BUYERS)
     if len(set(users)) != BUYERS:
         raise PhaseFailed(f"on-sale: {len(set(users))} bench users, {BUYERS} needed")
-    fig: dict = {"buyers": BUYERS, "seats": SEATS, "rows": ROWS, "row_size": ROW_SIZE,
-                 "clients": CLIENTS, "named_share": NAMED_SHARE, "max_quantity": MAX_QUANTITY,
-                 "retry": "once, quantity 1, after a 409 that does not say sold out",
-                 "runs": []}
+    fig: dict = {
+        "buyers": BUYERS,
+        "seats": SEATS,
+        "rows": ROWS,
+        "row_size": ROW_SIZE,
+        "clients": CLIENTS,
+        "named_share": NAMED_SHARE,
+        "max_quantity": MAX_QUANTITY,
+        "retry": "once, quantity 1, after a 409 that does not say sold out",
+        "runs": [],
+    }
     ctx.results["figures"][FIGURE.key] = fig
     webhooks._drain(ctx, "before the on-sale", strict=False)
     try:
@@ -404,13 +504,15 @@ def run(ctx: Context) -> None:
         for r in range(runs):
             m = _one_run(ctx, users, r)
             fig["runs"].append(m)
-            log(f"   on-sale run {r + 1}/{runs}: sold out "
+            log(
+                f"   on-sale run {r + 1}/{runs}: sold out "
                 + (f"in {m['sold_out_s']:.2f}s" if m["sold_out"] else "NOT")
                 + f", terminal {m['terminal_s']:.1f}s; 202 {m['202']}, 409 {m['409_by_code']};"
                 f" p99 202 {m['latency_202']['p99_ms']:.0f} ms,"
                 f" 409 {m['latency_409']['p99_ms'] or 0:.0f} ms;"
                 f" sold {m['seats_sold']}, held {m['seats_held']}, double {m['double_sales']}"
-                + (f"; {m['problems']}" if m["problems"] else ""))
+                + (f"; {m['problems']}" if m["problems"] else "")
+            )
     finally:
         webhooks._drain(ctx, "after the on-sale", strict=False)
         _restart(ctx, cache_on_redis=False)
@@ -418,8 +520,9 @@ def run(ctx: Context) -> None:
     fig["aggregate"] = _aggregate(fig["runs"])
     fig["reserve_baseline"] = _reserve_baseline(ctx)
     ctx.rows += rows(fig)
-    failed = [f"run {m['run']}: {p}" for m in fig["runs"] for p in m["problems"]
-              if p.startswith("FAIL")]
+    failed = [
+        f"run {m['run']}: {p}" for m in fig["runs"] for p in m["problems"] if p.startswith("FAIL")
+    ]
     for m in fig["runs"]:
         for p in m["problems"]:
             if not p.startswith("FAIL"):
@@ -434,9 +537,12 @@ def _reserve_baseline(ctx: Context) -> dict | None:
     for c in ("16", "4"):
         http = levels.get(c, {}).get("http")
         if http:
-            return {"clients": int(c), "throughput_per_s": http["throughput_per_s"],
-                    "p50_ms": http["latency_202"]["p50_ms"],
-                    "p99_ms": http["latency_202"]["p99_ms"]}
+            return {
+                "clients": int(c),
+                "throughput_per_s": http["throughput_per_s"],
+                "p50_ms": http["latency_202"]["p50_ms"],
+                "p99_ms": http["latency_202"]["p99_ms"],
+            }
     return None
 
 
@@ -447,22 +553,30 @@ def _spread(values: list) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _by_code(code: str) -> Callable[[dict], Any]:
+    return lambda m: m["409_by_code"][code]
+
+
 def _aggregate(runs: list[dict]) -> dict:
-    keys = {
-        "sold_out_s": lambda m: m["sold_out_s"], "terminal_s": lambda m: m["terminal_s"],
-        "rate_202_per_s": lambda m: m["rate_202_per_s"], "202": lambda m: m["202"],
+    keys: dict[str, Callable[[dict], Any]] = {
+        "sold_out_s": lambda m: m["sold_out_s"],
+        "terminal_s": lambda m: m["terminal_s"],
+        "rate_202_per_s": lambda m: m["rate_202_per_s"],
+        "202": lambda m: m["202"],
         "409": lambda m: m["409"],
-        **{f"409_{c}": (lambda m, c=c: m["409_by_code"][c]) for c in CODES},
+        **{f"409_{c}": _by_code(c) for c in CODES},
         "p50_202_ms": lambda m: m["latency_202"]["p50_ms"],
         "p99_202_ms": lambda m: m["latency_202"]["p99_ms"],
         "p50_409_ms": lambda m: m["latency_409"]["p50_ms"],
         "p99_409_ms": lambda m: m["latency_409"]["p99_ms"],
         "p50_seat_map_ms": lambda m: m["latency_seat_map"]["p50_ms"],
         "p99_seat_map_ms": lambda m: m["latency_seat_map"]["p99_ms"],
-        "seats_sold": lambda m: m["seats_sold"], "seats_held": lambda m: m["seats_held"],
-        "buyers_served": lambda m: m["buyers_served"], "requests": lambda m: m["requests"],
+        "seats_sold": lambda m: m["seats_sold"],
+        "seats_held": lambda m: m["seats_held"],
+        "buyers_served": lambda m: m["buyers_served"],
+        "requests": lambda m: m["requests"],
     }
-    out = {k: _spread([get(m) for m in runs]) for k, get in keys.items()}
+    out: dict[str, Any] = {k: _spread([get(m) for m in runs]) for k, get in keys.items()}
     out["runs"] = len(runs)
     out["runs_sold_out"] = sum(1 for m in runs if m["sold_out"])
     out["double_sales"] = sum(m["double_sales"] for m in runs)
@@ -475,7 +589,7 @@ def _aggregate(runs: list[dict]) -> dict:
 def _mm(s: dict, fmt: str, unit: str = "") -> str:
     if s["median"] is None:
         return "n/a"
-    return (f"{s['median']:{fmt}}{unit} ({s['min']:{fmt}}-{s['max']:{fmt}})")
+    return f"{s['median']:{fmt}}{unit} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
 
 def rows(fig: dict) -> list[dict]:
@@ -489,34 +603,53 @@ def rows(fig: dict) -> list[dict]:
         rate_base = lat_base = "n/a (figure 1 not run)"
     head = f"10 on-sale {SEATS:,} seats, {BUYERS:,} buyers, c={CLIENTS}"
     return [
-        {"figure": f"{head}: time to sold out ({a['runs_sold_out']}/{n} runs sold out; "
-                   f"median (min-max) of {n}) vs to every saga terminal",
-         "measured": _mm(a["sold_out_s"], ".2f", " s"),
-         "baseline": _mm(a["terminal_s"], ".1f", " s"),
-         "ratio": ratio(med["sold_out_s"], med["terminal_s"])},
-        {"figure": "10 on-sale 202s per second until sold out vs reserve",
-         "measured": _mm(a["rate_202_per_s"], ".1f", " /s"),
-         "baseline": rate_base,
-         "ratio": ratio(med["rate_202_per_s"], base["throughput_per_s"] if base else None)},
-        {"figure": "10 on-sale answers 202 / 409 not_enough_seats / 409 seat_unavailable "
-                   "(medians; ratio: share of 202s)",
-         "measured": f"{med['202']:.0f} / {med['409_not_enough_seats']:.0f} / "
-                     f"{med['409_seat_unavailable']:.0f}",
-         "baseline": f"{med['requests']:.0f} requests from {med['buyers_served']:.0f} buyers",
-         "ratio": ratio(med["202"], med["requests"])},
-        {"figure": "10 on-sale 202 p50 / p99 (medians of runs) vs reserve (p99 ratio)",
-         "measured": f"{med['p50_202_ms']:.0f} / {med['p99_202_ms']:.0f} ms",
-         "baseline": lat_base,
-         "ratio": ratio(med["p99_202_ms"], base["p99_ms"] if base else None)},
-        {"figure": "10 on-sale 409 p50 / p99 vs the 202s (p99 ratio)",
-         "measured": (f"{med['p50_409_ms']:.0f} / {med['p99_409_ms']:.0f} ms"
-                      if med["p99_409_ms"] is not None else "no 409"),
-         "baseline": f"{med['p50_202_ms']:.0f} / {med['p99_202_ms']:.0f} ms",
-         "ratio": ratio(med["p99_409_ms"], med["p99_202_ms"])},
-        {"figure": "10 on-sale seats sold, median (min-max); held at the end (max)",
-         "measured": f"{_mm(a['seats_sold'], '.0f')}; {a['seats_held']['max']} held",
-         "baseline": f"{SEATS} seats",
-         "ratio": ratio(a["seats_sold"]["min"], SEATS)},
-        {"figure": f"10 on-sale double sales (all {n} runs)",
-         "measured": str(a["double_sales"]), "baseline": "0", "ratio": ""},
+        {
+            "figure": f"{head}: time to sold out ({a['runs_sold_out']}/{n} runs sold out; "
+            f"median (min-max) of {n}) vs to every saga terminal",
+            "measured": _mm(a["sold_out_s"], ".2f", " s"),
+            "baseline": _mm(a["terminal_s"], ".1f", " s"),
+            "ratio": ratio(med["sold_out_s"], med["terminal_s"]),
+        },
+        {
+            "figure": "10 on-sale 202s per second until sold out vs reserve",
+            "measured": _mm(a["rate_202_per_s"], ".1f", " /s"),
+            "baseline": rate_base,
+            "ratio": ratio(med["rate_202_per_s"], base["throughput_per_s"] if base else None),
+        },
+        {
+            "figure": "10 on-sale answers 202 / 409 not_enough_seats / 409 seat_unavailable "
+            "(medians; ratio: share of 202s)",
+            "measured": f"{med['202']:.0f} / {med['409_not_enough_seats']:.0f} / "
+            f"{med['409_seat_unavailable']:.0f}",
+            "baseline": f"{med['requests']:.0f} requests from {med['buyers_served']:.0f} buyers",
+            "ratio": ratio(med["202"], med["requests"]),
+        },
+        {
+            "figure": "10 on-sale 202 p50 / p99 (medians of runs) vs reserve (p99 ratio)",
+            "measured": f"{med['p50_202_ms']:.0f} / {med['p99_202_ms']:.0f} ms",
+            "baseline": lat_base,
+            "ratio": ratio(med["p99_202_ms"], base["p99_ms"] if base else None),
+        },
+        {
+            "figure": "10 on-sale 409 p50 / p99 vs the 202s (p99 ratio)",
+            "measured": (
+                f"{med['p50_409_ms']:.0f} / {med['p99_409_ms']:.0f} ms"
+                if med["p99_409_ms"] is not None
+                else "no 409"
+            ),
+            "baseline": f"{med['p50_202_ms']:.0f} / {med['p99_202_ms']:.0f} ms",
+            "ratio": ratio(med["p99_409_ms"], med["p99_202_ms"]),
+        },
+        {
+            "figure": "10 on-sale seats sold, median (min-max); held at the end (max)",
+            "measured": f"{_mm(a['seats_sold'], '.0f')}; {a['seats_held']['max']} held",
+            "baseline": f"{SEATS} seats",
+            "ratio": ratio(a["seats_sold"]["min"], SEATS),
+        },
+        {
+            "figure": f"10 on-sale double sales (all {n} runs)",
+            "measured": str(a["double_sales"]),
+            "baseline": "0",
+            "ratio": "",
+        },
     ]

@@ -9,6 +9,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import (
     BENCH_DB,
@@ -23,8 +24,12 @@ from bench.common import (
 from bench.db import BenchDB, token
 from bench.load import closed_loop
 
-FIGURE = Figure(phase="reserve", key="1_reserve", label="1 reserve vs pgbench",
-                timeout=lambda ctx: 60 + 3 * (2 * ctx.dur + 60))
+FIGURE = Figure(
+    phase="reserve",
+    key="1_reserve",
+    label="1 reserve vs pgbench",
+    timeout=lambda ctx: 60 + 3 * (2 * ctx.dur + 60),
+)
 
 
 # --- the script against the product ----------------------------------------------------
@@ -40,8 +45,11 @@ def shape(sql: str) -> str:
 
 
 def script_statements() -> list[str]:
-    return [ln for ln in RESERVE_SQL.read_text().splitlines()
-            if ln.strip() and not ln.startswith(("--", "\\"))]
+    return [
+        ln
+        for ln in RESERVE_SQL.read_text().splitlines()
+        if ln.strip() and not ln.startswith(("--", "\\"))
+    ]
 
 
 def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> None:
@@ -55,10 +63,14 @@ def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> 
     event_id, _ = db.make_event("bench capture", 1)
     body = {"event": event_id, "seats": ["S1"], "payment_method": "pm_card_visa"}
     with CaptureQueriesContext(connection) as ctx:
-        r = Client().post("/api/purchases/", data=json.dumps(body),
-                          content_type="application/json", HTTP_HOST="127.0.0.1",
-                          HTTP_AUTHORIZATION=f"Token {token(users[-1])}",
-                          HTTP_IDEMPOTENCY_KEY="bench-capture")
+        r = Client().post(
+            "/api/purchases/",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_HOST="127.0.0.1",
+            HTTP_AUTHORIZATION=f"Token {token(users[-1])}",
+            HTTP_IDEMPOTENCY_KEY="bench-capture",
+        )
     if r.status_code != 202:
         raise PhaseFailed(f"capture request answered {r.status_code}: {r.content[:300]!r}")
     captured = [q["sql"] for q in ctx.captured_queries]
@@ -73,13 +85,15 @@ def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> 
         "script_shapes": want,
         "script_matches_product": same,
         "round_trips": len(got),
-        "transactions": 1 + sum(1 for s in got[:got.index("BEGIN")]),
+        "transactions": 1 + sum(1 for s in got[: got.index("BEGIN")]),
     }
     if same:
         log(f"   reserve.sql matches the product's reserve: {len(got)} statements")
     else:
-        msg = ("bench/reserve.sql no longer matches the product's reserve transaction: "
-               f"product {got} vs script {want}")
+        msg = (
+            "bench/reserve.sql no longer matches the product's reserve transaction: "
+            f"product {got} vs script {want}"
+        )
         log("!! " + msg)
         results["notes"].append(msg)
 
@@ -93,7 +107,7 @@ def run(ctx: Context) -> None:
     # Charges queue up instead of competing for the two cores: this figure
     # is the request path alone, as pgbench is the SQL alone.
     log(f"   worker consumer paused: {paused}")
-    fig = {"levels": {}, "worker_paused": paused}
+    fig: dict[str, Any] = {"levels": {}, "worker_paused": paused}
     ctx.results["figures"][FIGURE.key] = fig
     prev_tps, prev_n = None, 1
     try:
@@ -131,11 +145,21 @@ def _http(ctx: Context, n: int) -> dict:
     http_seats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
     ev, _ = ctx.db.make_event(f"bench reserve c{n}", http_seats)
     log(f"   reserve c={n}: HTTP for {ctx.warmup:.0f}+{ctx.dur:.0f}s")
-    http = closed_loop(ctx.stack, ctx.users, label=f"reserve c={n}", clients=n,
-                       warmup=ctx.warmup, duration=ctx.dur, event_id=ev, nseats=http_seats)
-    log(f"   reserve c={n}: {http['throughput_per_s']:.1f} req/s, "
+    http = closed_loop(
+        ctx.stack,
+        ctx.users,
+        label=f"reserve c={n}",
+        clients=n,
+        warmup=ctx.warmup,
+        duration=ctx.dur,
+        event_id=ev,
+        nseats=http_seats,
+    )
+    log(
+        f"   reserve c={n}: {http['throughput_per_s']:.1f} req/s, "
         f"p50 {http['latency_202']['p50_ms']:.1f} ms, "
-        f"p99 {http['latency_202']['p99_ms']:.1f} ms")
+        f"p99 {http['latency_202']['p99_ms']:.1f} ms"
+    )
     return http
 
 
@@ -144,47 +168,87 @@ def _pgbench(ctx: Context, n: int, seats: int) -> dict:
     before = ctx.db.stats()
     log(f"   reserve c={n}: pgbench -M {ctx.pgbench.mode} for {ctx.dur:.0f}s")
     pgb = ctx.pgbench.run(
-        args=["-M", ctx.pgbench.mode, "-c", str(n), "-j", str(n), "-T", str(int(ctx.dur)),
-              "-f", str(RESERVE_SQL), "-r",
-              "-D", f"ev={ev2}", "-D", f"idoff={idoff}", "-D", "nbase=0",
-              "-D", f"nclients={n}", "-D", f"ubase={ctx.users[0]}",
-              "-D", f"run=c{n}", "-D", f"hold={HOLD_SECONDS}", "-D", "i=0"],
-        db=BENCH_DB, timeout=ctx.dur + 120, tag=f"reserve-c{n}")
+        args=[
+            "-M",
+            ctx.pgbench.mode,
+            "-c",
+            str(n),
+            "-j",
+            str(n),
+            "-T",
+            str(int(ctx.dur)),
+            "-f",
+            str(RESERVE_SQL),
+            "-r",
+            "-D",
+            f"ev={ev2}",
+            "-D",
+            f"idoff={idoff}",
+            "-D",
+            "nbase=0",
+            "-D",
+            f"nclients={n}",
+            "-D",
+            f"ubase={ctx.users[0]}",
+            "-D",
+            f"run=c{n}",
+            "-D",
+            f"hold={HOLD_SECONDS}",
+            "-D",
+            "i=0",
+        ],
+        db=BENCH_DB,
+        timeout=ctx.dur + 120,
+        tag=f"reserve-c{n}",
+    )
     time.sleep(1.5)  # exiting backends flush their statistics
     after = ctx.db.stats()
-    (held,) = ctx.db.q1("SELECT count(*) FROM purchases_seat WHERE event_id = %s"
-                        " AND status = 'held'", [ev2])
+    (held,) = ctx.db.q1(
+        "SELECT count(*) FROM purchases_seat WHERE event_id = %s AND status = 'held'", [ev2]
+    )
     if held != pgb["transactions"]:
-        raise PhaseFailed(f"pgbench c={n}: {held} seats held for "
-                          f"{pgb['transactions']} transactions")
-    pgb["xact_commit_per_txn"] = ratio(after["xact_commit"] - before["xact_commit"],
-                                       pgb["transactions"])
-    log(f"   pgbench c={n}: {pgb['tps']:.1f} tps, p50 {pgb['latency']['p50_ms']:.1f}"
-        f" ms, p99 {pgb['latency']['p99_ms']:.1f} ms")
+        raise PhaseFailed(
+            f"pgbench c={n}: {held} seats held for {pgb['transactions']} transactions"
+        )
+    pgb["xact_commit_per_txn"] = ratio(
+        after["xact_commit"] - before["xact_commit"], pgb["transactions"]
+    )
+    log(
+        f"   pgbench c={n}: {pgb['tps']:.1f} tps, p50 {pgb['latency']['p50_ms']:.1f}"
+        f" ms, p99 {pgb['latency']['p99_ms']:.1f} ms"
+    )
     return pgb
 
 
 def rows(n: int, h: dict, p: dict) -> list[dict]:
     out = [
-        {"figure": f"1 reserve c={n} throughput",
-         "measured": f"{h['throughput_per_s']:.1f} req/s",
-         "baseline": f"{p['tps']:.1f} tps pgbench",
-         "ratio": ratio(h["throughput_per_s"], p["tps"])},
-        {"figure": f"1 reserve c={n} p50",
-         "measured": f"{h['latency_202']['p50_ms']:.1f} ms",
-         "baseline": f"{p['latency']['p50_ms']:.1f} ms",
-         "ratio": ratio(h["latency_202"]["p50_ms"], p["latency"]["p50_ms"])},
-        {"figure": f"1 reserve c={n} p99",
-         "measured": f"{h['latency_202']['p99_ms']:.1f} ms",
-         "baseline": f"{p['latency']['p99_ms']:.1f} ms",
-         "ratio": ratio(h["latency_202"]["p99_ms"], p["latency"]["p99_ms"])},
+        {
+            "figure": f"1 reserve c={n} throughput",
+            "measured": f"{h['throughput_per_s']:.1f} req/s",
+            "baseline": f"{p['tps']:.1f} tps pgbench",
+            "ratio": ratio(h["throughput_per_s"], p["tps"]),
+        },
+        {
+            "figure": f"1 reserve c={n} p50",
+            "measured": f"{h['latency_202']['p50_ms']:.1f} ms",
+            "baseline": f"{p['latency']['p50_ms']:.1f} ms",
+            "ratio": ratio(h["latency_202"]["p50_ms"], p["latency"]["p50_ms"]),
+        },
+        {
+            "figure": f"1 reserve c={n} p99",
+            "measured": f"{h['latency_202']['p99_ms']:.1f} ms",
+            "baseline": f"{p['latency']['p99_ms']:.1f} ms",
+            "ratio": ratio(h["latency_202"]["p99_ms"], p["latency"]["p99_ms"]),
+        },
     ]
     cpu = h.get("cpu_ms_per_202") or {}
     if cpu and p.get("machine_cpu_ms_per_txn"):
-        out.append({
-            "figure": f"1 reserve c={n} machine CPU per request",
-            "measured": f"{cpu['machine_all_processes']:.1f} ms ({cpu['web']:.1f} web)",
-            "baseline": f"{p['machine_cpu_ms_per_txn']:.1f} ms pgbench",
-            "ratio": ratio(cpu["machine_all_processes"], p["machine_cpu_ms_per_txn"]),
-        })
+        out.append(
+            {
+                "figure": f"1 reserve c={n} machine CPU per request",
+                "measured": f"{cpu['machine_all_processes']:.1f} ms ({cpu['web']:.1f} web)",
+                "baseline": f"{p['machine_cpu_ms_per_txn']:.1f} ms pgbench",
+                "ratio": ratio(cpu["machine_all_processes"], p["machine_cpu_ms_per_txn"]),
+            }
+        )
     return out

@@ -23,9 +23,12 @@ import statistics
 from bench.common import Context, Figure, PhaseFailed, log, ratio
 from bench.figures import e2e, gateway_latency, webhooks
 
-FIGURE = Figure(phase="scaleout", key="11_scale_out",
-                label="11 e2e 2 relays + 2 pools vs 1 + 1",
-                timeout=lambda ctx: 300 + 4 * (180 + e2e.purchases(ctx) / 5))
+FIGURE = Figure(
+    phase="scaleout",
+    key="11_scale_out",
+    label="11 e2e 2 relays + 2 pools vs 1 + 1",
+    timeout=lambda ctx: 300 + 4 * (180 + e2e.purchases(ctx) / 5),
+)
 ORDER = ("1+1", "2+2", "2+2", "1+1")
 
 
@@ -46,8 +49,9 @@ def run(ctx: Context) -> None:
                 log("   stopping the second worker pool and the second relay")
                 ctx.stack.scale_in()
             if not webhooks._quiet(ctx, 120):
-                ctx.results["notes"].append(f"scale-out ({how}): the stack was not quiet "
-                                            "before the run")
+                ctx.results["notes"].append(
+                    f"scale-out ({how}): the stack was not quiet before the run"
+                )
             ev, _ = ctx.db.make_event(f"bench scale-out {how}", total)
             m = e2e.measure(ctx, ev, total, f"e2e {how}")
             m["checks"] = checks(ctx, ev, total)
@@ -70,19 +74,28 @@ def checks(ctx: Context, ev: int, total: int) -> dict:
     sagas, confirmed, live = q1(
         "SELECT count(*), count(*) FILTER (WHERE state = 'CONFIRMED'),"
         " count(*) FILTER (WHERE state NOT IN ('CONFIRMED', 'COMPENSATED'))"
-        " FROM purchases_purchasesaga WHERE event_id = %s", [ev])
+        " FROM purchases_purchasesaga WHERE event_id = %s",
+        [ev],
+    )
     (not_once,) = q1(
         "SELECT count(*) FROM (SELECT s.id FROM purchases_purchasesaga s"
         " LEFT JOIN purchases_sagahistory h ON h.saga_id = s.id AND h.to_state = 'CONFIRMED'"
         " WHERE s.event_id = %s AND s.state = 'CONFIRMED' GROUP BY s.id"
-        " HAVING count(h.id) <> 1) x", [ev])
-    (sold,) = q1("SELECT count(*) FROM purchases_seat WHERE event_id = %s AND status = 'sold'",
-                 [ev])
+        " HAVING count(h.id) <> 1) x",
+        [ev],
+    )
+    (sold,) = q1(
+        "SELECT count(*) FROM purchases_seat WHERE event_id = %s AND status = 'sold'", [ev]
+    )
     ledger, ledger_sagas, charges = q1(
         "SELECT count(*), count(DISTINCT saga_id), count(*) FILTER (WHERE kind = 'charge')"
-        " FROM ledger_ledgerentry WHERE event_id = %s", [ev])
-    (analytics,) = q1("SELECT coalesce(sum(confirmed_count), 0) FROM purchases_dailysales"
-                      " WHERE event_id = %s", [ev])
+        " FROM ledger_ledgerentry WHERE event_id = %s",
+        [ev],
+    )
+    (analytics,) = q1(
+        "SELECT coalesce(sum(confirmed_count), 0) FROM purchases_dailysales WHERE event_id = %s",
+        [ev],
+    )
     messages = ctx.db.q(
         "SELECT m.id, m.topic, m.only_consumers, m.completed_at IS NOT NULL,"
         " m.cancelled_at IS NOT NULL, m.dead_at IS NOT NULL, m.available_at <= now(),"
@@ -90,13 +103,25 @@ def checks(ctx: Context, ev: int, total: int) -> dict:
         " FROM outbox_outboxmessage m, LATERAL (SELECT count(*) AS n,"
         "  array_agg(consumer) AS consumers FROM outbox_inboxentry"
         "  WHERE message_id = m.id) i"
-        " WHERE m.event_id = %s", [ev])
+        " WHERE m.event_id = %s",
+        [ev],
+    )
     confirmed_rows = [m for m in messages if m[1] == "purchase.confirmed"]
     wrong_consumers, duplicates, owed, dead, handed_twice = 0, 0, 0, 0, 0
-    for (_id, topic, only, completed, cancelled, is_dead, due, deliveries, _saga, n,
-         consumers) in messages:
-        routed = [c for c in settings.OUTBOX_CONSUMERS.get(topic, [])
-                  if only is None or c in only]
+    for (
+        _id,
+        topic,
+        only,
+        completed,
+        cancelled,
+        is_dead,
+        due,
+        deliveries,
+        _saga,
+        n,
+        consumers,
+    ) in messages:
+        routed = [c for c in settings.OUTBOX_CONSUMERS.get(topic, []) if only is None or c in only]
         duplicates += n != len(set(consumers))
         if completed:
             wrong_consumers += sorted(set(consumers)) != sorted(routed)
@@ -108,21 +133,41 @@ def checks(ctx: Context, ev: int, total: int) -> dict:
             owed += 1
         handed_twice += (deliveries or 0) > 1
     out = {
-        "sagas": sagas, "confirmed": confirmed, "non_terminal": live,
-        "confirmed_not_exactly_once_in_history": not_once, "seats_sold": sold,
+        "sagas": sagas,
+        "confirmed": confirmed,
+        "non_terminal": live,
+        "confirmed_not_exactly_once_in_history": not_once,
+        "seats_sold": sold,
         "confirmed_events": len(confirmed_rows),
         "confirmed_events_sagas": len({m[8] for m in confirmed_rows}),
-        "ledger_entries": ledger, "ledger_sagas": ledger_sagas, "ledger_charges": charges,
-        "analytics_confirmed": analytics, "outbox_rows": len(messages),
-        "rows_with_wrong_consumers": wrong_consumers, "rows_with_duplicate_inbox": duplicates,
-        "rows_owed": owed, "rows_dead": dead, "rows_handed_over_more_than_once": handed_twice,
+        "ledger_entries": ledger,
+        "ledger_sagas": ledger_sagas,
+        "ledger_charges": charges,
+        "analytics_confirmed": analytics,
+        "outbox_rows": len(messages),
+        "rows_with_wrong_consumers": wrong_consumers,
+        "rows_with_duplicate_inbox": duplicates,
+        "rows_owed": owed,
+        "rows_dead": dead,
+        "rows_handed_over_more_than_once": handed_twice,
     }
-    expect = {"sagas": total, "confirmed": total, "non_terminal": 0,
-              "confirmed_not_exactly_once_in_history": 0, "seats_sold": total,
-              "confirmed_events": total, "confirmed_events_sagas": total,
-              "ledger_entries": total, "ledger_sagas": total, "ledger_charges": total,
-              "analytics_confirmed": total, "rows_with_wrong_consumers": 0,
-              "rows_with_duplicate_inbox": 0, "rows_owed": 0, "rows_dead": 0}
+    expect = {
+        "sagas": total,
+        "confirmed": total,
+        "non_terminal": 0,
+        "confirmed_not_exactly_once_in_history": 0,
+        "seats_sold": total,
+        "confirmed_events": total,
+        "confirmed_events_sagas": total,
+        "ledger_entries": total,
+        "ledger_sagas": total,
+        "ledger_charges": total,
+        "analytics_confirmed": total,
+        "rows_with_wrong_consumers": 0,
+        "rows_with_duplicate_inbox": 0,
+        "rows_owed": 0,
+        "rows_dead": 0,
+    }
     out["problems"] = [f"{k} {out[k]} (want {v})" for k, v in expect.items() if out[k] != v]
     return out
 
@@ -144,17 +189,24 @@ def rows(fig: dict) -> list[dict]:
     twice = sum(r["checks"]["rows_handed_over_more_than_once"] for r in all_runs)
     c = fig["clients"]
     return [
-        {"figure": f"11 e2e confirmed/s (c={c}), 2 relays + 2 worker pools vs 1 + 1",
-         "measured": f"{_mean(two, 'confirmed_per_s'):.1f} /s",
-         "baseline": f"{_mean(one, 'confirmed_per_s'):.1f} /s",
-         "ratio": ratio(_mean(two, "confirmed_per_s"), _mean(one, "confirmed_per_s"))},
-        {"figure": "11 e2e drain after the last request, 2 + 2 vs 1 + 1",
-         "measured": f"{_mean(two, 'drain_seconds'):.1f} s",
-         "baseline": f"{_mean(one, 'drain_seconds'):.1f} s",
-         "ratio": ratio(_mean(two, "drain_seconds"), _mean(one, "drain_seconds"))},
-        {"figure": f"11 checks ({len(all_runs)} runs): confirmed once, consumers once, "
-                   "ledger, terminal",
-         "measured": f"{problems} problems", "baseline": "0",
-         "ratio": "ok" if not problems else "FAILED",
-         "note": f"{twice} rows handed over twice"},
+        {
+            "figure": f"11 e2e confirmed/s (c={c}), 2 relays + 2 worker pools vs 1 + 1",
+            "measured": f"{_mean(two, 'confirmed_per_s'):.1f} /s",
+            "baseline": f"{_mean(one, 'confirmed_per_s'):.1f} /s",
+            "ratio": ratio(_mean(two, "confirmed_per_s"), _mean(one, "confirmed_per_s")),
+        },
+        {
+            "figure": "11 e2e drain after the last request, 2 + 2 vs 1 + 1",
+            "measured": f"{_mean(two, 'drain_seconds'):.1f} s",
+            "baseline": f"{_mean(one, 'drain_seconds'):.1f} s",
+            "ratio": ratio(_mean(two, "drain_seconds"), _mean(one, "drain_seconds")),
+        },
+        {
+            "figure": f"11 checks ({len(all_runs)} runs): confirmed once, consumers once, "
+            "ledger, terminal",
+            "measured": f"{problems} problems",
+            "baseline": "0",
+            "ratio": "ok" if not problems else "FAILED",
+            "note": f"{twice} rows handed over twice",
+        },
     ]

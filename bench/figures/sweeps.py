@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 from psycopg import Connection, Rollback
 
 from bench.common import SWEEPS_DB, Context, Figure, log, ratio
 
-FIGURE = Figure(phase="sweeps", key="6_sweeps", label="6 sweeps at scale",
-                timeout=lambda ctx: 600 if not ctx.full else 1800)
+FIGURE = Figure(
+    phase="sweeps",
+    key="6_sweeps",
+    label="6 sweeps at scale",
+    timeout=lambda ctx: 600 if not ctx.full else 1800,
+)
 SMALL = 10_000
 
 
@@ -38,20 +43,28 @@ def capture_sweep_sql() -> dict[str, str]:
         cursor.execute("ANALYZE purchases_purchasesaga")
         cursor.execute("ANALYZE outbox_outboxmessage")
     with CaptureQueriesContext(connection) as ctx:
-        list(stale_sagas(older_than=settings.RESUME_AFTER_SECONDS, now=now)
-             .values_list("pk", "state"))
+        list(
+            stale_sagas(older_than=settings.RESUME_AFTER_SECONDS, now=now).values_list(
+                "pk", "state"
+            )
+        )
     out["resumer: stale_sagas"] = ctx.captured_queries[-1]["sql"]
     with CaptureQueriesContext(connection) as ctx:
         sweep_chase(now=now)
-    chase = [q["sql"] for q in ctx.captured_queries
-             if q["sql"].startswith("SELECT") and '"purchases_purchasesaga"' in q["sql"]
-             and "FOR UPDATE" not in q["sql"]]
+    chase = [
+        q["sql"]
+        for q in ctx.captured_queries
+        if q["sql"].startswith("SELECT")
+        and '"purchases_purchasesaga"' in q["sql"]
+        and "FOR UPDATE" not in q["sql"]
+    ]
     for i, sql in enumerate(chase, 1):
         out[f"chaser: query {i}"] = sql
     with CaptureQueriesContext(connection) as ctx:
         relay_claim(now=now, limit=settings.OUTBOX_BATCH_SIZE)
-    out["relay: relay_claim"] = next(q["sql"] for q in ctx.captured_queries
-                                     if q["sql"].startswith("SELECT"))
+    out["relay: relay_claim"] = next(
+        q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT")
+    )
     with CaptureQueriesContext(connection) as ctx:
         next_due_in(now=now)
     out["relay: next_due_in"] = ctx.captured_queries[-1]["sql"]
@@ -69,16 +82,23 @@ def explain(conn: Connection, sql: str, repeat: int = 7) -> dict:
     """EXPLAIN (ANALYZE, BUFFERS) ``repeat`` times, each rolled back (EXPLAIN
     ANALYZE of a SELECT ... FOR UPDATE takes row locks; nothing is kept);
     the median execution time without the first (warm-up) run."""
-    times, plan = [], None
+    times: list[float] = []
+    plan: Any = None
     for _ in range(repeat):
         with conn.transaction():
             row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql).fetchone()
+            assert row is not None  # EXPLAIN answers one row
             plan = row[0][0]
             times.append(plan["Execution Time"])
             raise Rollback()
     root = plan["Plan"]
-    scans = sorted({f"{n['Node Type']}:{n.get('Index Name') or n.get('Relation Name')}"
-                    for n in _plan_nodes(root) if "Scan" in n["Node Type"]})
+    scans = sorted(
+        {
+            f"{n['Node Type']}:{n.get('Index Name') or n.get('Relation Name')}"
+            for n in _plan_nodes(root)
+            if "Scan" in n["Node Type"]
+        }
+    )
     return {
         "exec_ms_median": statistics.median(times[1:]),
         "exec_ms_all": times,
@@ -92,9 +112,10 @@ def run(ctx: Context) -> None:
     large = ctx.args.sweeps_large or 1_000_000
     queries = capture_sweep_sql()
     (ctx.logdir / "sweeps-captured.sql").write_text(
-        "\n\n".join(f"-- {k}\n{v};" for k, v in queries.items()))
+        "\n\n".join(f"-- {k}\n{v};" for k, v in queries.items())
+    )
     conn = ctx.pg.connect(SWEEPS_DB)
-    fig = {"queries": queries, "sizes": {}}
+    fig: dict[str, Any] = {"queries": queries, "sizes": {}}
     ctx.results["figures"][FIGURE.key] = fig
     try:
         seed_live(conn)
@@ -102,8 +123,9 @@ def run(ctx: Context) -> None:
         for size in (SMALL, large):
             t = time.monotonic()
             log(f"   sweeps: generating {size - made:,} finished sagas (set-based)")
-            add_finished(conn, start=made, count=size - made,
-                         rebuild_indexes=(size - made) > 50_000)
+            add_finished(
+                conn, start=made, count=size - made, rebuild_indexes=(size - made) > 50_000
+            )
             made = size
             gen_s = time.monotonic() - t
             log(f"   sweeps: {size:,} finished sagas in place ({gen_s:.0f}s); EXPLAIN ANALYZE")
@@ -118,13 +140,18 @@ def run(ctx: Context) -> None:
         a = fig["sizes"][str(SMALL)]["plans"][name]
         b = fig["sizes"][str(large)]["plans"][name]
         ctx.rows.append(row(name, label, small=a, large=b))
-        log(f"   {name}: {a['exec_ms_median']:.3f} ms -> {b['exec_ms_median']:.3f} ms "
-            f"({a['buffers']} -> {b['buffers']} buffers) {b['scans']}")
+        log(
+            f"   {name}: {a['exec_ms_median']:.3f} ms -> {b['exec_ms_median']:.3f} ms "
+            f"({a['buffers']} -> {b['buffers']} buffers) {b['scans']}"
+        )
 
 
 def row(name: str, label: str, *, small: dict, large: dict) -> dict:
-    seq = [s for s in large["scans"] if s.startswith("Seq Scan") and
-           ("purchasesaga" in s or "outboxmessage" in s)]
+    seq = [
+        s
+        for s in large["scans"]
+        if s.startswith("Seq Scan") and ("purchasesaga" in s or "outboxmessage" in s)
+    ]
     return {
         "figure": f"6 {name} @{label} vs 10k",
         "measured": f"{large['exec_ms_median']:.3f} ms {large['buffers']} buf",
@@ -142,11 +169,15 @@ def seed_live(conn: Connection) -> None:
     query finds something: 3 stale PENDING (one of them on a driving timer),
     1 COMPENSATION_PENDING past the deadline, 1 UNKNOWN_EXPIRED, 5 due rows."""
     with conn.transaction():
-        conn.execute("INSERT INTO auth_user (password, is_superuser, username, first_name,"
-                     " last_name, email, is_staff, is_active, date_joined)"
-                     " VALUES ('!', false, 'sweeps', '', '', '', false, true, now())")
-        conn.execute("INSERT INTO purchases_event (name, starts_at)"
-                     " VALUES ('sweeps', now() + interval '30 days')")
+        conn.execute(
+            "INSERT INTO auth_user (password, is_superuser, username, first_name,"
+            " last_name, email, is_staff, is_active, date_joined)"
+            " VALUES ('!', false, 'sweeps', '', '', '', false, true, now())"
+        )
+        conn.execute(
+            "INSERT INTO purchases_event (name, starts_at)"
+            " VALUES ('sweeps', now() + interval '30 days')"
+        )
         conn.execute("""
             WITH r AS (
               INSERT INTO purchases_reservation (ref, event_id, buyer_id, status,
@@ -239,11 +270,15 @@ def add_finished(conn: Connection, *, start: int, count: int, rebuild_indexes: b
             saved = conn.execute(
                 "SELECT indexname, indexdef FROM pg_indexes i WHERE tablename = ANY(%s)"
                 " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)",
-                [list(TABLES)]).fetchall()
+                [list(TABLES)],
+            ).fetchall()
             for name, _ in saved:
                 conn.execute(f'DROP INDEX "{name}"')
-        (superuser,) = conn.execute(
-            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        found = conn.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert found is not None  # the current user has a role
+        (superuser,) = found
         if superuser:
             conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(FINISHED_SAGAS, [start + 1, start + count])

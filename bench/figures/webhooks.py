@@ -40,11 +40,15 @@ from bench.figures import e2e, gateway_latency
 from bench.load import closed_loop
 from devtools.processes import poll
 
-FIGURE = Figure(phase="webhooks", key="9_webhooks", label="9 webhooks",
-                timeout=lambda ctx: 300 + 4 * (60 + _purchases(ctx) / 5)
-                + 4 * (ctx.warmup + ctx.dur + _drain_timeout(ctx)))
-EVENTS = ["purchase.confirmed", "purchase.failed", "purchase.refunded",
-          "purchase.needs_attention"]
+FIGURE = Figure(
+    phase="webhooks",
+    key="9_webhooks",
+    label="9 webhooks",
+    timeout=lambda ctx: (
+        300 + 4 * (60 + _purchases(ctx) / 5) + 4 * (ctx.warmup + ctx.dur + _drain_timeout(ctx))
+    ),
+)
+EVENTS = ["purchase.confirmed", "purchase.failed", "purchase.refunded", "purchase.needs_attention"]
 RESERVE_CLIENTS = 4
 HANG_BEYOND_TIMEOUT_S = 2.0
 TOPIC = "webhook.delivery"  # webhooks/topics.py
@@ -99,8 +103,9 @@ class Receiver:
             request_queue_size = 64
 
         self.server = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
         self.thread.start()
 
     def url(self, path: str) -> str:
@@ -127,14 +132,18 @@ def _create_endpoint(ctx: Context, url: str, description: str) -> int:
     (endpoint_id,) = ctx.db.q1(
         "INSERT INTO webhooks_webhookendpoint (url, events, description, enabled, secret,"
         " created_at, updated_at) VALUES (%s, %s::jsonb, %s, true, %s, now(), now())"
-        " RETURNING id", [url, json.dumps(EVENTS), description, secret])
+        " RETURNING id",
+        [url, json.dumps(EVENTS), description, secret],
+    )
     log(f"   webhook endpoint {endpoint_id}: {url}")
     return endpoint_id
 
 
 def _set_enabled(ctx: Context, endpoint_id: int, enabled: bool) -> None:
-    ctx.db.q("UPDATE webhooks_webhookendpoint SET enabled = %s, updated_at = now()"
-             " WHERE id = %s", [enabled, endpoint_id])
+    ctx.db.q(
+        "UPDATE webhooks_webhookendpoint SET enabled = %s, updated_at = now() WHERE id = %s",
+        [enabled, endpoint_id],
+    )
 
 
 def _delete_endpoints(ctx: Context, ids: list[int]) -> None:
@@ -146,9 +155,14 @@ def _delete_endpoints(ctx: Context, ids: list[int]) -> None:
             " WHERE topic = %s AND fired_at IS NULL AND cancelled_at IS NULL"
             " AND completed_at IS NULL AND (payload->>'delivery_id')::bigint IN"
             " (SELECT id FROM webhooks_webhookdelivery WHERE endpoint_id = ANY(%s))"
-            " RETURNING 1) SELECT count(*) FROM c", [TOPIC, ids])
-        ctx.db.q("DELETE FROM webhooks_webhookattempt WHERE delivery_id IN"
-                 " (SELECT id FROM webhooks_webhookdelivery WHERE endpoint_id = ANY(%s))", [ids])
+            " RETURNING 1) SELECT count(*) FROM c",
+            [TOPIC, ids],
+        )
+        ctx.db.q(
+            "DELETE FROM webhooks_webhookattempt WHERE delivery_id IN"
+            " (SELECT id FROM webhooks_webhookdelivery WHERE endpoint_id = ANY(%s))",
+            [ids],
+        )
         ctx.db.q("DELETE FROM webhooks_webhookdelivery WHERE endpoint_id = ANY(%s)", [ids])
         ctx.db.q("DELETE FROM webhooks_webhookendpoint WHERE id = ANY(%s)", [ids])
     log(f"   webhook endpoints {ids} deleted ({cancelled} armed attempts cancelled)")
@@ -162,8 +176,7 @@ def _quiet(ctx: Context, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
 
     def quiet() -> bool:
-        if not ctx.broker.wait_drained(max(1.0, deadline - time.monotonic()),
-                                       "the queue to drain"):
+        if not ctx.broker.wait_drained(max(1.0, deadline - time.monotonic()), "the queue to drain"):
             return False
         (due,) = ctx.db.q1("SELECT count(*) FROM outbox_outboxmessage WHERE due_at <= now()")
         return due == 0
@@ -171,8 +184,7 @@ def _quiet(ctx: Context, timeout: float) -> bool:
     return poll(quiet, timeout=timeout, every=0.5)
 
 
-def _drain(ctx: Context, what: str, endpoint_id: int | None = None, *,
-           strict: bool = True) -> None:
+def _drain(ctx: Context, what: str, endpoint_id: int | None = None, *, strict: bool = True) -> None:
     """Until the stack is quiet (``_quiet``); with ``endpoint_id``, also
     until none of its deliveries owes an attempt within the next minute (a
     disabled endpoint's fail at once; later retries are cancelled with the
@@ -181,20 +193,28 @@ def _drain(ctx: Context, what: str, endpoint_id: int | None = None, *,
     deadline = time.monotonic() + timeout
 
     def owed() -> int:
-        (n,) = ctx.db.q1("SELECT count(*) FROM webhooks_webhookdelivery WHERE endpoint_id = %s"
-                         " AND status = 'pending' AND next_attempt_at < now() + interval '60 s'",
-                         [endpoint_id])
+        (n,) = ctx.db.q1(
+            "SELECT count(*) FROM webhooks_webhookdelivery WHERE endpoint_id = %s"
+            " AND status = 'pending' AND next_attempt_at < now() + interval '60 s'",
+            [endpoint_id],
+        )
         return n
 
     quiet = _quiet(ctx, timeout)
     if quiet and endpoint_id is not None:
-        quiet = poll(lambda: owed() == 0, timeout=max(1.0, deadline - time.monotonic()),
-                     every=0.5, progress=lambda: log(f"   {what}: {owed()} deliveries owed"))
+        quiet = poll(
+            lambda: owed() == 0,
+            timeout=max(1.0, deadline - time.monotonic()),
+            every=0.5,
+            progress=lambda: log(f"   {what}: {owed()} deliveries owed"),
+        )
         quiet = quiet and _quiet(ctx, max(1.0, deadline - time.monotonic()))
     if quiet:
         return
-    msg = (f"webhooks: the stack did not drain {what} within {timeout:.0f}s "
-           f"(queue {ctx.broker.depth()})")
+    msg = (
+        f"webhooks: the stack did not drain {what} within {timeout:.0f}s "
+        f"(queue {ctx.broker.depth()})"
+    )
     if strict:
         raise PhaseFailed(msg)
     log("!! " + msg)
@@ -214,9 +234,13 @@ def _webhook_timeout() -> float:
 
 def run(ctx: Context) -> None:
     timeout_s = _webhook_timeout()
-    fig: dict = {"purchases_per_e2e_run": _purchases(ctx), "e2e_clients": e2e.CLIENTS,
-                 "reserve_clients": RESERVE_CLIENTS, "webhook_timeout_s": timeout_s,
-                 "receiver_hang_s": timeout_s + HANG_BEYOND_TIMEOUT_S}
+    fig: dict = {
+        "purchases_per_e2e_run": _purchases(ctx),
+        "e2e_clients": e2e.CLIENTS,
+        "reserve_clients": RESERVE_CLIENTS,
+        "webhook_timeout_s": timeout_s,
+        "receiver_hang_s": timeout_s + HANG_BEYOND_TIMEOUT_S,
+    }
     ctx.results["figures"][FIGURE.key] = fig
     if ctx.stack.latency_ms != 0:
         # Figure 3 leaves the gateway at 300 ms; figure 2's load is at 0 ms.
@@ -244,17 +268,22 @@ def _flowing(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
         runs[how].append(_e2e(ctx, how))
         _drain(ctx, f"after the e2e run ({how})", endpoint if how == "endpoint" else None)
         if how == "endpoint" and len(runs["endpoint"]) == 2:
+            assert endpoint is not None  # created by the first "endpoint" run
             fig["deliveries"] = _deliveries(ctx, endpoint)
             fig["deliveries"]["receiver_requests"] = receiver.count("ok")
             _set_enabled(ctx, endpoint, False)
     confirmed = sum(r["purchases"] for r in runs["endpoint"])
     got = fig["deliveries"]["receiver_requests"]
-    log(f"   webhooks: {got} requests received for {confirmed} purchases confirmed, "
+    log(
+        f"   webhooks: {got} requests received for {confirmed} purchases confirmed, "
         f"{fig['deliveries']['delivered']} delivered, lag p50 "
-        f"{fig['deliveries']['lag_p50_ms']:.0f} ms, p99 {fig['deliveries']['lag_p99_ms']:.0f} ms")
+        f"{fig['deliveries']['lag_p50_ms']:.0f} ms, p99 {fig['deliveries']['lag_p99_ms']:.0f} ms"
+    )
     if got < confirmed:
-        raise PhaseFailed(f"webhooks: the receiver got {got} requests for {confirmed} "
-                          "purchases confirmed with the endpoint")
+        raise PhaseFailed(
+            f"webhooks: the receiver got {got} requests for {confirmed} "
+            "purchases confirmed with the endpoint"
+        )
 
 
 def _e2e(ctx: Context, how: str) -> dict:
@@ -269,8 +298,13 @@ def _e2e(ctx: Context, how: str) -> dict:
         raise PhaseFailed(f"webhooks e2e ({how}): statuses {statuses}: {errors}")
     seconds = float(e2e._wait_confirmed(ctx, ev, total)) - t_first
     log(f"   e2e ({how}): {total} confirmed in {seconds:.1f}s = {total / seconds:.1f}/s")
-    return {"event": ev, "purchases": total, "seconds": seconds,
-            "confirmed_per_s": total / seconds, "request_phase_seconds": t_sent - t_first}
+    return {
+        "event": ev,
+        "purchases": total,
+        "seconds": seconds,
+        "confirmed_per_s": total / seconds,
+        "request_phase_seconds": t_sent - t_first,
+    }
 
 
 def _deliveries(ctx: Context, endpoint_id: int) -> dict:
@@ -283,14 +317,25 @@ def _deliveries(ctx: Context, endpoint_id: int) -> dict:
         " 1000 * percentile_cont(0.99) WITHIN GROUP"
         "  (ORDER BY extract(epoch FROM delivered_at - created_at)::float8),"
         " 1000 * max(extract(epoch FROM delivered_at - created_at)::float8)"
-        " FROM webhooks_webhookdelivery WHERE endpoint_id = %s", [endpoint_id])
+        " FROM webhooks_webhookdelivery WHERE endpoint_id = %s",
+        [endpoint_id],
+    )
     attempts, post_p50, post_p99 = ctx.db.q1(
         "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY a.latency_ms),"
         " percentile_cont(0.99) WITHIN GROUP (ORDER BY a.latency_ms)"
         " FROM webhooks_webhookattempt a JOIN webhooks_webhookdelivery d ON d.id = a.delivery_id"
-        " WHERE d.endpoint_id = %s", [endpoint_id])
-    keys = ("delivered", "pending", "failed", "confirmed_type", "lag_p50_ms", "lag_p99_ms",
-            "lag_max_ms")
+        " WHERE d.endpoint_id = %s",
+        [endpoint_id],
+    )
+    keys = (
+        "delivered",
+        "pending",
+        "failed",
+        "confirmed_type",
+        "lag_p50_ms",
+        "lag_p99_ms",
+        "lag_max_ms",
+    )
     out = dict(zip(keys, row, strict=True))
     out.update(attempts=attempts, post_p50_ms=post_p50, post_p99_ms=post_p99)
     return out
@@ -305,8 +350,9 @@ def _hanging(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
     for how in ("none", "hanging", "hanging", "none"):
         if how == "hanging":
             if endpoint is None:
-                endpoint = _create_endpoint(ctx, receiver.url("hang"),
-                                            "bench figure 9: hangs past the timeout")
+                endpoint = _create_endpoint(
+                    ctx, receiver.url("hang"), "bench figure 9: hangs past the timeout"
+                )
                 endpoints.append(endpoint)
             else:
                 _set_enabled(ctx, endpoint, True)
@@ -314,31 +360,46 @@ def _hanging(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
         hang_before = receiver.count("hang")
         m = _reserve(ctx, how)
         if how == "hanging":
+            assert endpoint is not None  # created above
             # Its deliveries fail at once from now on: the backlog drains.
             _set_enabled(ctx, endpoint, False)
         _drain(ctx, f"after the reserve run ({how})", endpoint if how == "hanging" else None)
         if how == "hanging":
+            assert endpoint is not None and before is not None  # read above
             after = _attempts(ctx, endpoint)
             m["attempts"] = {k: after[k] - before[k] for k in ATTEMPT_COUNTS}
             m["receiver_requests"] = receiver.count("hang") - hang_before
             m["timed_out_max_ms"] = after["timed_out_max_ms"]
-            log(f"   reserve (hanging): {m['attempts']['timed_out']} attempts timed out, "
-                f"{m['receiver_requests']} requests received")
+            log(
+                f"   reserve (hanging): {m['attempts']['timed_out']} attempts timed out, "
+                f"{m['receiver_requests']} requests received"
+            )
         runs[how].append(m)
 
 
 def _reserve(ctx: Context, how: str) -> dict:
     nseats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
     ev, _ = ctx.db.make_event(f"bench webhooks reserve {how}", nseats)
-    m = closed_loop(ctx.stack, ctx.users, label=f"reserve {how} c={RESERVE_CLIENTS}",
-                    clients=RESERVE_CLIENTS, warmup=ctx.warmup, duration=ctx.dur, event_id=ev,
-                    nseats=nseats)
-    (confirmed,) = ctx.db.q1("SELECT count(*) FROM purchases_purchasesaga"
-                             " WHERE event_id = %s AND state = 'CONFIRMED'", [ev])
+    m = closed_loop(
+        ctx.stack,
+        ctx.users,
+        label=f"reserve {how} c={RESERVE_CLIENTS}",
+        clients=RESERVE_CLIENTS,
+        warmup=ctx.warmup,
+        duration=ctx.dur,
+        event_id=ev,
+        nseats=nseats,
+    )
+    (confirmed,) = ctx.db.q1(
+        "SELECT count(*) FROM purchases_purchasesaga WHERE event_id = %s AND state = 'CONFIRMED'",
+        [ev],
+    )
     m["confirmed_during_run"] = confirmed
-    log(f"   reserve ({how}) c={RESERVE_CLIENTS}: {m['throughput_per_s']:.1f} req/s, "
+    log(
+        f"   reserve ({how}) c={RESERVE_CLIENTS}: {m['throughput_per_s']:.1f} req/s, "
         f"p50 {m['latency_202']['p50_ms']:.1f} ms, p99 {m['latency_202']['p99_ms']:.1f} ms, "
-        f"{confirmed} confirmed meanwhile")
+        f"{confirmed} confirmed meanwhile"
+    )
     return m
 
 
@@ -349,9 +410,16 @@ def _attempts(ctx: Context, endpoint_id: int) -> dict:
         " count(*) FILTER (WHERE a.latency_ms IS NULL),"
         " coalesce(max(a.latency_ms) FILTER (WHERE a.error LIKE 'timeout%%'), 0)"
         " FROM webhooks_webhookattempt a JOIN webhooks_webhookdelivery d ON d.id = a.delivery_id"
-        " WHERE d.endpoint_id = %s", [endpoint_id])
-    return {"total": total, "timed_out": timed_out, "delivered": delivered,
-            "not_sent": unsent, "timed_out_max_ms": slowest}
+        " WHERE d.endpoint_id = %s",
+        [endpoint_id],
+    )
+    return {
+        "total": total,
+        "timed_out": timed_out,
+        "delivered": delivered,
+        "not_sent": unsent,
+        "timed_out_max_ms": slowest,
+    }
 
 
 def _clean_up(ctx: Context, receiver: Receiver, endpoints: list[int]) -> None:
@@ -395,31 +463,43 @@ def rows(fig: dict, *, poll_s: float | None) -> list[dict]:
     slowest = max(m["timed_out_max_ms"] for m in hang)
     c, timeout_s = fig["reserve_clients"], fig["webhook_timeout_s"]
     return [
-        {"figure": f"9 e2e confirmed purchases/s (c={fig['e2e_clients']}), "
-                   "1 webhook endpoint vs none",
-         "measured": f"{with_rate:.1f} /s",
-         "baseline": f"{none_rate:.1f} /s",
-         "ratio": ratio(with_rate, none_rate)},
-        {"figure": f"9 webhook delivery lag p50 / p99 ({d['delivered']} of {confirmed} "
-                   f"delivered, {d['receiver_requests']} received)",
-         "measured": f"{d['lag_p50_ms']:.0f} / {d['lag_p99_ms']:.0f} ms "
-                     f"(POST p50 {d['post_p50_ms']:.0f} ms)",
-         "baseline": f"{poll_ms:.0f} ms relay poll" if poll_ms else "n/a",
-         "ratio": ratio(d["lag_p99_ms"], poll_ms)},
-        {"figure": f"9 reserve c={c} throughput, receiver hanging vs no endpoint",
-         "measured": f"{_mean(hang, lambda r: r['throughput_per_s']):.1f} req/s "
-                     f"({_mean(hang, lambda r: r['confirmed_during_run']):.0f} confirmed)",
-         "baseline": f"{_mean(none, lambda r: r['throughput_per_s']):.1f} req/s "
-                     f"({_mean(none, lambda r: r['confirmed_during_run']):.0f} confirmed)",
-         "ratio": ratio(_mean(hang, lambda r: r["throughput_per_s"]),
-                        _mean(none, lambda r: r["throughput_per_s"]))},
-        {"figure": f"9 reserve c={c} p50 / p99, receiver hanging vs no endpoint (p99 ratio)",
-         "measured": f"{lat(hang, 'p50'):.1f} / {lat(hang, 'p99'):.1f} ms",
-         "baseline": f"{lat(none, 'p50'):.1f} / {lat(none, 'p99'):.1f} ms",
-         "ratio": ratio(lat(hang, "p99"), lat(none, "p99"))},
-        {"figure": f"9 webhook attempts timed out ({timeout_s:g} s) of requests to the "
-                   "hanging receiver",
-         "measured": f"{timed_out} (slowest {slowest / 1000:.1f} s)",
-         "baseline": f"{received} received",
-         "ratio": ratio(timed_out, received)},
+        {
+            "figure": f"9 e2e confirmed purchases/s (c={fig['e2e_clients']}), "
+            "1 webhook endpoint vs none",
+            "measured": f"{with_rate:.1f} /s",
+            "baseline": f"{none_rate:.1f} /s",
+            "ratio": ratio(with_rate, none_rate),
+        },
+        {
+            "figure": f"9 webhook delivery lag p50 / p99 ({d['delivered']} of {confirmed} "
+            f"delivered, {d['receiver_requests']} received)",
+            "measured": f"{d['lag_p50_ms']:.0f} / {d['lag_p99_ms']:.0f} ms "
+            f"(POST p50 {d['post_p50_ms']:.0f} ms)",
+            "baseline": f"{poll_ms:.0f} ms relay poll" if poll_ms else "n/a",
+            "ratio": ratio(d["lag_p99_ms"], poll_ms),
+        },
+        {
+            "figure": f"9 reserve c={c} throughput, receiver hanging vs no endpoint",
+            "measured": f"{_mean(hang, lambda r: r['throughput_per_s']):.1f} req/s "
+            f"({_mean(hang, lambda r: r['confirmed_during_run']):.0f} confirmed)",
+            "baseline": f"{_mean(none, lambda r: r['throughput_per_s']):.1f} req/s "
+            f"({_mean(none, lambda r: r['confirmed_during_run']):.0f} confirmed)",
+            "ratio": ratio(
+                _mean(hang, lambda r: r["throughput_per_s"]),
+                _mean(none, lambda r: r["throughput_per_s"]),
+            ),
+        },
+        {
+            "figure": f"9 reserve c={c} p50 / p99, receiver hanging vs no endpoint (p99 ratio)",
+            "measured": f"{lat(hang, 'p50'):.1f} / {lat(hang, 'p99'):.1f} ms",
+            "baseline": f"{lat(none, 'p50'):.1f} / {lat(none, 'p99'):.1f} ms",
+            "ratio": ratio(lat(hang, "p99"), lat(none, "p99")),
+        },
+        {
+            "figure": f"9 webhook attempts timed out ({timeout_s:g} s) of requests to the "
+            "hanging receiver",
+            "measured": f"{timed_out} (slowest {slowest / 1000:.1f} s)",
+            "baseline": f"{received} received",
+            "ratio": ratio(timed_out, received),
+        },
     ]

@@ -31,17 +31,34 @@ SETTINGS = "bench.sqlcount.settings"
 # the server as its session starts, and Django sets the session's time zone
 # in a commit of its own when the server's differs: not a purchase's cost on
 # a warm stack, so apart).
-FIELDS = ("statements", "autocommit", "autocommit_errors", "health_checks", "transactions",
-          "txn_rollbacks", "connects")
+FIELDS = (
+    "statements",
+    "autocommit",
+    "autocommit_errors",
+    "health_checks",
+    "transactions",
+    "txn_rollbacks",
+    "connects",
+)
 # Which stack process counts as what (figure 11's second worker and relay too).
-ROLES = {"web": "web", "worker": "worker", "worker2": "worker", "webhooks": "webhooks",
-         "relay": "relay", "relay2": "relay", "gateway": "gateway"}
+ROLES = {
+    "web": "web",
+    "worker": "worker",
+    "worker2": "worker",
+    "webhooks": "webhooks",
+    "relay": "relay",
+    "relay2": "relay",
+    "gateway": "gateway",
+}
 
 
 def env(directory: Path, name: str) -> dict[str, str]:
     """The environment that makes the stack process ``name`` count."""
-    return {"DJANGO_SETTINGS_MODULE": SETTINGS, "BENCH_SQLCOUNT_DIR": str(directory),
-            "BENCH_SQLCOUNT_ROLE": ROLES.get(name, name)}
+    return {
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "BENCH_SQLCOUNT_DIR": str(directory),
+        "BENCH_SQLCOUNT_ROLE": ROLES.get(name, name),
+    }
 
 
 def read(directory: Path) -> dict[str, dict[str, int]]:
@@ -76,9 +93,12 @@ def summary(counts: dict[str, float]) -> dict[str, float]:
     c = counts
     return {
         "statements": c["statements"] + c["health_checks"],
-        "commits": c["autocommit"] - c["autocommit_errors"] + c["health_checks"]
+        "commits": c["autocommit"]
+        - c["autocommit_errors"]
+        + c["health_checks"]
         + c["transactions"],
-        "round_trips": c["statements"] + c["health_checks"]
+        "round_trips": c["statements"]
+        + c["health_checks"]
         + 2 * (c["transactions"] + c["txn_rollbacks"]),
         **c,
     }

@@ -50,8 +50,9 @@ class _Counts:
             counts[field] += 1
             self.dirty = True
             if self.flusher is None:
-                self.flusher = threading.Thread(target=_flush_loop, daemon=True,
-                                                name="bench-sqlcount")
+                self.flusher = threading.Thread(
+                    target=_flush_loop, daemon=True, name="bench-sqlcount"
+                )
                 self.flusher.start()
 
 

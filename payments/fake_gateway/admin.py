@@ -11,34 +11,43 @@ from config.admin import ReadOnlyAdminMixin
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
 
 
-@admin.display(description="amount", ordering="amount")
-def amount_display(obj):
-    # Null on an intent cancelled before any charge named an amount (shown "-").
-    return None if obj.amount is None else format_money(obj.amount, obj.currency)
+class AmountColumn:
+    """The amount as money, for ``list_display`` and ``fields`` (by name)."""
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_display(self, obj: FakeIntent | FakeCharge) -> str | None:
+        # Null on an intent cancelled before any charge named an amount (shown "-").
+        return None if obj.amount is None else format_money(obj.amount, obj.currency)
 
 
-class FakeChargeInline(ReadOnlyAdminMixin, admin.TabularInline):
+class FakeChargeInline(ReadOnlyAdminMixin, AmountColumn, admin.TabularInline):
     model = FakeCharge
     extra = 0
-    fields = readonly_fields = ("id", amount_display, "status", "created")
+    fields = readonly_fields = ("id", "amount_display", "status", "created")
 
 
 @admin.register(FakeIntent)
-class FakeIntentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("intent_id", "status", amount_display, "payment_method", "updated")
+class FakeIntentAdmin(ReadOnlyAdminMixin, AmountColumn, admin.ModelAdmin):
+    list_display = ("intent_id", "status", "amount_display", "payment_method", "updated")
     list_filter = ("status", "payment_method")
     search_fields = ("intent_id",)
     fields = readonly_fields = (
-        "intent_id", "status", amount_display, "payment_method", "created", "updated")
+        "intent_id",
+        "status",
+        "amount_display",
+        "payment_method",
+        "created",
+        "updated",
+    )
     inlines = [FakeChargeInline]
 
 
 @admin.register(FakeCharge)
-class FakeChargeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "intent", amount_display, "status", "created")
+class FakeChargeAdmin(ReadOnlyAdminMixin, AmountColumn, admin.ModelAdmin):
+    list_display = ("id", "intent", "amount_display", "status", "created")
     list_filter = ("status",)
     search_fields = ("id", "intent__intent_id")
-    fields = readonly_fields = ("id", "intent", amount_display, "status", "created")
+    fields = readonly_fields = ("id", "intent", "amount_display", "status", "created")
 
 
 @admin.register(FakeIdempotentAnswer)

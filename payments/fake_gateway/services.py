@@ -319,7 +319,9 @@ def intent_cancel(*, intent_id: str) -> Answer:
             intent = _intent_for_update(intent_id=intent_id)
             if intent.status in (Status.SUCCEEDED, Status.REFUNDED):
                 answer = error(
-                    409, "already_charged", "This payment intent was charged; refund it instead.",
+                    409,
+                    "already_charged",
+                    "This payment intent was charged; refund it instead.",
                     latest_charge=_latest_charge(intent_id),
                 )
             else:

@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
@@ -43,8 +44,13 @@ def _respond(request: HttpRequest, answer: Answer) -> JsonResponse:
         # Marks the response as logged: Django's request logger leaves it alone.
         log_response(
             "fake gateway stalled %ss on purpose, then answered %s (the client gave up): %s",
-            delay, answer.status_code, request.path,
-            response=response, request=request, logger=logger, level="info",
+            delay,
+            answer.status_code,
+            request.path,
+            response=response,
+            request=request,
+            logger=logger,
+            level="info",
         )
     return response
 
@@ -55,7 +61,7 @@ def _endpoint(method: str) -> Callable:
     def decorate(view: Callable[..., Answer]) -> Callable[..., JsonResponse]:
         @csrf_exempt
         @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
             latency_ms = settings.FAKE_GATEWAY_LATENCY_MS
             if latency_ms:
                 time.sleep(latency_ms / 1000)
@@ -125,7 +131,7 @@ def list_charges(request: HttpRequest) -> Answer:
 
 
 @csrf_exempt
-def unknown_endpoint(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+def unknown_endpoint(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
     # Not "not_found": that code means "no such intent", and a client must not
     # read a wrong URL as proof that nothing was charged.
     return _respond(request, error(404, "unknown_endpoint", "No such endpoint on this gateway."))

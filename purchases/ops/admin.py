@@ -158,8 +158,12 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
         logger.exception("admin gateway look-up failed", extra={"saga_id": str(saga.pk)})
         view["error"] = f"look-up failed: {type(exc).__name__}: {exc}"
     else:
-        view.update(status=lookup.status.value, detail=lookup.detail,
-                    latency_ms=round(lookup.latency_ms, 1), raw=lookup.raw)
+        view.update(
+            status=lookup.status.value,
+            detail=lookup.detail,
+            latency_ms=round(lookup.latency_ms, 1),
+            raw=lookup.raw,
+        )
     try:
         charges = gateway.list_charges(saga.intent_id)
     except GatewayUnavailable as exc:
@@ -197,7 +201,8 @@ class AgeFilter(admin.SimpleListFilter):
         return [(value, label) for value, (label, _, _) in self.BUCKETS.items()]
 
     def queryset(self, request, queryset):
-        bucket = self.BUCKETS.get(self.value())
+        value = self.value()
+        bucket = None if value is None else self.BUCKETS.get(value)
         if bucket is None:
             return queryset
         _, youngest, oldest = bucket
@@ -268,22 +273,48 @@ def _runbook_action(action: Action):
 @admin.register(PurchaseSaga)
 class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # "age" stays the third column (after the checkbox): ``?o=3`` sorts by age.
-    list_display = ["short_id", "state", "age", "in_state", "needs_operator", "payment_status",
-                    "payment_method", "total", "event", "buyer", "attempts"]
+    list_display = [
+        "short_id",
+        "state",
+        "age",
+        "in_state",
+        "needs_operator",
+        "payment_status",
+        "payment_method",
+        "total",
+        "event",
+        "buyer",
+        "attempts",
+    ]
     list_filter = ["state", NeedsOperatorFilter, AgeFilter, "event"]
     # The pk is a UUID: matched exactly (or by the 8 characters the list shows)
     # in get_search_results, not with icontains.
     search_fields = ["intent_id", "reservation__ref", "buyer__username"]
-    search_help_text = ("Saga id (whole, or its first 8 characters), intent id, reservation ref "
-                        "or buyer username.")
+    search_help_text = (
+        "Saga id (whole, or its first 8 characters), intent id, reservation ref or buyer username."
+    )
     list_select_related = ["event", "buyer", "reservation"]
     show_full_result_count = False  # no count(*) over every saga on each page
     actions = [_runbook_action(a) for a in Action]
-    fields = ["id", "state", "version", "attempts", "event", "buyer", "reservation",
-              "intent_id", "payment_method", "total", "created", "last_move"]
+    fields = (
+        "id",
+        "state",
+        "version",
+        "attempts",
+        "event",
+        "buyer",
+        "reservation",
+        "intent_id",
+        "payment_method",
+        "total",
+        "created",
+        "last_move",
+    )
     # Shown only once they are set (no empty rows on the page).
-    when_set = {"compensation_started_at": "compensation_started",
-                "awaiting_operator_since": "waiting_for_an_operator_since"}
+    when_set = {
+        "compensation_started_at": "compensation_started",
+        "awaiting_operator_since": "waiting_for_an_operator_since",
+    }
     readonly_fields = [*fields, *when_set.values()]
 
     # Read-only (ReadOnlyAdminMixin): viewing needs the view permission;
@@ -296,15 +327,25 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         # What the list shows per row, read in the page's one query: the
         # ledger's word on the payment and whether the saga needs a person.
         ledger = LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"))
-        return super().get_queryset(request).annotate(
-            has_charge=Exists(ledger.filter(kind=EntryKind.CHARGE)),
-            has_refund=Exists(ledger.filter(kind=EntryKind.REFUND)),
-            needs_op=ExpressionWrapper(needs_operator_condition(), output_field=BooleanField()),
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                has_charge=Exists(ledger.filter(kind=EntryKind.CHARGE)),
+                has_refund=Exists(ledger.filter(kind=EntryKind.REFUND)),
+                needs_op=ExpressionWrapper(needs_operator_condition(), output_field=BooleanField()),
+            )
         )
 
     def get_fields(self, request, obj=None):
-        return [*self.fields, *(shown for field, shown in self.when_set.items()
-                                if obj is not None and getattr(obj, field) is not None)]
+        return [
+            *self.fields,
+            *(
+                shown
+                for field, shown in self.when_set.items()
+                if obj is not None and getattr(obj, field) is not None
+            ),
+        ]
 
     # --- list ---------------------------------------------------------------------
 
@@ -330,8 +371,7 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="payment")
     def payment_status(self, obj):
         # From the list's annotations: one query per page, not one per row.
-        return payment_status(state=obj.state, has_charge=obj.has_charge,
-                              has_refund=obj.has_refund)
+        return payment_status(state=obj.state, has_charge=obj.has_charge, has_refund=obj.has_refund)
 
     @admin.display(description="total", ordering="amount")
     def total(self, obj):
@@ -366,8 +406,10 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         elif _SHORT_ID.fullmatch(term.lower()):
             # The 8 characters the list shows: a range on the primary key.
             prefix = term.lower()
-            wanted = Q(pk__gte=uuid.UUID(f"{prefix}-0000-0000-0000-000000000000"),
-                       pk__lte=uuid.UUID(f"{prefix}-ffff-ffff-ffff-ffffffffffff"))
+            wanted = Q(
+                pk__gte=uuid.UUID(f"{prefix}-0000-0000-0000-000000000000"),
+                pk__lte=uuid.UUID(f"{prefix}-ffff-ffff-ffff-ffffffffffff"),
+            )
         else:
             return super().get_search_results(request, queryset, search_term)
         # A saga id (icontains on a uuid column casts every row to text); keep
@@ -417,8 +459,13 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         confirmed = bool(request.POST.get("confirm") or request.POST.get("post"))
         form = RunbookReasonForm(request.POST if confirmed else None)
         if confirmed and form.is_valid():
-            return self._runbook_run(request, sagas, action, form.cleaned_data["reason"],
-                                     override=form.cleaned_data["override"])
+            return self._runbook_run(
+                request,
+                sagas,
+                action,
+                form.cleaned_data["reason"],
+                override=form.cleaned_data["override"],
+            )
         return self._runbook_confirm(request, sagas, action, form)
 
     def _runbook_confirm(self, request, sagas, action, form):
@@ -447,10 +494,12 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         operator = request.user.username
         results = []
         for saga in sagas:
-            results.append(self._runbook_run_one(request, saga, action, operator, reason,
-                                                 override=override))
-        counts = {k: sum(1 for r in results if r.outcome == k)
-                  for k in ("done", "refused", "failed")}
+            results.append(
+                self._runbook_run_one(request, saga, action, operator, reason, override=override)
+            )
+        counts = {
+            k: sum(1 for r in results if r.outcome == k) for k in ("done", "refused", "failed")
+        }
         self.message_user(
             request,
             f"{LABELS[action]}: {counts['done']} done, {counts['refused']} refused, "
@@ -471,28 +520,39 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             request, "admin/purchases/purchasesaga/runbook_result.html", context
         )
 
-    def _runbook_run_one(self, request, saga, action, operator, reason, *,
-                         override=False) -> _ResultRow:
+    def _runbook_run_one(
+        self, request, saga, action, operator, reason, *, override=False
+    ) -> _ResultRow:
         before = saga.state
         # The operator confirmed what the dry run showed at this version; a
         # saga that moved since is looked at again, not acted on blind.
         seen = request.POST.get(f"version_{saga.pk}")
         if seen and seen != str(saga.version):
-            return _ResultRow(saga, before, before, "refused",
-                              f"moved on since the dry run (v{seen} → v{saga.version}, now "
-                              f"{before}): look again")
+            return _ResultRow(
+                saga,
+                before,
+                before,
+                "refused",
+                f"moved on since the dry run (v{seen} → v{saga.version}, now {before}): look again",
+            )
         # The table's verdict only: the gateway is asked by the action itself,
         # after the operator's note is on the record.
         plan = action_plan(saga=saga, action=action, ask_gateway=False)
         if not plan.allowed:
             return _ResultRow(saga, before, before, "refused", plan.why)
-        written_before = set(LedgerEntry.objects.filter(saga_id=saga.pk).values_list("pk",
-                                                                                    flat=True))
-        extra = {"saga_id": str(saga.pk), "runbook_action": action.value, "operator": operator,
-                 "override": override}
+        written_before = set(
+            LedgerEntry.objects.filter(saga_id=saga.pk).values_list("pk", flat=True)
+        )
+        extra = {
+            "saga_id": str(saga.pk),
+            "runbook_action": action.value,
+            "operator": operator,
+            "override": override,
+        }
         try:
-            action_run(saga_id=saga.pk, action=action, operator=operator, reason=reason,
-                       override=override)
+            action_run(
+                saga_id=saga.pk, action=action, operator=operator, reason=reason, override=override
+            )
         except (ActionRefused, IllegalTransition) as exc:
             outcome, message = "refused", str(exc)
         except DomainError as exc:
@@ -504,20 +564,27 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             outcome, message = "done", ""
         fresh = PurchaseSaga.objects.get(pk=saga.pk)
         if outcome == "done":
-            message = (f"{before} → {fresh.state}" if fresh.state != before
-                       else f"still {fresh.state}")
-        logger.log(logging.INFO if outcome == "done" else logging.WARNING,
-                   "runbook action %s: %s", action.value, outcome,
-                   extra={**extra, "outcome": outcome, "state": fresh.state})
+            message = (
+                f"{before} → {fresh.state}" if fresh.state != before else f"still {fresh.state}"
+            )
+        logger.log(
+            logging.INFO if outcome == "done" else logging.WARNING,
+            "runbook action %s: %s",
+            action.value,
+            outcome,
+            extra={**extra, "outcome": outcome, "state": fresh.state},
+        )
         self.log_change(
-            request, fresh,
+            request,
+            fresh,
             f'Runbook "{LABELS[action]}" ({action.value}); reason: "{reason}"; '
             f"result: {outcome}: {message}",
         )
         written = [
             f"{e.kind} {'+' if e.amount > 0 else ''}{format_money(e.amount, e.currency)}"
             f"{' (' + e.gateway_reference + ')' if e.gateway_reference else ''}"
-            for e in LedgerEntry.objects.filter(saga_id=saga.pk).exclude(pk__in=written_before)
+            for e in LedgerEntry.objects.filter(saga_id=saga.pk)
+            .exclude(pk__in=written_before)
             .order_by("created_at", "id")
         ]
         return _ResultRow(saga, before, fresh.state, outcome, message, written)
@@ -536,7 +603,7 @@ class SeatAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Read-only: prices and seat status change only through the services.
     list_display = ["ref", "event", "status", "price"]
     list_filter = ["event", "status"]
-    fields = ["event", "ref", "row", "number", "price", "status"]
+    fields = ("event", "ref", "row", "number", "price", "status")
     readonly_fields = fields
 
     @admin.display(description="price", ordering="price_amount")
@@ -550,7 +617,7 @@ class ReservationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["ref", "event", "buyer", "status", "hold_expires_at", "total"]
     list_filter = ["status", "event"]
     search_fields = ["ref", "buyer__username"]
-    fields = ["ref", "event", "buyer", "status", "hold_expires_at", "total", "created_at"]
+    fields = ("ref", "event", "buyer", "status", "hold_expires_at", "total", "created_at")
     readonly_fields = fields
 
     @admin.display(description="total", ordering="total_amount")

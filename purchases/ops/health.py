@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connections
@@ -79,7 +80,7 @@ class Readiness:
 
 def beat_sweep() -> str:
     """The sweep beat runs most often: beat is judged by its heartbeat."""
-    return min(settings.SWEEP_INTERVALS, key=settings.SWEEP_INTERVALS.get)
+    return min(settings.SWEEP_INTERVALS, key=settings.SWEEP_INTERVALS.__getitem__)
 
 
 def readiness(checks: Iterable[str] = CHECKS, *, now: datetime | None = None) -> Readiness:
@@ -89,7 +90,7 @@ def readiness(checks: Iterable[str] = CHECKS, *, now: datetime | None = None) ->
     # The SweepHeartbeat rows the heartbeat checks read.
     row_of = {RELAY: RELAY, "beat": beat_sweep()}
     rows = [row_of[name] for name in (RELAY, "beat") if name in wanted]
-    calls: dict[str, Callable[[], object]] = {}
+    calls: dict[str, Callable[[], Any]] = {}
     if "database" in wanted or rows:
         calls["database"] = functools.partial(_database_probe, rows=rows, timeout=timeout)
     if "broker" in wanted:
@@ -146,29 +147,31 @@ def _reason(exc: BaseException) -> str:
     return _CREDENTIALS.sub(r"\1***@", text)[:_REASON_CHARS]
 
 
-def _run_with_deadline(calls: dict[str, Callable[[], object]], *,
-                       timeout: float) -> dict[str, tuple[bool, object]]:
+def _run_with_deadline(
+    calls: dict[str, Callable[[], Any]], *, timeout: float
+) -> dict[str, tuple[bool, Any]]:
     """Run each call in a daemon thread, all at once; (True, result) or
     (False, reason) each, within ``timeout`` seconds in all. A call still
     running then is abandoned: daemon threads keep no process from exiting,
     and each probe's own timeouts end it soon after."""
-    answers: dict[str, tuple[bool, object]] = {}
+    answers: dict[str, tuple[bool, Any]] = {}
 
-    def run(name: str, call: Callable[[], object]) -> None:
+    def run(name: str, call: Callable[[], Any]) -> None:
         try:
             answers[name] = (True, call())
         except Exception as exc:
             answers[name] = (False, _reason(exc))
 
-    threads = [threading.Thread(target=run, args=(name, call), name=f"readiness-{name}",
-                                daemon=True) for name, call in calls.items()]
+    threads = [
+        threading.Thread(target=run, args=(name, call), name=f"readiness-{name}", daemon=True)
+        for name, call in calls.items()
+    ]
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return {name: answers.get(name, (False, f"no answer within {timeout:g} s"))
-            for name in calls}
+    return {name: answers.get(name, (False, f"no answer within {timeout:g} s")) for name in calls}
 
 
 def _database_probe(*, rows: list[str], timeout: float) -> tuple[str, dict | str]:
@@ -190,10 +193,16 @@ def _database_probe(*, rows: list[str], timeout: float) -> tuple[str, dict | str
             cursor.execute("SELECT 1")
             cursor.fetchone()
         detail = f"SELECT 1 answered in {(time.perf_counter() - started) * 1000:.0f} ms"
+        found: dict[str, SweepHeartbeat] | str
         try:
-            found = {beat.name: beat for beat in
-                     SweepHeartbeat.objects.using(_DATABASE_ALIAS).filter(name__in=rows)} \
-                if rows else {}
+            found = (
+                {
+                    beat.name: beat
+                    for beat in SweepHeartbeat.objects.using(_DATABASE_ALIAS).filter(name__in=rows)
+                }
+                if rows
+                else {}
+            )
         except Exception as exc:  # a missing table: the migrations have not run
             found = f"heartbeats unreadable: {_reason(exc)}"
         return detail, found
@@ -212,8 +221,9 @@ def _broker_probe(*, timeout: float) -> str:
     with app.connection_for_write(connect_timeout=timeout, transport_options=options) as conn:
         conn.ensure_connection(max_retries=0)
         try:
-            conn.default_channel.queue_declare(queue=settings.CELERY_TASK_DEFAULT_QUEUE,
-                                               passive=True)
+            conn.default_channel.queue_declare(  # type: ignore[attr-defined]  # channels have it
+                queue=settings.CELERY_TASK_DEFAULT_QUEUE, passive=True
+            )
         except ChannelError:
             pass  # "no such queue": an empty one, or none declared yet; it answered
     return f"answered in {(time.perf_counter() - started) * 1000:.0f} ms"
@@ -269,15 +279,23 @@ def readyz_view(request):
     excluded = request.GET.getlist("exclude")
     unknown = sorted(set(excluded) - set(CHECKS))
     if unknown:
-        return JsonResponse({"code": "invalid",
-                             "detail": f"unknown check {', '.join(unknown)}; the checks are "
-                                       f"{', '.join(CHECKS)}"}, status=400)
+        return JsonResponse(
+            {
+                "code": "invalid",
+                "detail": f"unknown check {', '.join(unknown)}; the checks are {', '.join(CHECKS)}",
+            },
+            status=400,
+        )
     result = readiness([name for name in CHECKS if name not in excluded])
     response = JsonResponse(result.as_dict(), status=200 if result.ok else 503)
     if not result.ok:
         # One WARNING line, not django.request's ERROR for a 5xx: "not ready"
         # is this endpoint's answer, and what failed is alerted on its own.
-        log_response("Not ready: %s", "; ".join(
-            f"{name}: {result.checks[name].detail}" for name in result.failed),
-            response=response, request=request, level="warning")
+        log_response(
+            "Not ready: %s",
+            "; ".join(f"{name}: {result.checks[name].detail}" for name in result.failed),
+            response=response,
+            request=request,
+            level="warning",
+        )
     return response

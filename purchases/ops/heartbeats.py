@@ -50,8 +50,11 @@ def heartbeat(name: str, *, now: datetime | None = None):
         metrics.SWEEP_RUNS.labels(sweep=name, result="failed").inc()
         raise
     SweepHeartbeat.objects.filter(name=name).update(
-        last_succeeded_at=timezone.now(), rows_seen=pulse.seen, rows_acted=pulse.acted,
-        stall_alerted_at=None, last_error="",
+        last_succeeded_at=timezone.now(),
+        rows_seen=pulse.seen,
+        rows_acted=pulse.acted,
+        stall_alerted_at=None,
+        last_error="",
     )
     metrics.SWEEP_RUNS.labels(sweep=name, result="succeeded").inc()
 
@@ -69,7 +72,11 @@ def sweeps_stalled(*, now: datetime | None = None) -> list[str]:
         if SweepHeartbeat.objects.filter(pk=beat.pk, stall_alerted_at__isnull=True).update(
             stall_alerted_at=now
         ):
-            logger.error("sweep stalled: %s has not succeeded since %s", beat.name, last,
-                         extra={"alert": "sweep_stalled", "sweep": beat.name})
+            logger.error(
+                "sweep stalled: %s has not succeeded since %s",
+                beat.name,
+                last,
+                extra={"alert": "sweep_stalled", "sweep": beat.name},
+            )
             metrics.ALERTS.labels(kind="sweep_stalled").inc()
     return stalled

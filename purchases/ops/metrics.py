@@ -30,8 +30,13 @@ OPEN_DELIVERIES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)
 
 
 def _deliveries_of_endpoint(status: DeliveryStatus) -> Subquery:
-    return Subquery(WebhookDelivery.objects.filter(endpoint=OuterRef("pk"), status=status)
-                    .order_by().values("endpoint").annotate(n=Count("*")).values("n"))
+    return Subquery(
+        WebhookDelivery.objects.filter(endpoint=OuterRef("pk"), status=status)
+        .order_by()
+        .values("endpoint")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
 
 
 class DatabaseCollector:
@@ -52,71 +57,98 @@ class DatabaseCollector:
         overdue = PurchaseSaga.objects.filter(
             state__in=COMPENSATION_UNFINISHED, compensation_started_at__lt=cutoff
         ).count()
-        yield GaugeMetricFamily("boxoffice_compensations_overdue",
-                                "Compensations still unfinished COMPENSATION_DEADLINE_SECONDS "
-                                "after they started", value=overdue)
+        yield GaugeMetricFamily(
+            "boxoffice_compensations_overdue",
+            "Compensations still unfinished COMPENSATION_DEADLINE_SECONDS after they started",
+            value=overdue,
+        )
 
         due = OutboxMessage.objects.filter(
             completed_at__isnull=True, cancelled_at__isnull=True, available_at__lte=now
         )
         agg = due.aggregate(n=Count("pk"), oldest=Min("available_at"))
-        yield GaugeMetricFamily("boxoffice_outbox_backlog", "Due outbox rows not yet completed",
-                                value=agg["n"])
+        yield GaugeMetricFamily(
+            "boxoffice_outbox_backlog", "Due outbox rows not yet completed", value=agg["n"]
+        )
         oldest = (now - agg["oldest"]).total_seconds() if agg["oldest"] else 0.0
-        yield GaugeMetricFamily("boxoffice_outbox_oldest_due_age_seconds",
-                                "Age of the oldest due, unfinished outbox row", value=oldest)
+        yield GaugeMetricFamily(
+            "boxoffice_outbox_oldest_due_age_seconds",
+            "Age of the oldest due, unfinished outbox row",
+            value=oldest,
+        )
 
-        age = GaugeMetricFamily("boxoffice_sweep_last_success_age_seconds",
-                                "Seconds since the sweep last succeeded", labels=["sweep"])
-        stalled = GaugeMetricFamily("boxoffice_sweep_stalled",
-                                    "1 when a sweep has not succeeded within twice its interval",
-                                    labels=["sweep"])
+        age = GaugeMetricFamily(
+            "boxoffice_sweep_last_success_age_seconds",
+            "Seconds since the sweep last succeeded",
+            labels=["sweep"],
+        )
+        stalled = GaugeMetricFamily(
+            "boxoffice_sweep_stalled",
+            "1 when a sweep has not succeeded within twice its interval",
+            labels=["sweep"],
+        )
         for beat in SweepHeartbeat.objects.all():
-            since = (now - beat.last_succeeded_at).total_seconds() if beat.last_succeeded_at \
+            since = (
+                (now - beat.last_succeeded_at).total_seconds()
+                if beat.last_succeeded_at
                 else float("inf")
+            )
             age.add_metric([beat.name], since)
             stalled.add_metric([beat.name], 1.0 if since > 2 * beat.interval_seconds else 0.0)
         yield age
         yield stalled
 
         last = AuditRun.objects.filter(finished_at__isnull=False).first()
-        if last is not None:
+        if last is not None and last.finished_at is not None:  # (always, by the filter)
             # Before the first audit there is no verdict: no series at all
             # (alert on its absence), never a reassuring 0.
-            yield GaugeMetricFamily("boxoffice_audit_violations",
-                                    "Violations found by the last invariant audit",
-                                    value=last.violations)
-            yield GaugeMetricFamily("boxoffice_audit_unverified_intents",
-                                    "Intents the last audit could not verify (gateway gave no "
-                                    "answer): the run was incomplete",
-                                    value=last.unverified)
-            yield GaugeMetricFamily("boxoffice_audit_last_run_timestamp_seconds",
-                                    "When the last invariant audit finished",
-                                    value=last.finished_at.timestamp())
-        yield GaugeMetricFamily("boxoffice_outbox_dead_letters",
-                                "Outbox rows whose redelivery schedule ran out, not replayed "
-                                "yet (an operator's)",
-                                value=dead_letters().count())
+            yield GaugeMetricFamily(
+                "boxoffice_audit_violations",
+                "Violations found by the last invariant audit",
+                value=last.violations,
+            )
+            yield GaugeMetricFamily(
+                "boxoffice_audit_unverified_intents",
+                "Intents the last audit could not verify (gateway gave no "
+                "answer): the run was incomplete",
+                value=last.unverified,
+            )
+            yield GaugeMetricFamily(
+                "boxoffice_audit_last_run_timestamp_seconds",
+                "When the last invariant audit finished",
+                value=last.finished_at.timestamp(),
+            )
+        yield GaugeMetricFamily(
+            "boxoffice_outbox_dead_letters",
+            "Outbox rows whose redelivery schedule ran out, not replayed yet (an operator's)",
+            value=dead_letters().count(),
+        )
         # Pending and failed only, counted per endpoint: each count is a seek
         # into the (endpoint, status) index that reads no table row, so the
         # cost follows the endpoints and the open deliveries. Delivered ones
         # are nearly every row: counting them would scan the index at every
         # scrape (about 0.25 s at a million deliveries).
-        deliveries = GaugeMetricFamily("boxoffice_webhook_deliveries",
-                                       "Outgoing webhook deliveries by status, pending (an "
-                                       "attempt is owed) and failed (the schedule ran out) only",
-                                       labels=["status"])
+        deliveries = GaugeMetricFamily(
+            "boxoffice_webhook_deliveries",
+            "Outgoing webhook deliveries by status, pending (an "
+            "attempt is owed) and failed (the schedule ran out) only",
+            labels=["status"],
+        )
         per_endpoint = WebhookEndpoint.objects.order_by().annotate(
-            **{f"n_{status.value}": _deliveries_of_endpoint(status) for status in OPEN_DELIVERIES})
+            **{f"n_{status.value}": _deliveries_of_endpoint(status) for status in OPEN_DELIVERIES}
+        )
         totals = per_endpoint.aggregate(
-            **{status.value: Sum(f"n_{status.value}") for status in OPEN_DELIVERIES})
+            **{status.value: Sum(f"n_{status.value}") for status in OPEN_DELIVERIES}
+        )
         for status in OPEN_DELIVERIES:
             deliveries.add_metric([status.value], totals[status.value] or 0)
         yield deliveries
         needs = OutboxMessage.objects.filter(topic=Topic.NEEDS_OPERATOR).count()
-        yield GaugeMetricFamily("boxoffice_operator_alerts_raised",
-                                "purchase.needs_operator alerts ever raised (from the outbox)",
-                                value=needs)
+        yield GaugeMetricFamily(
+            "boxoffice_operator_alerts_raised",
+            "purchase.needs_operator alerts ever raised (from the outbox)",
+            value=needs,
+        )
 
 
 def metrics_view(request):

@@ -43,8 +43,10 @@ def _driving_timer(*, overdue_before: datetime):
     # A timer overdue by more than the resume threshold is not driving
     # anything any more (its deliveries keep failing, or the relay is down).
     return OutboxMessage.objects.filter(
-        saga_id=OuterRef("pk"), topic__in=DRIVING,
-        completed_at__isnull=True, cancelled_at__isnull=True,
+        saga_id=OuterRef("pk"),
+        topic__in=DRIVING,
+        completed_at__isnull=True,
+        cancelled_at__isnull=True,
         available_at__gte=overdue_before,
     )
 
@@ -53,8 +55,11 @@ def stale_sagas(*, older_than: int, now: datetime, limit: int | None = None):
     """Live sagas not moved for ``older_than`` seconds and not on a timer."""
     cutoff = now - timedelta(seconds=older_than)
     qs = (
-        PurchaseSaga.objects.filter(state__in=list(services.DRIVES), updated_at__lt=cutoff,
-                                    awaiting_operator_since__isnull=True)
+        PurchaseSaga.objects.filter(
+            state__in=list(services.DRIVES),
+            updated_at__lt=cutoff,
+            awaiting_operator_since__isnull=True,
+        )
         .exclude(Exists(_driving_timer(overdue_before=cutoff)))
         .order_by("updated_at")
     )
@@ -88,8 +93,9 @@ def sweep_resume(
     older_than = settings.RESUME_AFTER_SECONDS if older_than is None else older_than
     report = ResumeReport(dry_run=dry_run)
     with heartbeat("resume_sagas", now=now) as pulse:
-        candidates = list(stale_sagas(older_than=older_than, now=now, limit=limit)
-                          .values_list("pk", "state"))
+        candidates = list(
+            stale_sagas(older_than=older_than, now=now, limit=limit).values_list("pk", "state")
+        )
         pulse.seen = len(candidates)
         for saga_id, state in candidates:
             line = ResumeLine(str(saga_id), state, services.DRIVES[SagaState(state)].why)
@@ -100,8 +106,9 @@ def sweep_resume(
             if not _claim(saga_id, state):
                 line.result = "skipped: someone else holds it or it moved on"
                 continue
-            logger.warning("resuming saga: %s", line.why,
-                           extra={"saga_id": line.saga_id, "state": state})
+            logger.warning(
+                "resuming saga: %s", line.why, extra={"saga_id": line.saga_id, "state": state}
+            )
             try:
                 line.result = services.saga_drive(saga_id=saga_id, gateway=gateway).state
                 pulse.acted += 1
@@ -114,9 +121,11 @@ def sweep_resume(
 def _claim(saga_id, state: str) -> bool:
     """A saga locked by someone else (a worker on it right now) is theirs."""
     with transaction.atomic(durable=True):
-        return lock_objects.saga_for_update_skip_locked(saga_ids=[saga_id]).filter(
-            state=state
-        ).exists()
+        return (
+            lock_objects.saga_for_update_skip_locked(saga_ids=[saga_id])
+            .filter(state=state)
+            .exists()
+        )
 
 
 # --- the chaser ---------------------------------------------------------------------
@@ -156,12 +165,18 @@ def sweep_chase(*, deadline: int | None = None, now: datetime | None = None) -> 
                     continue  # someone is driving it right now; the next run looks again
                 if saga.state == S.UNKNOWN_EXPIRED:
                     alerted = services.raise_operator_alert(
-                        saga, why="charge outcome unknown", now=now)
+                        saga, why="charge outcome unknown", now=now
+                    )
                 elif saga.state in COMPENSATION_UNFINISHED:
+                    started = saga.compensation_started_at
+                    assert started is not None  # set on entering compensation, kept after
                     alerted = services.raise_operator_alert(
-                        saga, now=now, once_per="compensation_deadline",
+                        saga,
+                        now=now,
+                        once_per="compensation_deadline",
                         why=f"compensation unfinished past its deadline (started "
-                            f"{saga.compensation_started_at.isoformat()})")
+                        f"{started.isoformat()})",
+                    )
                 else:
                     continue
             pulse.acted += int(alerted)

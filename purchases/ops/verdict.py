@@ -100,8 +100,9 @@ def saga_facts(saga: PurchaseSaga) -> SagaFacts:
     )
 
 
-def saga_verdict(saga: PurchaseSaga, *, facts: SagaFacts | None = None,
-                 now: datetime | None = None) -> Verdict:
+def saga_verdict(
+    saga: PurchaseSaga, *, facts: SagaFacts | None = None, now: datetime | None = None
+) -> Verdict:
     """The verdict on ``saga`` (reads its rows unless ``facts`` are given)."""
     return verdict_from(facts or saga_facts(saga), now=now)
 
@@ -120,13 +121,23 @@ def needs_operator_condition() -> Q:
     # After the alert, strictly: the operator's move that raised it (a refund
     # the gateway refused) is not an answer to it.
     acted_since = SagaHistory.objects.filter(
-        saga_id=OuterRef(OuterRef("pk")), actor=Actor.OPERATOR, at__gt=OuterRef("created_at"))
+        saga_id=OuterRef(OuterRef("pk")), actor=Actor.OPERATOR, at__gt=OuterRef("created_at")
+    )
     unanswered = OutboxMessage.objects.filter(
-        saga_id=OuterRef("pk"), topic=Topic.NEEDS_OPERATOR).exclude(Exists(acted_since))
-    dead = OutboxMessage.objects.filter(saga_id=OuterRef("pk"), dead_at__isnull=False,
-                                        completed_at__isnull=True, cancelled_at__isnull=True)
-    return (Q(state=S.UNKNOWN_EXPIRED) | Q(awaiting_operator_since__isnull=False)
-            | (~Q(state__in=list(TERMINAL)) & Exists(unanswered)) | Exists(dead))
+        saga_id=OuterRef("pk"), topic=Topic.NEEDS_OPERATOR
+    ).exclude(Exists(acted_since))
+    dead = OutboxMessage.objects.filter(
+        saga_id=OuterRef("pk"),
+        dead_at__isnull=False,
+        completed_at__isnull=True,
+        cancelled_at__isnull=True,
+    )
+    return (
+        Q(state=S.UNKNOWN_EXPIRED)
+        | Q(awaiting_operator_since__isnull=False)
+        | (~Q(state__in=list(TERMINAL)) & Exists(unanswered))
+        | Exists(dead)
+    )
 
 
 # --- reading the reservation and the seats beside the saga ----------------------------
@@ -147,11 +158,24 @@ def reservation_reading(saga_state: str, reservation_status: str) -> str:
         if state == S.CONFIRMED:
             return "CONFIRMED: the seats are sold (the saga is CONFIRMED)"
         if state in (S.COMPENSATING, S.COMPENSATION_PENDING):
-            return (f"CONFIRMED until the refund is through and the seats are released "
-                    f"(the saga is {state})")
+            return (
+                f"CONFIRMED until the refund is through and the seats are released "
+                f"(the saga is {state})"
+            )
     if status == ReservationStatus.CANCELLED and state == S.COMPENSATED:
         return "CANCELLED because the saga is COMPENSATED"
     return f"{status} while the saga is {state}: they disagree (run audit_sagas)"
+
+
+_HELD_BY_IT: dict[str, str] = {
+    SeatStatus.HELD: "held for this purchase",
+    SeatStatus.SOLD: "sold to this purchase",
+}
+_AFTER_IT: dict[str, str] = {
+    SeatStatus.AVAILABLE: "now available",
+    SeatStatus.HELD: "now held by another purchase",
+    SeatStatus.SOLD: "now sold to another purchase",
+}
 
 
 def seat_reading(link: ReservationSeat) -> str:
@@ -159,12 +183,10 @@ def seat_reading(link: ReservationSeat) -> str:
     released, the seat's status is another purchase's business."""
     status = link.seat.status
     if link.released_at is None:
-        return {SeatStatus.HELD: "held for this purchase",
-                SeatStatus.SOLD: "sold to this purchase"}.get(
-            status, f"{status}, yet not released by this purchase (run audit_sagas)")
-    now = {SeatStatus.AVAILABLE: "now available",
-           SeatStatus.HELD: "now held by another purchase",
-           SeatStatus.SOLD: "now sold to another purchase"}.get(status, f"now {status}")
+        return _HELD_BY_IT.get(
+            status, f"{status}, yet not released by this purchase (run audit_sagas)"
+        )
+    now = _AFTER_IT.get(status, f"now {status}")
     return f"released {at_(link.released_at)}; {now}"
 
 
@@ -178,11 +200,13 @@ def _plural(n: int, word: str, plural: str = "") -> str:
 def _times_in(text: str) -> str:
     """ISO 8601 times inside a stored text (an alert's why), written the way
     the page writes times."""
+
     def rewrite(match: re.Match) -> str:
         try:
             return at_(datetime.fromisoformat(match.group(0)))
         except ValueError:
             return match.group(0)
+
     return _ISO_TIME.sub(rewrite, text)
 
 
@@ -196,24 +220,32 @@ class _Reading:
         self.charge = next((e for e in facts.ledger if e.kind == EntryKind.CHARGE), None)
         self.refund = next((e for e in facts.ledger if e.kind == EntryKind.REFUND), None)
         live = [m for m in facts.outbox if not (m.cancelled_at or m.completed_at or m.dead_at)]
-        self.timers = sorted((m for m in live if m.topic in TIMER_TOPICS),
-                             key=lambda m: (m.available_at, m.pk))
+        self.timers = sorted(
+            (m for m in live if m.topic in TIMER_TOPICS), key=lambda m: (m.available_at, m.pk)
+        )
         self.driving = next((m for m in self.timers if m.topic in DRIVING), None)
         self.hold_timer = next((m for m in self.timers if m.key == saga.hold_timer_key), None)
-        self.dead = [m for m in facts.outbox
-                     if m.dead_at and not m.completed_at and not m.cancelled_at]
+        self.dead = [
+            m for m in facts.outbox if m.dead_at and not m.completed_at and not m.cancelled_at
+        ]
         self.alerts = [m for m in facts.outbox if m.topic == Topic.NEEDS_OPERATOR]
         acted = [h.at for h in facts.history if h.actor == Actor.OPERATOR]
         last_acted = max(acted) if acted else None
-        self.unanswered = [] if self.state in TERMINAL else [
-            a for a in self.alerts if last_acted is None or last_acted <= a.created_at]
+        self.unanswered = (
+            []
+            if self.state in TERMINAL
+            else [a for a in self.alerts if last_acted is None or last_acted <= a.created_at]
+        )
 
     # --- the whole ------------------------------------------------------------------
 
     def verdict(self) -> Verdict:
-        needs_operator = bool(self.state == S.UNKNOWN_EXPIRED
-                              or self.saga.awaiting_operator_since
-                              or self.unanswered or self.dead)
+        needs_operator = bool(
+            self.state == S.UNKNOWN_EXPIRED
+            or self.saga.awaiting_operator_since
+            or self.unanswered
+            or self.dead
+        )
         if self.state == S.CONFIRMED:
             headline, next_step = self._confirmed(), self._settled(Topic.CONFIRMED)
         elif self.state == S.COMPENSATED:
@@ -222,8 +254,10 @@ class _Reading:
             headline = f"{self.state}: {self._operator_prefix()}{self._live_headline()}"
             next_step = self._live_next_step()
         if self.dead:
-            replay = ("Fix the failing consumer, then replay the dead letter (Outbox → Outbox "
-                      "messages, “dead letters”).")
+            replay = (
+                "Fix the failing consumer, then replay the dead letter (Outbox → Outbox "
+                "messages, “dead letters”)."
+            )
             next_step = replay if next_step == SETTLED else f"{next_step} {replay}"
         return Verdict(headline, tuple(self._details()), next_step.strip(), needs_operator)
 
@@ -231,18 +265,21 @@ class _Reading:
 
     def _confirmed(self) -> str:
         if self.charge is None:
-            return (f"CONFIRMED, but the ledger holds no charge of {self.money}: "
-                    "run audit_sagas")
+            return f"CONFIRMED, but the ledger holds no charge of {self.money}: run audit_sagas"
         reference = self.charge.gateway_reference or "no charge id"
         override = " on an operator's override" if self.charge.override else ""
-        return (f"charged {format_money(self.charge.amount, self.charge.currency)} once "
-                f"({reference}){override}, {self._seats()}, {self._email(Topic.CONFIRMED)}")
+        return (
+            f"charged {format_money(self.charge.amount, self.charge.currency)} once "
+            f"({reference}){override}, {self._seats()}, {self._email(Topic.CONFIRMED)}"
+        )
 
     def _compensated(self) -> str:
         if self.charge is not None and self.refund is None:
             net = format_money(sum(e.amount for e in self.facts.ledger), self.saga.currency)
-            return (f"COMPENSATED, but the ledger nets {net}: a charge without its refund "
-                    "(run audit_sagas)")
+            return (
+                f"COMPENSATED, but the ledger nets {net}: a charge without its refund "
+                "(run audit_sagas)"
+            )
         if self.refund is not None:
             money = format_money(-self.refund.amount, self.refund.currency)
             return f"refunded {money}, {self._seats()}, {self._email(Topic.CANCELLED)}"
@@ -252,19 +289,23 @@ class _Reading:
         row = self._last(topic)
         if row is None or row in self.dead or self._email_sent(row):
             return SETTLED
-        return (f"The {self._email_kind(row)} email is owed: the relay hands "
-                f"{topic} over (due {at_(row.available_at)}).")
+        return (
+            f"The {self._email_kind(row)} email is owed: the relay hands "
+            f"{topic} over (due {at_(row.available_at)})."
+        )
 
     # --- live -----------------------------------------------------------------------
 
     def _operator_prefix(self) -> str:
         if self.saga.awaiting_operator_since:
             return f"needs an operator since {at_(self.saga.awaiting_operator_since)} — "
-        alert = (self.unanswered or (self.alerts if self.state == S.UNKNOWN_EXPIRED else []))
+        alert = self.unanswered or (self.alerts if self.state == S.UNKNOWN_EXPIRED else [])
         if alert:
             why = _times_in(alert[-1].payload.get("why", ""))
-            return (f"needs an operator (alert raised {at_(alert[-1].created_at)}"
-                    f"{': ' + why if why else ''}) — ")
+            return (
+                f"needs an operator (alert raised {at_(alert[-1].created_at)}"
+                f"{': ' + why if why else ''}) — "
+            )
         if self.state == S.UNKNOWN_EXPIRED:
             return "needs an operator — "
         if self.dead:
@@ -281,9 +322,11 @@ class _Reading:
             return f"{money} asked of the gateway{when}, no answer recorded yet; {seats}"
         if state == S.UNKNOWN:
             answer = self._last_answer("charge")
-            cause = (f"the charge's answer was lost: {answer.detail or answer.answer}"
-                     if answer is not None and answer.answer == "unknown"
-                     else "the charge's answer was never recorded")
+            cause = (
+                f"the charge's answer was lost: {answer.detail or answer.answer}"
+                if answer is not None and answer.answer == "unknown"
+                else "the charge's answer was never recorded"
+            )
             return f"not known yet whether {money} was charged ({cause}); {seats}"
         if state == S.UNKNOWN_EXPIRED:
             return f"not known whether {money} was charged; {seats}"
@@ -292,8 +335,10 @@ class _Reading:
             detail = f" ({answer.detail})" if answer is not None and answer.detail else ""
             return f"declined{detail}, not charged; {seats}"
         if state == S.EXPIRED:
-            return ("the hold ran out and the intent was cancelled at the gateway; "
-                    f"not charged; {seats}")
+            return (
+                "the hold ran out and the intent was cancelled at the gateway; "
+                f"not charged; {seats}"
+            )
         owed = self.charge is not None and self.refund is None
         if state == S.COMPENSATING:
             return f"{'refund of ' + money + ' owed' if owed else 'nothing to refund'}; {seats}"
@@ -302,29 +347,40 @@ class _Reading:
             answer = self._last_answer("refund")
             said = answer.answer if answer is not None else "not_charged"
             reference = self.charge.gateway_reference if self.charge else "no charge id"
-            return (f"the gateway says there is no charge to refund ({said}) while the ledger "
-                    f"holds {money} ({reference}); {seats}")
+            return (
+                f"the gateway says there is no charge to refund ({said}) while the ledger "
+                f"holds {money} ({reference}); {seats}"
+            )
         answer = self._last_answer("refund")
-        said = (f" (the gateway answered {answer.answer}"
-                f"{': ' + answer.detail if answer.detail else ''}, {at_(answer.at)})"
-                if answer is not None else "")
+        said = (
+            f" (the gateway answered {answer.answer}"
+            f"{': ' + answer.detail if answer.detail else ''}, {at_(answer.at)})"
+            if answer is not None
+            else ""
+        )
         return f"refund of {money} not confirmed yet{said}; retrying; {seats}"
 
     def _live_next_step(self) -> str:
         state = self.state
         if self.saga.awaiting_operator_since:
-            return ("Compare the ledger with the gateway's view (“Ask the gateway”), then "
-                    "confirm after manual check (the gateway holds none of the money) or "
-                    "compensate after manual check (retry the refund); no retry or resumer "
-                    "moves it.")
+            return (
+                "Compare the ledger with the gateway's view (“Ask the gateway”), then "
+                "confirm after manual check (the gateway holds none of the money) or "
+                "compensate after manual check (retry the refund); no retry or resumer "
+                "moves it."
+            )
         if state == S.UNKNOWN_EXPIRED:
-            step = ("Check the gateway (“Ask the gateway”), then confirm after manual check "
-                    "(charged) or compensate after manual check (not charged); nothing "
-                    "automatic decides it.")
+            step = (
+                "Check the gateway (“Ask the gateway”), then confirm after manual check "
+                "(charged) or compensate after manual check (not charged); nothing "
+                "automatic decides it."
+            )
             if self.hold_timer is not None:
-                step += (f" Meanwhile the hold expiry at {at_(self.hold_timer.available_at)} "
-                         "cancels the intent and compensates, or confirms if the gateway says "
-                         "it was charged.")
+                step += (
+                    f" Meanwhile the hold expiry at {at_(self.hold_timer.available_at)} "
+                    "cancels the intent and compensates, or confirms if the gateway says "
+                    "it was charged."
+                )
             elif self.driving is not None:
                 step += f" Meanwhile: {self._timer(self.driving)}."
             return step
@@ -336,21 +392,26 @@ class _Reading:
         elif state == S.CHARGING:
             parts.append("the worker that asked records the gateway's answer")
         elif state in (S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING):
-            parts.append("the compensation runs (a refund if charged, then the seats are "
-                         "released and the buyer told)")
+            parts.append(
+                "the compensation runs (a refund if charged, then the seats are "
+                "released and the buyer told)"
+            )
         if self.hold_timer is not None and state in _IN_DOUBT:
-            parts.append(f"the hold expires {at_(self.hold_timer.available_at)}, then the intent "
-                         "is cancelled and the purchase compensated (or confirmed, if the "
-                         "gateway says it was charged)")
+            parts.append(
+                f"the hold expires {at_(self.hold_timer.available_at)}, then the intent "
+                "is cancelled and the purchase compensated (or confirmed, if the "
+                "gateway says it was charged)"
+            )
         elif self.hold_timer is not None:
-            parts.append(f"the hold expiry at {at_(self.hold_timer.available_at)} pushes the "
-                         "compensation along")
+            parts.append(
+                f"the hold expiry at {at_(self.hold_timer.available_at)} pushes the "
+                "compensation along"
+            )
         if state in (S.COMPENSATING, S.COMPENSATION_PENDING) and not self._deadline_alerted():
             started = self.saga.compensation_started_at
             if started is not None:
                 deadline = started + timedelta(seconds=settings.COMPENSATION_DEADLINE_SECONDS)
-                done = "refunded" if self.charge is not None and self.refund is None \
-                    else "finished"
+                done = "refunded" if self.charge is not None and self.refund is None else "finished"
                 parts.append(f"the chaser alerts if it is not {done} by {at_(deadline)}")
         step = "; ".join(parts)
         return f"{step[:1].upper()}{step[1:]}. {self._resumer()}" if step else self._resumer()
@@ -370,19 +431,25 @@ class _Reading:
     def _timer(self, m: OutboxMessage) -> str:
         due = at_(m.available_at)
         if m.topic == Topic.RECONCILE:
-            text = (f"reconcile probe {m.payload.get('attempt', '?')} of "
-                    f"{len(settings.RECONCILE_BACKOFF_SECONDS)} at {due}")
+            text = (
+                f"reconcile probe {m.payload.get('attempt', '?')} of "
+                f"{len(settings.RECONCILE_BACKOFF_SECONDS)} at {due}"
+            )
         elif m.topic == Topic.REFUND_RETRY:
             text = f"refund retry {(m.key or '').rpartition(':')[2]} at {due}"
         elif m.topic == Topic.HOLD_RECHECK:
-            text = (f"hold re-check {m.payload.get('attempt', '?')} at {due} (the hold ran out; "
-                    "the gateway is asked again to cancel the intent)")
+            text = (
+                f"hold re-check {m.payload.get('attempt', '?')} at {due} (the hold ran out; "
+                "the gateway is asked again to cancel the intent)"
+            )
         else:
             text = f"the hold expires {due}"
         if m.fired_at is not None:
-            text += (f" (handed over {at_(m.fired_at)}, not completed: "
-                     f"{_plural(m.deliveries, 'delivery', 'deliveries')}"
-                     f"{', last error: ' + m.last_error if m.last_error else ''})")
+            text += (
+                f" (handed over {at_(m.fired_at)}, not completed: "
+                f"{_plural(m.deliveries, 'delivery', 'deliveries')}"
+                f"{', last error: ' + m.last_error if m.last_error else ''})"
+            )
         elif m.available_at < self.now - timedelta(seconds=settings.RESUME_AFTER_SECONDS):
             text += " (overdue: is the relay running?)"
         return text
@@ -446,8 +513,15 @@ class _Reading:
     def _details(self) -> list[str]:
         lines = []
         moves = [h for h in self.facts.history if h.from_state != h.to_state]
-        cause = next((h for h in moves if h.to_state in (S.PAYMENT_FAILED, S.EXPIRED)
-                      or (h.to_state == S.COMPENSATING and h.from_state == S.CONFIRMED)), None)
+        cause = next(
+            (
+                h
+                for h in moves
+                if h.to_state in (S.PAYMENT_FAILED, S.EXPIRED)
+                or (h.to_state == S.COMPENSATING and h.from_state == S.CONFIRMED)
+            ),
+            None,
+        )
         if cause is not None and self.state in _COMPENSATING | {S.COMPENSATED}:
             lines.append(f"why it is undone: {self._move(cause)}")
         if moves:
@@ -459,16 +533,20 @@ class _Reading:
             asked = "; ".join(
                 f"{a.asked}{' ' + str(a.attempt) if a.attempt else ''} → {a.answer}"
                 f"{' (' + a.detail + ')' if a.detail and a.detail != a.answer else ''}"
-                for a in self.facts.gateway_answers)
-            lines.append(f"the gateway was asked {_plural(len(self.facts.gateway_answers), 'time')}"
-                         f": {asked}")
+                for a in self.facts.gateway_answers
+            )
+            lines.append(
+                f"the gateway was asked {_plural(len(self.facts.gateway_answers), 'time')}: {asked}"
+            )
         else:
             lines.append("the gateway was never asked")
         if self.facts.ledger:
             entries = ", ".join(
                 f"{e.kind} {format_money(e.amount, e.currency)}"
                 f"{' (' + e.gateway_reference + ')' if e.gateway_reference else ''}"
-                f"{' [override]' if e.override else ''}" for e in self.facts.ledger)
+                f"{' [override]' if e.override else ''}"
+                for e in self.facts.ledger
+            )
             net = format_money(sum(e.amount for e in self.facts.ledger), self.saga.currency)
             lines.append(f"ledger: {entries}; net {net}")
         else:
@@ -478,8 +556,10 @@ class _Reading:
             why = _times_in(alert.payload.get("why", ""))
             lines.append(f"alert raised {at_(alert.created_at)}: {why} ({answered})")
         for row in self.dead:
-            lines.append(f"dead letter since {at_(row.dead_at)}: {row.topic} "
-                         f"({row.last_error or 'no error recorded'})")
+            lines.append(
+                f"dead letter since {at_(row.dead_at)}: {row.topic} "
+                f"({row.last_error or 'no error recorded'})"
+            )
         for timer in self.timers:
             lines.append(f"armed: {self._timer(timer)}")
         return lines
@@ -492,10 +572,22 @@ class _Reading:
         confirmed = self._last_move_to(S.CONFIRMED)
         if confirmed is None or not confirmed.reason.startswith("reconciled"):
             return ""
-        probe = next((a for a in reversed(self.facts.gateway_answers)
-                      if a.asked == "retrieve" and a.answer == "succeeded"), None)
-        lost = next((a for a in self.facts.gateway_answers
-                     if a.asked == "charge" and a.answer == "unknown"), None)
+        probe = next(
+            (
+                a
+                for a in reversed(self.facts.gateway_answers)
+                if a.asked == "retrieve" and a.answer == "succeeded"
+            ),
+            None,
+        )
+        lost = next(
+            (
+                a
+                for a in self.facts.gateway_answers
+                if a.asked == "charge" and a.answer == "unknown"
+            ),
+            None,
+        )
         by = f"probe {probe.attempt}" if probe is not None and probe.attempt else "a look-up"
         why = f", after the charge's answer was lost ({lost.detail})" if lost is not None else ""
         return f"reconciled by {by} at {at_(confirmed.at)}{why}"

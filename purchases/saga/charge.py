@@ -59,9 +59,14 @@ def saga_charge(
         move(saga, S.CHARGING, reason="charge started", at=at, by=by, count_attempt=True)
         return Ask("charge", saga.version)
 
-    return gateway_step(step="charge", saga_id=saga_id, decide=decide,
-                        call=_charge_call(gateway), record=_charge_record(gateway, now=now, by=by),
-                        now=now)
+    return gateway_step(
+        step="charge",
+        saga_id=saga_id,
+        decide=decide,
+        call=_charge_call(gateway),
+        record=_charge_record(gateway, now=now, by=by),
+        now=now,
+    )
 
 
 def charge_again(
@@ -70,9 +75,13 @@ def charge_again(
     """The charge retried by a reconciliation that found no charge (its own
     commit moved the saga to CHARGING). ``probes`` is how many look-ups the
     saga has had: the retry keeps its place in the backoff schedule."""
-    return ask_and_record(saga=saga, ask=Ask("charge", saga.version),
-                          call=_charge_call(gateway),
-                          record=_charge_record(gateway, now=now, by=by, probes=probes), now=now)
+    return ask_and_record(
+        saga=saga,
+        ask=Ask("charge", saga.version),
+        call=_charge_call(gateway),
+        record=_charge_record(gateway, now=now, by=by, probes=probes),
+        now=now,
+    )
 
 
 def hold_ran_out(saga: PurchaseSaga, at: datetime) -> bool:
@@ -81,12 +90,15 @@ def hold_ran_out(saga: PurchaseSaga, at: datetime) -> bool:
 
 def _charge_call(gateway: PaymentGateway):
     def call(saga: PurchaseSaga, ask: Ask):
-        return gateway.charge(ChargeRequest(
-            intent_id=saga.intent_id,
-            amount=saga.amount,
-            currency=saga.currency,
-            payment_method=saga.payment_method,
-        ))
+        return gateway.charge(
+            ChargeRequest(
+                intent_id=saga.intent_id,
+                amount=saga.amount,
+                currency=saga.currency,
+                payment_method=saga.payment_method,
+            )
+        )
+
     return call
 
 
@@ -96,20 +108,21 @@ def _charge_record(gateway: PaymentGateway, *, now: datetime | None, by: By, pro
             # Someone else moved it while we were on the wire (the hold expiry
             # after a definitive gateway answer, or a reconcile). Their verdict
             # stands; ours is kept as evidence.
-            logger.warning("charge answer arrived for a saga that moved on", **log_extra(
-                saga, outcome=result.outcome, expected_version=ask.version))
+            logger.warning(
+                "charge answer arrived for a saga that moved on",
+                **log_extra(saga, outcome=result.outcome, expected_version=ask.version),
+            )
             return None
         if result.outcome == ChargeOutcome.SUCCEEDED:
-            confirm(saga, charge_id=result.charge_id or "", reason="charge succeeded", at=at,
-                    by=by)
+            confirm(saga, charge_id=result.charge_id or "", reason="charge succeeded", at=at, by=by)
             return None
         if result.outcome == ChargeOutcome.DECLINED:
-            move(saga, S.PAYMENT_FAILED, reason=f"charge declined ({result.detail})", at=at,
-                 by=by)
+            move(saga, S.PAYMENT_FAILED, reason=f"charge declined ({result.detail})", at=at, by=by)
             return lambda: saga_compensate(saga_id=saga.pk, gateway=gateway, now=now, by=by)
         move(saga, S.UNKNOWN, reason=f"charge outcome unknown ({result.detail})", at=at, by=by)
         next_probe_or_escalate(saga, probe=probes + 1, at=at, by=by)
         return None
+
     return record
 
 
@@ -130,7 +143,12 @@ def next_probe_or_escalate(saga: PurchaseSaga, *, probe: int, at: datetime, by: 
             if_absent=True,
         )
         return
-    move(saga, S.UNKNOWN_EXPIRED, at=at, by=by,
-         reason=f"reconcile schedule exhausted after {probe - 1} "
-                f"probe{'s' if probe - 1 != 1 else ''}")
+    move(
+        saga,
+        S.UNKNOWN_EXPIRED,
+        at=at,
+        by=by,
+        reason=f"reconcile schedule exhausted after {probe - 1} "
+        f"probe{'s' if probe - 1 != 1 else ''}",
+    )
     raise_operator_alert(saga, why="reconciliation exhausted", now=at)

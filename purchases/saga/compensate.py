@@ -92,8 +92,13 @@ def saga_compensate(
             _wait_for_an_operator(saga, at=at, by=by)
             return None
         if result.outcome != RefundOutcome.REFUNDED:
-            move(saga, S.COMPENSATION_PENDING, at=at, by=by,
-                 reason=f"refund not confirmed ({result.outcome.value}); will retry")
+            move(
+                saga,
+                S.COMPENSATION_PENDING,
+                at=at,
+                by=by,
+                reason=f"refund not confirmed ({result.outcome.value}); will retry",
+            )
             _arm_refund_retry(saga, at=at)
             return None
         reference = f"refund:{saga.intent_id}"
@@ -104,7 +109,8 @@ def saga_compensate(
         saga_id=saga_id,
         decide=decide,
         call=lambda saga, ask: gateway.refund(
-            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"),
+            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"
+        ),
         record=record,
         now=now,
     )
@@ -115,12 +121,16 @@ def _wait_for_an_operator(saga: PurchaseSaga, *, at: datetime, by: By) -> None:
     ledger says charged, the gateway says not). Asking again cannot change
     that: the saga waits, and one alert names it, for an operator to compare
     the two (docs/operations.md, "Runbook")."""
-    move(saga, S.COMPENSATION_PENDING, at=at, by=by,
-         reason="refund refused: the gateway has no charge; waiting for an operator")
+    move(
+        saga,
+        S.COMPENSATION_PENDING,
+        at=at,
+        by=by,
+        reason="refund refused: the gateway has no charge; waiting for an operator",
+    )
     PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=at)
     saga.awaiting_operator_since = at
-    raise_operator_alert(saga, why="the gateway has no charge for a refund the ledger owes",
-                         now=at)
+    raise_operator_alert(saga, why="the gateway has no charge for a refund the ledger owes", now=at)
 
 
 def _finish(*, saga_id, refund_reference: str, now: datetime | None, by: By) -> PurchaseSaga:
@@ -140,8 +150,7 @@ def _finish(*, saga_id, refund_reference: str, now: datetime | None, by: By) -> 
                 now=at,
                 gateway_reference=refund_reference,
             )
-        finish_compensation(saga, at=at, by=by,
-                            refunded=bool(refund_reference) or refunded(saga))
+        finish_compensation(saga, at=at, by=by, refunded=bool(refund_reference) or refunded(saga))
     return saga
 
 
@@ -172,8 +181,7 @@ def finish_compensation(
         now=at,
     )
     move(saga, S.COMPENSATED, reason=reason, at=at, by=by)
-    announce(saga, WebhookEvent.REFUNDED if refunded else WebhookEvent.FAILED, at=at,
-             facts=facts)
+    announce(saga, WebhookEvent.REFUNDED if refunded else WebhookEvent.FAILED, at=at, facts=facts)
 
 
 def refunded(saga: PurchaseSaga) -> bool:

@@ -48,8 +48,9 @@ def confirm(
     if saga.state == S.PENDING:
         # The gateway says charged while we had not yet recorded the attempt
         # (a crash between the two commits): record the attempt first.
-        move(saga, S.CHARGING, reason="charge found at the gateway", at=at, by=by,
-             count_attempt=True)
+        move(
+            saga, S.CHARGING, reason="charge found at the gateway", at=at, by=by, count_attempt=True
+        )
     move(saga, S.CONFIRMED, reason=reason, at=at, by=by)
     ledger_record(
         intent_id=saga.intent_id,
@@ -92,15 +93,20 @@ def confirm(
     announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
 
 
-def announce(saga: PurchaseSaga, event_type: WebhookEvent, *, at: datetime,
-             facts: dict | None = None) -> None:
+def announce(
+    saga: PurchaseSaga, event_type: WebhookEvent, *, at: datetime, facts: dict | None = None
+) -> None:
     """The move's webhooks, in its commit (docs/design.md, "The edges"): the
     purchase after the move, from ``facts`` when the caller has read them
     already (read only if an endpoint listens, otherwise)."""
     webhook_publish(
-        event_type=event_type, saga_id=saga.pk, event_id=saga.event_id, now=at,
-        data=lambda: purchase_data(facts or purchase_facts(saga), status=saga.state,
-                                   version=saga.version),
+        event_type=event_type,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        now=at,
+        data=lambda: purchase_data(
+            facts or purchase_facts(saga), status=saga.state, version=saga.version
+        ),
     )
 
 

@@ -47,14 +47,14 @@ def _look_up(*, saga_id, gateway, now, by) -> PurchaseSaga:
 
 
 def _compensate(*, saga_id, gateway, now, by) -> PurchaseSaga:
-    return saga_compensate(saga_id=saga_id, gateway=gateway, now=now, by=by,
-                           reason="resumed: compensating")
+    return saga_compensate(
+        saga_id=saga_id, gateway=gateway, now=now, by=by, reason="resumed: compensating"
+    )
 
 
 DRIVES: dict[SagaState, Drive] = {
     S.PENDING: Drive("never charged (the enqueue was lost?): charge with its intent id", _charge),
-    S.CHARGING: Drive("charge answer never recorded (worker died?): look the intent up",
-                      _look_up),
+    S.CHARGING: Drive("charge answer never recorded (worker died?): look the intent up", _look_up),
     S.UNKNOWN: Drive("reconcile probe not scheduled: look the intent up", _look_up),
     S.PAYMENT_FAILED: Drive("declined, compensation never ran: compensate", _compensate),
     S.EXPIRED: Drive("expired, compensation never ran: compensate", _compensate),

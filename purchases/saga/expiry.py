@@ -62,8 +62,12 @@ def saga_expire_hold(
             move(saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway", at=at)
             return compensate
         if answer.outcome == CancelOutcome.ALREADY_CHARGED:
-            confirm(saga, charge_id=answer.charge_id or "",
-                    reason="hold expired but the gateway had charged", at=at)
+            confirm(
+                saga,
+                charge_id=answer.charge_id or "",
+                reason="hold expired but the gateway had charged",
+                at=at,
+            )
             return None
         _ask_again_later(saga, attempt=attempt, answer=answer, at=at)
         return None
@@ -85,8 +89,9 @@ def _ask_again_later(saga: PurchaseSaga, *, attempt: int, answer, at: datetime) 
     recheck = attempt + 1
     if backoff.is_spent(recheck + 1):
         raise_operator_alert(saga, why="hold expired and the gateway cannot be reached", now=at)
-    note_decision(saga, at=at,
-                  reason=f"expiry: gateway unreachable ({answer.detail}); will ask again")
+    note_decision(
+        saga, at=at, reason=f"expiry: gateway unreachable ({answer.detail}); will ask again"
+    )
     timer_schedule(
         key=f"hold:{saga.pk}:retry:{recheck}",
         topic=Topic.HOLD_RECHECK,

@@ -66,23 +66,34 @@ def saga_reconcile(
             move(saga, S.UNKNOWN, reason="charge answer lost; reconciling", at=at, by=by)
         status = lookup.status
         if status == IntentStatus.SUCCEEDED:
-            confirm(saga, charge_id=lookup.charge_id or "",
-                    reason="reconciled: charged at the gateway", at=at, by=by)
+            confirm(
+                saga,
+                charge_id=lookup.charge_id or "",
+                reason="reconciled: charged at the gateway",
+                at=at,
+                by=by,
+            )
             return None
         if status == IntentStatus.DECLINED:
-            move(saga, S.PAYMENT_FAILED, reason="reconciled: declined at the gateway", at=at,
-                 by=by)
+            move(saga, S.PAYMENT_FAILED, reason="reconciled: declined at the gateway", at=at, by=by)
             return lambda: saga_compensate(saga_id=saga.pk, gateway=gateway, now=now, by=by)
         if status in NO_CHARGE_LANDED:
             return _charge_again_unless_the_hold_ran_out(
-                saga, status=status, attempt=attempt, at=at, gateway=gateway, now=now, by=by)
+                saga, status=status, attempt=attempt, at=at, gateway=gateway, now=now, by=by
+            )
         if status in SETTLED_BEHIND_OUR_BACK:
-            move(saga, S.UNKNOWN_EXPIRED, at=at, by=by,
-                 reason=f"gateway reports {status.value} for an unsettled saga")
+            move(
+                saga,
+                S.UNKNOWN_EXPIRED,
+                at=at,
+                by=by,
+                reason=f"gateway reports {status.value} for an unsettled saga",
+            )
             raise_operator_alert(saga, why=f"gateway reports {status.value}", now=at)
             return None
-        note_decision(saga, at=at, by=by,
-                      reason=f"reconcile probe {attempt}: no answer ({lookup.detail})")
+        note_decision(
+            saga, at=at, by=by, reason=f"reconcile probe {attempt}: no answer ({lookup.detail})"
+        )
         next_probe_or_escalate(saga, probe=attempt + 1, at=at, by=by)
         return None
 
@@ -97,15 +108,31 @@ def saga_reconcile(
 
 
 def _charge_again_unless_the_hold_ran_out(
-    saga: PurchaseSaga, *, status: IntentStatus, attempt: int, at: datetime,
-    gateway: PaymentGateway, now: datetime | None, by: By,
+    saga: PurchaseSaga,
+    *,
+    status: IntentStatus,
+    attempt: int,
+    at: datetime,
+    gateway: PaymentGateway,
+    now: datetime | None,
+    by: By,
 ) -> Next:
     if hold_ran_out(saga, at):
         # No charge landed, and the hold is over: a retry now would be a first
         # charge for seats no longer held for it.
-        note_decision(saga, at=at, by=by,
-                      reason=f"reconciled: {status.value}; the hold ran out, not charging again")
+        note_decision(
+            saga,
+            at=at,
+            by=by,
+            reason=f"reconciled: {status.value}; the hold ran out, not charging again",
+        )
         return lambda: saga_expire_hold(saga_id=saga.pk, gateway=gateway, now=now)
-    move(saga, S.CHARGING, reason=f"reconciled: {status.value}; charging again", at=at,
-         by=by, count_attempt=True)
+    move(
+        saga,
+        S.CHARGING,
+        reason=f"reconciled: {status.value}; charging again",
+        at=at,
+        by=by,
+        count_attempt=True,
+    )
     return lambda: charge_again(saga, probes=attempt, gateway=gateway, now=now, by=by)

@@ -73,12 +73,23 @@ class PurchaseStarted:
     created: bool  # False when this is a replay of the first answer
 
 
-def request_fingerprint(*, event_id: int, seat_refs: list[str] | None = None,
-                        quantity: int | None = None, payment_method: str) -> str:
+def request_fingerprint(
+    *,
+    event_id: int,
+    seat_refs: list[str] | None = None,
+    quantity: int | None = None,
+    payment_method: str,
+) -> str:
     # A body names its seats or asks for a quantity; the canonical form of a
     # body with seats is unchanged, so the records stored before best
     # available existed still replay.
-    chosen = {"seats": list(seat_refs)} if quantity is None else {"quantity": quantity}
+    chosen: dict[str, object]
+    if quantity is not None:
+        chosen = {"quantity": quantity}
+    elif seat_refs is not None:
+        chosen = {"seats": list(seat_refs)}
+    else:
+        raise ValueError("give seat_refs or quantity")
     canonical = json.dumps(
         {"event": event_id, **chosen, "payment_method": payment_method},
         sort_keys=True,
@@ -123,54 +134,87 @@ def purchase_start(
     # The purchase's trace: the saga and its rows store this span's context
     # (a shared no-op with tracing off).
     with tracing.span("saga.start"):
-        return _purchase_start(user=user, idempotency_key=idempotency_key, event_id=event_id,
-                               seat_refs=seat_refs, quantity=quantity,
-                               payment_method=payment_method, now=now)
+        return _purchase_start(
+            user=user,
+            idempotency_key=idempotency_key,
+            event_id=event_id,
+            seat_refs=seat_refs,
+            quantity=quantity,
+            payment_method=payment_method,
+            now=now,
+        )
 
 
-def _purchase_start(*, user, idempotency_key: str, event_id: int, seat_refs: list[str] | None,
-                    quantity: int | None, payment_method: str,
-                    now: datetime | None) -> PurchaseStarted:
+def _purchase_start(
+    *,
+    user,
+    idempotency_key: str,
+    event_id: int,
+    seat_refs: list[str] | None,
+    quantity: int | None,
+    payment_method: str,
+    now: datetime | None,
+) -> PurchaseStarted:
     if (seat_refs is None) == (quantity is None):
         raise ValueError("give exactly one of seat_refs and quantity")
     if quantity is not None and (
-            isinstance(quantity, bool) or not isinstance(quantity, int)
-            or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE):
+        isinstance(quantity, bool)
+        or not isinstance(quantity, int)
+        or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE
+    ):
         raise ValueError(f"quantity must be 1 to {settings.MAX_SEATS_PER_PURCHASE}")
     now = clock(now)
     fingerprint = request_fingerprint(
-        event_id=event_id, seat_refs=seat_refs, quantity=quantity,
+        event_id=event_id,
+        seat_refs=seat_refs,
+        quantity=quantity,
         payment_method=payment_method,
     )
-    saga = PurchaseSaga(event_id=event_id, buyer=user, payment_method=payment_method,
-                        state=S.PENDING, version=1, created_at=now, updated_at=now,
-                        trace_context=tracing.traceparent())
+    saga = PurchaseSaga(
+        event_id=event_id,
+        buyer=user,
+        payment_method=payment_method,
+        state=S.PENDING,
+        version=1,
+        created_at=now,
+        updated_at=now,
+        trace_context=tracing.traceparent(),
+    )
     hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     try:
         with transaction.atomic(durable=True):
             if quantity is None:
+                assert seat_refs is not None  # exactly one of the two: checked above
                 seats = _priced_seats(event_id=event_id, seat_refs=seat_refs, saga=saga)
             else:
                 candidates = _best_available_candidates(event_id=event_id)
-                seats = _best_block(candidates, quantity=quantity)
-                if seats is None:
+                block = _best_block(candidates, quantity=quantity)
+                if block is None:
                     raise _Refused(_no_block(event_id=event_id, available=len(candidates)))
+                seats = block
                 _price(saga, seats)
             purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
             # First write: a concurrent duplicate waits here on the unique
             # index until we commit or roll back, then replays our answer.
             # Before any seat is locked: a transaction waiting here holds no
             # seat, so it is in no cycle of waits with a seat's holder.
-            if not _claim_key(user=user, key=idempotency_key, fingerprint=fingerprint,
-                              purchase=purchase, saga_id=saga.id, now=now):
+            if not _claim_key(
+                user=user,
+                key=idempotency_key,
+                fingerprint=fingerprint,
+                purchase=purchase,
+                saga_id=saga.id,
+                now=now,
+            ):
                 raise _KeyTaken
             if quantity is None:
                 _hold_named(saga, seats=seats)
             else:
-                held = _hold_best_available(event_id=event_id, quantity=quantity,
-                                            candidates=candidates, first=seats)
+                held = _hold_best_available(
+                    event_id=event_id, quantity=quantity, candidates=candidates, first=seats
+                )
                 if held != seats:
                     # Another buyer took (or is taking) a seat of the first
                     # pick: the answer stored with the key is this block's.
@@ -178,7 +222,8 @@ def _purchase_start(*, user, idempotency_key: str, event_id: int, seat_refs: lis
                     _price(saga, seats)
                     purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
                     IdempotencyRecord.objects.filter(user=user, key=idempotency_key).update(
-                        response_body=purchase)
+                        response_body=purchase
+                    )
             _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
             saga_id = str(saga.id)
             transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
@@ -193,8 +238,9 @@ def _purchase_start(*, user, idempotency_key: str, event_id: int, seat_refs: lis
         raise  # pragma: no cover - the unique index said the key exists
 
     if tracing.enabled():
-        tracing.set_attributes({"saga.id": saga.id, "intent.id": saga.intent_id,
-                                "saga.state.to": S.PENDING.value})
+        tracing.set_attributes(
+            {"saga.id": saga.id, "intent.id": saga.intent_id, "saga.state.to": S.PENDING.value}
+        )
     chosen = {} if quantity is None else {"quantity": quantity}
     logger.info("purchase started", **log_extra(saga, seats=",".join(purchase["seats"]), **chosen))
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
@@ -257,12 +303,16 @@ SELECT id, ref, "row", number, price_amount, currency, row_first, row_last FROM 
 def _best_available_candidates(*, event_id: int) -> list[Seat]:
     """The event's seats available now, as last committed (no lock: what is
     chosen is locked, and re-checked, by ``_hold_best_available``)."""
-    return list(Seat.objects.raw(_CANDIDATES_SQL.format(seat=Seat._meta.db_table),
-                                 [event_id, SeatStatus.AVAILABLE]))
+    return list(
+        Seat.objects.raw(
+            _CANDIDATES_SQL.format(seat=Seat._meta.db_table), [event_id, SeatStatus.AVAILABLE]
+        )
+    )
 
 
-def _best_block(candidates: Iterable[Seat], *, quantity: int,
-                excluded: frozenset[int] | set[int] = frozenset()) -> list[Seat] | None:
+def _best_block(
+    candidates: Iterable[Seat], *, quantity: int, excluded: frozenset[int] | set[int] = frozenset()
+) -> list[Seat] | None:
     """The best block of ``quantity`` seats among ``candidates`` (less the ids
     in ``excluded``), or None.
 
@@ -306,8 +356,9 @@ def _no_block(*, event_id: int, available: int) -> DomainError:
     return NotEnoughSeats(available)
 
 
-def _hold_best_available(*, event_id: int, quantity: int, candidates: list[Seat],
-                         first: list[Seat]) -> list[Seat]:
+def _hold_best_available(
+    *, event_id: int, quantity: int, candidates: list[Seat], first: list[Seat]
+) -> list[Seat]:
     """Hold ``first``, or failing that the next best block, never waiting for
     a lock; returns the seats held. ``NotEnoughSeats`` when no block is left.
 
@@ -330,10 +381,14 @@ def _hold_best_available(*, event_id: int, quantity: int, candidates: list[Seat]
             if not (excluded and read_again):
                 raise NotEnoughSeats(len({s.id for s in candidates} - excluded))
             candidates, excluded, read_again = (
-                _best_available_candidates(event_id=event_id), set(), False)
+                _best_available_candidates(event_id=event_id),
+                set(),
+                False,
+            )
         else:
             missing = lock_objects.seats_hold_all_skip_locked(
-                event_id=event_id, seat_ids=[s.id for s in block])
+                event_id=event_id, seat_ids=[s.id for s in block]
+            )
             if not missing:
                 return block
             excluded |= missing
@@ -355,14 +410,14 @@ def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetim
 
 def _hold_named(saga: PurchaseSaga, *, seats: list[Seat]) -> None:
     """Lock the seats named, waiting for them in id order, and hold them."""
-    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id,
-                                            seat_ids=[s.id for s in seats])
+    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id, seat_ids=[s.id for s in seats])
     if len(held) != len(seats):
         raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
 
 
-def _record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
-            now: datetime) -> None:
+def _record(
+    saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime, now: datetime
+) -> None:
     """With the seats held: the reservation, the saga, its first history row
     and the hold-expiry timer (the caller's transaction)."""
     availability_changed(saga.event_id)
@@ -377,15 +432,24 @@ def _record(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime,
         created_at=now,
     )
     ReservationSeat.objects.bulk_create(
-        [ReservationSeat(reservation=reservation, seat_id=s.id, event_id=saga.event_id)
-         for s in seats]
+        [
+            ReservationSeat(reservation=reservation, seat_id=s.id, event_id=saga.event_id)
+            for s in seats
+        ]
     )
     saga.reservation = reservation
     saga.intent_id = intent_id_for(reservation.ref)
     saga.save(force_insert=True)
-    SagaHistory.objects.create(saga=saga, event_id=saga.event_id, from_state=None,
-                               to_state=S.PENDING, at=now, reason="purchase started",
-                               actor=Actor.SYSTEM, version=saga.version)
+    SagaHistory.objects.create(
+        saga=saga,
+        event_id=saga.event_id,
+        from_state=None,
+        to_state=S.PENDING,
+        at=now,
+        reason="purchase started",
+        actor=Actor.SYSTEM,
+        version=saga.version,
+    )
     timer_schedule(
         key=saga.hold_timer_key,
         topic=Topic.HOLD_EXPIRED,
@@ -416,7 +480,9 @@ def _claim_key(*, user, key: str, fingerprint: str, purchase: dict, saga_id, now
     """
     meta = IdempotencyRecord._meta
     params = [
-        user.pk, key, fingerprint,
+        user.pk,
+        key,
+        fingerprint,
         meta.get_field("response_body").get_db_prep_value(purchase, connection),
         meta.get_field("saga").get_db_prep_value(saga_id, connection),
         meta.get_field("created_at").get_db_prep_value(now, connection),
@@ -438,8 +504,9 @@ def _replay(*, user, idempotency_key: str, fingerprint: str) -> PurchaseStarted 
         raise IdempotencyKeyReused(
             "this Idempotency-Key was already used with a different request body"
         )
-    return PurchaseStarted(saga_id=str(record.saga_id),
-                           purchase=in_answer_order(record.response_body), created=False)
+    return PurchaseStarted(
+        saga_id=str(record.saga_id), purchase=in_answer_order(record.response_body), created=False
+    )
 
 
 _ANSWER_KEYS = ("id", "status", "event", "seats", "total", "hold_expires_at", "links")

@@ -74,8 +74,7 @@ def gateway_step(
         with transaction.atomic(durable=True):
             saga = lock_objects.saga_for_update(saga_id=saga_id)
             if tracing.enabled():
-                tracing.set_attributes({"intent.id": saga.intent_id,
-                                        "saga.state.from": saga.state})
+                tracing.set_attributes({"intent.id": saga.intent_id, "saga.state.from": saga.state})
             decided = decide(saga, clock(now))
         if not isinstance(decided, Ask):
             return decided() if decided is not None else saga
@@ -106,13 +105,24 @@ def _call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]
     HTTP adapter's request is a span inside it)."""
     if not tracing.enabled():
         return call(saga, ask)
-    with tracing.span(f"gateway {ask.asked}", kind=SpanKind.CLIENT, attributes={
-        "saga.id": saga.pk, "intent.id": saga.intent_id, "gateway.operation": ask.asked,
-        "gateway.attempt": ask.attempt or None,
-    }) as span:
+    with tracing.span(
+        f"gateway {ask.asked}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "saga.id": saga.pk,
+            "intent.id": saga.intent_id,
+            "gateway.operation": ask.asked,
+            "gateway.attempt": ask.attempt or None,
+        },
+    ) as span:
         answer = call(saga, ask)
-        tracing.answered(span, outcome=answer.label, latency_ms=answer.latency_ms,
-                         failed=answer.label == "unknown", detail=answer.detail)
+        tracing.answered(
+            span,
+            outcome=answer.label,
+            latency_ms=answer.latency_ms,
+            failed=answer.label == "unknown",
+            detail=answer.detail,
+        )
     return answer
 
 
@@ -125,8 +135,12 @@ def record_answer(
         "gateway %s answered %s",
         asked,
         answer.label,
-        **log_extra(saga, intent_id=saga.intent_id, latency_ms=round(answer.latency_ms, 1),
-                    detail=answer.detail),
+        **log_extra(
+            saga,
+            intent_id=saga.intent_id,
+            latency_ms=round(answer.latency_ms, 1),
+            detail=answer.detail,
+        ),
     )
     metrics.GATEWAY_REQUESTS.labels(method=asked, outcome=answer.label).inc()
     metrics.GATEWAY_LATENCY.labels(method=asked).observe(answer.latency_ms / 1000)

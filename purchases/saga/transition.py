@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -98,7 +99,7 @@ def move(
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
-    changes = {
+    changes: dict[str, Any] = {
         "state": to,
         "version": F("version") + 1,
         "updated_at": at,
@@ -110,15 +111,17 @@ def move(
         changes["compensation_started_at"] = at
     with _transition_span(saga, source, to):
         updated = PurchaseSaga.objects.filter(
-            pk=saga.pk, state=source, version=saga.version).update(**changes)
+            pk=saga.pk, state=source, version=saga.version
+        ).update(**changes)
         if updated != 1:
             raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
         saga.state = to
         saga.version += 1
         saga.updated_at = at
         saga.awaiting_operator_since = None
-        saga.compensation_started_at = changes.get("compensation_started_at",
-                                                   saga.compensation_started_at)
+        saga.compensation_started_at = changes.get(
+            "compensation_started_at", saga.compensation_started_at
+        )
         if count_attempt:
             saga.attempts += 1
         _history(saga, source, to, reason=reason, at=at, by=by)
@@ -134,10 +137,16 @@ def _transition_span(saga: PurchaseSaga, source: SagaState, to: SagaState):
     transition table bounds the names); a no-op with tracing off."""
     if not tracing.enabled():
         return tracing.NOOP
-    return tracing.span(f"saga.transition {source.value}->{to.value}", attributes={
-        "saga.id": saga.pk, "intent.id": saga.intent_id, "saga.state.from": source.value,
-        "saga.state.to": to.value, "saga.version": saga.version + 1,
-    })
+    return tracing.span(
+        f"saga.transition {source.value}->{to.value}",
+        attributes={
+            "saga.id": saga.pk,
+            "intent.id": saga.intent_id,
+            "saga.state.from": source.value,
+            "saga.state.to": to.value,
+            "saga.version": saga.version + 1,
+        },
+    )
 
 
 def step_span(name: str, *, saga_id):
@@ -150,8 +159,7 @@ def step_span(name: str, *, saga_id):
     attributes = {"saga.id": saga_id}
     if tracing.in_saga(saga_id):
         return tracing.span(name, attributes=attributes)
-    stored = (PurchaseSaga.objects.filter(pk=saga_id)
-              .values_list("trace_context", flat=True).first())
+    stored = PurchaseSaga.objects.filter(pk=saga_id).values_list("trace_context", flat=True).first()
     return tracing.continue_from(stored or "", name, attributes=attributes, saga_id=saga_id)
 
 

@@ -28,9 +28,10 @@ def utc(value: datetime | str | None) -> str:
     ``2026-12-02 12:00:05 UTC``; anything unreadable as it is."""
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value)
+            parsed = datetime.fromisoformat(value)
         except ValueError:
             return value
+        value = parsed
     return format_utc_seconds(value)
 
 
@@ -45,9 +46,12 @@ def saga_id(value) -> str:
     the text, so that selecting it copies all of it (the rest is clipped
     to no width, not left out: ``saga_id_style.html``)."""
     full = str(value)
-    return format_html('<span class="saga-id" title="{}">{}<span class="saga-id-rest">{}'
-                       "</span></span>", full, full[:SHORT_ID], full[SHORT_ID:])
-
+    return format_html(
+        '<span class="saga-id" title="{}">{}<span class="saga-id-rest">{}</span></span>',
+        full,
+        full[:SHORT_ID],
+        full[SHORT_ID:],
+    )
 
 
 @register.filter

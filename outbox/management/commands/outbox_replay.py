@@ -22,8 +22,9 @@ def _iso_time(option: str, value: str) -> dt.datetime:
     if day is not None:
         at = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
     if at is None:
-        raise CommandError(f"{option} {value!r} is not an ISO 8601 time "
-                           "(e.g. 2026-12-02T12:00:00Z or 2026-12-02)")
+        raise CommandError(
+            f"{option} {value!r} is not an ISO 8601 time (e.g. 2026-12-02T12:00:00Z or 2026-12-02)"
+        )
     return at if timezone.is_aware(at) else at.replace(tzinfo=dt.UTC)
 
 
@@ -36,27 +37,52 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--id", dest="ids", type=int, action="append", metavar="ID",
-                            help="this message (repeatable)")
+        parser.add_argument(
+            "--id",
+            dest="ids",
+            type=int,
+            action="append",
+            metavar="ID",
+            help="this message (repeatable)",
+        )
         parser.add_argument("--topic", help="messages of this topic only")
-        parser.add_argument("--consumer", metavar="DOTTED.PATH",
-                            help="a consumer as routed in OUTBOX_CONSUMERS: dead letters it "
-                                 "has not processed, and a backfill of its topics' history")
-        parser.add_argument("--since", help="created at or after this ISO 8601 time (UTC "
-                                            "unless it says otherwise)")
+        parser.add_argument(
+            "--consumer",
+            metavar="DOTTED.PATH",
+            help="a consumer as routed in OUTBOX_CONSUMERS: dead letters it "
+            "has not processed, and a backfill of its topics' history",
+        )
+        parser.add_argument(
+            "--since", help="created at or after this ISO 8601 time (UTC unless it says otherwise)"
+        )
         parser.add_argument("--until", help="created before this ISO 8601 time")
         parser.add_argument("--reason", default="", help="why (goes to the log line)")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="print what would be replayed; change nothing")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="print what would be replayed; change nothing"
+        )
 
-    def handle(self, *args, ids=None, topic=None, consumer=None, since=None, until=None,
-               reason="", dry_run=False, **options):
+    def handle(
+        self,
+        *args,
+        ids=None,
+        topic=None,
+        consumer=None,
+        since=None,
+        until=None,
+        reason="",
+        dry_run=False,
+        **options,
+    ):
         try:
             result = outbox_replay(
-                ids=ids, topic=topic, consumer=consumer,
+                ids=ids,
+                topic=topic,
+                consumer=consumer,
                 since=_iso_time("--since", since) if since else None,
                 until=_iso_time("--until", until) if until else None,
-                dry_run=dry_run, operator="manage.py outbox_replay", reason=reason,
+                dry_run=dry_run,
+                operator="manage.py outbox_replay",
+                reason=reason,
             )
         except ReplayRefused as exc:
             raise CommandError(str(exc)) from exc

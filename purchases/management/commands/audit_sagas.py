@@ -17,9 +17,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument(
-            "--stuck-after", type=int, default=None, metavar="SECONDS",
+            "--stuck-after",
+            type=int,
+            default=None,
+            metavar="SECONDS",
             help="grace for live sagas and undelivered emails (default "
-                 "RESUME_AFTER_SECONDS + PURCHASE_HOLD_SECONDS)",
+            "RESUME_AFTER_SECONDS + PURCHASE_HOLD_SECONDS)",
         )
 
     def handle(self, *args, **options):
@@ -61,8 +64,8 @@ class Command(BaseCommand):
                 )
         if report.unverified:
             self.stdout.write("")
-            self.stdout.write(f"incomplete: not verified, the gateway at {report.gateway_url} "
-                              "gave no answer:")
+            self.stdout.write(
+                f"incomplete: not verified, the gateway at {report.gateway_url} gave no answer:"
+            )
             for u in report.unverified:
                 self.stdout.write(f"  {u.saga_id or '-':<36}  {u.intent_id:<20}  {u.detail}")
-

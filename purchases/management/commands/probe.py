@@ -17,19 +17,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         # (No argparse choices: Python 3.11 checks an empty list against them.)
-        parser.add_argument("checks", nargs="*", metavar="CHECK",
-                            help=f"one of {', '.join(CHECKS)} (default: all)")
+        parser.add_argument(
+            "checks", nargs="*", metavar="CHECK", help=f"one of {', '.join(CHECKS)} (default: all)"
+        )
 
     def handle(self, *args, checks=(), **options):
         unknown = sorted(set(checks) - set(CHECKS))
         if unknown:
-            raise CommandError(f"unknown check {', '.join(unknown)}; the checks are "
-                               f"{', '.join(CHECKS)}", returncode=2)
+            raise CommandError(
+                f"unknown check {', '.join(unknown)}; the checks are {', '.join(CHECKS)}",
+                returncode=2,
+            )
         result = readiness(checks or CHECKS)
         self.stdout.write(json.dumps(result.as_dict()))
         if not result.ok:
             raise CommandError(
-                "not ready: " + "; ".join(f"{name}: {result.checks[name].detail}"
-                                          for name in result.failed),
+                "not ready: "
+                + "; ".join(f"{name}: {result.checks[name].detail}" for name in result.failed),
                 returncode=1,
             )

@@ -49,7 +49,8 @@ class AuditContext:
         """The intent's charges, or None (the reason in ``self.unanswered``)."""
         if self.failures_in_a_row >= GATEWAY_FAILURES_BEFORE_GIVING_UP:
             self.unanswered[intent_id] = (
-                f"not asked: the gateway gave no answer {self.failures_in_a_row} times in a row")
+                f"not asked: the gateway gave no answer {self.failures_in_a_row} times in a row"
+            )
             return None
         self.report.intents_checked += 1
         try:
@@ -57,16 +58,19 @@ class AuditContext:
         except GatewayUnavailable as exc:
             self.failures_in_a_row += 1
             self.unanswered[intent_id] = str(exc)
-            logger.warning("audit: gateway unavailable", extra={"intent_id": intent_id,
-                                                                "detail": str(exc)})
+            logger.warning(
+                "audit: gateway unavailable", extra={"intent_id": intent_id, "detail": str(exc)}
+            )
             return None
         self.failures_in_a_row = 0
         return charges
 
-
     def unverified(self, saga_id, intent_id: str, *, override: bool = False) -> None:
         waiting = "; an operator's override awaits the gateway's records" if override else ""
         self.report.unverified.append(
-            Unverified(str(saga_id) if saga_id else None, intent_id,
-                       f"money of this intent not verified ({self.unanswered[intent_id]})"
-                       f"{waiting}"))
+            Unverified(
+                str(saga_id) if saga_id else None,
+                intent_id,
+                f"money of this intent not verified ({self.unanswered[intent_id]}){waiting}",
+            )
+        )

@@ -28,13 +28,14 @@ def email_messages(saga_ids: list) -> dict:
     rows = (
         OutboxMessage.objects.filter(saga_id__in=saga_ids, topic__in=list(sent))
         .annotate(
-            confirmation_sent=Exists(InboxEntry.objects.filter(
-                message=OuterRef("pk"), consumer=CONFIRMATION_EMAIL)),
-            cancellation_sent=Exists(InboxEntry.objects.filter(
-                message=OuterRef("pk"), consumer=CANCELLATION_EMAIL)),
+            confirmation_sent=Exists(
+                InboxEntry.objects.filter(message=OuterRef("pk"), consumer=CONFIRMATION_EMAIL)
+            ),
+            cancellation_sent=Exists(
+                InboxEntry.objects.filter(message=OuterRef("pk"), consumer=CANCELLATION_EMAIL)
+            ),
         )
-        .values_list("saga_id", "topic", "created_at", "confirmation_sent",
-                     "cancellation_sent")
+        .values_list("saga_id", "topic", "created_at", "confirmation_sent", "cancellation_sent")
     )
     for saga_id, topic, created_at, confirmation_sent, cancellation_sent in rows:
         is_sent = confirmation_sent if topic == Topic.CONFIRMED else cancellation_sent
@@ -42,31 +43,36 @@ def email_messages(saga_ids: list) -> dict:
     return out
 
 
-
 def check_emails(ctx, saga: PurchaseSaga, messages: dict) -> None:
     confirmed = messages.get(Topic.CONFIRMED, [])
     cancelled = messages.get(Topic.CANCELLED, [])
-    for topic, rows in ((Topic.CONFIRMED, confirmed),
-                        (Topic.CANCELLED, cancelled)):
+    for topic, rows in ((Topic.CONFIRMED, confirmed), (Topic.CANCELLED, cancelled)):
         if len(rows) > 1:
-            ctx.flag(EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id,
-                      f"{len(rows)} {topic} messages")
+            ctx.flag(EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id, f"{len(rows)} {topic} messages")
     if saga.state == S.CONFIRMED:
         one_sent(ctx, saga, Topic.CONFIRMED, confirmed, CONFIRMATION_EMAIL)
         if cancelled:
-            ctx.flag(EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id,
-                      f"CONFIRMED but a {Topic.CANCELLED} message exists")
+            ctx.flag(
+                EMAILS_EXACTLY_ONCE,
+                saga.pk,
+                saga.intent_id,
+                f"CONFIRMED but a {Topic.CANCELLED} message exists",
+            )
     elif saga.state == S.COMPENSATED:
         one_sent(ctx, saga, Topic.CANCELLED, cancelled, CANCELLATION_EMAIL)
 
 
-
 def one_sent(ctx, saga: PurchaseSaga, topic: str, rows: list, consumer: str) -> None:
     if not rows:
-        ctx.flag(EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id,
-                  f"{saga.state} without a {topic} message")
+        ctx.flag(
+            EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id, f"{saga.state} without a {topic} message"
+        )
         return
     for created_at, sent in rows:
         if not sent and created_at <= ctx.cutoff:
-            ctx.flag(EMAILS_EXACTLY_ONCE, saga.pk, saga.intent_id,
-                      f"{topic} not processed by {consumer} after {ctx.age(created_at)}")
+            ctx.flag(
+                EMAILS_EXACTLY_ONCE,
+                saga.pk,
+                saga.intent_id,
+                f"{topic} not processed by {consumer} after {ctx.age(created_at)}",
+            )

@@ -26,8 +26,10 @@ UNKNOWN_STATES = (S.UNKNOWN, S.UNKNOWN_EXPIRED)
 
 # Gateway answers that settle whether a charge landed (or can still land).
 DEFINITIVE_ANSWERS = (
-    Q(asked="retrieve", answer__in=["succeeded", "declined", "not_found", "requires_payment",
-                                    "canceled"])
+    Q(
+        asked="retrieve",
+        answer__in=["succeeded", "declined", "not_found", "requires_payment", "canceled"],
+    )
     | Q(asked="cancel", answer="canceled")
     | Q(asked="refund", answer="refunded")
 )
@@ -46,8 +48,11 @@ def live_signals(ctx: AuditContext, live: list) -> tuple[dict, set]:
     # (a stalled relay or a message that fails on every delivery).
     driven = set(
         OutboxMessage.objects.filter(
-            saga_id__in=live, topic__in=DRIVING, completed_at__isnull=True,
-            cancelled_at__isnull=True, available_at__gt=ctx.cutoff,
+            saga_id__in=live,
+            topic__in=DRIVING,
+            completed_at__isnull=True,
+            cancelled_at__isnull=True,
+            available_at__gt=ctx.cutoff,
         ).values_list("saga_id", flat=True)
     )
     return alerts, driven
@@ -64,9 +69,13 @@ def check_stuck(ctx, saga: PurchaseSaga, alerts: list[datetime], driven: bool) -
         # named by an alert raised since it started, however busy its
         # retries keep it: being driven is not being settled.
         if not any(at >= started for at in alerts):
-            ctx.flag(NO_SILENT_STUCK, saga.pk, saga.intent_id,
-                      f"{saga.state}: compensation started {ctx.age(started)} ago, past "
-                      "its deadline, and no alert names it")
+            ctx.flag(
+                NO_SILENT_STUCK,
+                saga.pk,
+                saga.intent_id,
+                f"{saga.state}: compensation started {ctx.age(started)} ago, past "
+                "its deadline, and no alert names it",
+            )
         return
     if saga.updated_at > ctx.cutoff or driven:
         return
@@ -74,9 +83,12 @@ def check_stuck(ctx, saga: PurchaseSaga, alerts: list[datetime], driven: bool) -
     if saga.state in ESCALATED and any(at >= saga.updated_at for at in alerts):
         return
     why = "no alert names it" if saga.state in ESCALATED else "no timer drives it"
-    ctx.flag(NO_SILENT_STUCK, saga.pk, saga.intent_id,
-              f"{saga.state} for {ctx.age(saga.updated_at)}, {why}")
-
+    ctx.flag(
+        NO_SILENT_STUCK,
+        saga.pk,
+        saga.intent_id,
+        f"{saga.state} for {ctx.age(saga.updated_at)}, {why}",
+    )
 
 
 def compensated_blind(saga_ids: list) -> dict:
@@ -85,9 +97,11 @@ def compensated_blind(saga_ids: list) -> dict:
     if not saga_ids:
         return {}
     history: dict = defaultdict(list)
-    for row in SagaHistory.objects.filter(saga_id__in=saga_ids).order_by(
-        "saga_id", "at", "id"
-    ).values("saga_id", "to_state", "at", "actor", "actor_name"):
+    for row in (
+        SagaHistory.objects.filter(saga_id__in=saga_ids)
+        .order_by("saga_id", "at", "id")
+        .values("saga_id", "to_state", "at", "actor", "actor_name")
+    ):
         history[row["saga_id"]].append(row)
     moves = {}
     for saga_id, rows in history.items():

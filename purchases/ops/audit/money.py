@@ -39,8 +39,9 @@ def ledger_for(intent_ids: list[str]) -> dict[str, Ledger]:
     for intent_id, kind, n, total, overrides in (
         LedgerEntry.objects.filter(intent_id__in=intent_ids)
         .values("intent_id", "kind")
-        .annotate(n=Count("id"), total=Sum("amount"),
-                  overrides=Count("id", filter=Q(override=True)))
+        .annotate(
+            n=Count("id"), total=Sum("amount"), overrides=Count("id", filter=Q(override=True))
+        )
         .values_list("intent_id", "kind", "n", "total", "overrides")
     ):
         entry = ledger[intent_id]
@@ -55,9 +56,9 @@ def ledger_for(intent_ids: list[str]) -> dict[str, Ledger]:
     return dict(ledger)
 
 
-
-def check_money(ctx, saga: PurchaseSaga, entries: Ledger,
-                 charges: list[GatewayCharge] | None) -> None:
+def check_money(
+    ctx, saga: PurchaseSaga, entries: Ledger, charges: list[GatewayCharge] | None
+) -> None:
     if charges is None:
         ctx.unverified(saga.pk, saga.intent_id, override=bool(entries.overrides))
         return
@@ -65,41 +66,58 @@ def check_money(ctx, saga: PurchaseSaga, entries: Ledger,
     if entries.overrides and captured != entries.net:
         # Named for what it is (not a plain ledger mismatch): money an
         # operator wrote on their own word, which the gateway contradicts.
-        ctx.flag(OVERRIDE_AGREES_WITH_GATEWAY, saga.pk, saga.intent_id,
-                  f"an operator's override wrote ledger net {entries.net}; the gateway's "
-                  f"net captured is {captured} (saga {saga.state})")
+        ctx.flag(
+            OVERRIDE_AGREES_WITH_GATEWAY,
+            saga.pk,
+            saga.intent_id,
+            f"an operator's override wrote ledger net {entries.net}; the gateway's "
+            f"net captured is {captured} (saga {saga.state})",
+        )
         return
     if len(charges) > 1:
-        ctx.flag(ONE_CHARGE_PER_INTENT, saga.pk, saga.intent_id,
-                  f"{len(charges)} charges at the gateway: "
-                  + ", ".join(f"{c.id} {c.amount} {c.status}" for c in charges))
+        ctx.flag(
+            ONE_CHARGE_PER_INTENT,
+            saga.pk,
+            saga.intent_id,
+            f"{len(charges)} charges at the gateway: "
+            + ", ".join(f"{c.id} {c.amount} {c.status}" for c in charges),
+        )
     # A live saga in the middle of a step may legitimately disagree for a
     # moment (charged, answer not yet recorded); an old one may not.
     settled = saga.state in TERMINAL or saga.updated_at <= ctx.cutoff
     if settled and captured != entries.net:
-        ctx.flag(LEDGER_EQUALS_GATEWAY, saga.pk, saga.intent_id,
-                  f"ledger net {entries.net} != gateway net captured {captured} "
-                  f"(saga {saga.state})")
-
+        ctx.flag(
+            LEDGER_EQUALS_GATEWAY,
+            saga.pk,
+            saga.intent_id,
+            f"ledger net {entries.net} != gateway net captured {captured} (saga {saga.state})",
+        )
 
 
 def check_entries(ctx, saga: PurchaseSaga, entries: Ledger) -> None:
-    if saga.state == S.CONFIRMED and (entries.charges != 1 or entries.refunds
-                                      or entries.others):
-        ctx.flag(CONFIRMED_HAS_ONE_CHARGE_ENTRY, saga.pk, saga.intent_id,
-                  f"CONFIRMED with {entries.charges} charge, {entries.refunds} refund and "
-                  f"{entries.others} other ledger entries")
+    if saga.state == S.CONFIRMED and (entries.charges != 1 or entries.refunds or entries.others):
+        ctx.flag(
+            CONFIRMED_HAS_ONE_CHARGE_ENTRY,
+            saga.pk,
+            saga.intent_id,
+            f"CONFIRMED with {entries.charges} charge, {entries.refunds} refund and "
+            f"{entries.others} other ledger entries",
+        )
     elif saga.state == S.COMPENSATED and entries.net != 0:
-        ctx.flag(CONFIRMED_HAS_ONE_CHARGE_ENTRY, saga.pk, saga.intent_id,
-                  f"COMPENSATED but the ledger nets {entries.net}")
-
+        ctx.flag(
+            CONFIRMED_HAS_ONE_CHARGE_ENTRY,
+            saga.pk,
+            saga.intent_id,
+            f"COMPENSATED but the ledger nets {entries.net}",
+        )
 
 
 def check_ledger_without_saga(ctx) -> None:
     orphans: dict[str, dict] = {}
     for intent_id, saga_id, total in (
         LedgerEntry.objects.exclude(intent_id__in=PurchaseSaga.objects.values("intent_id"))
-        .values("intent_id", "saga_id").annotate(total=Sum("amount"))
+        .values("intent_id", "saga_id")
+        .annotate(total=Sum("amount"))
         .values_list("intent_id", "saga_id", "total")
     ):
         row = orphans.setdefault(intent_id, {"saga_id": saga_id, "net": 0})
@@ -110,10 +128,18 @@ def check_ledger_without_saga(ctx) -> None:
             ctx.unverified(row["saga_id"], intent_id)
             continue
         if len(charges) > 1:
-            ctx.flag(ONE_CHARGE_PER_INTENT, row["saga_id"], intent_id,
-                      f"{len(charges)} charges at the gateway")
+            ctx.flag(
+                ONE_CHARGE_PER_INTENT,
+                row["saga_id"],
+                intent_id,
+                f"{len(charges)} charges at the gateway",
+            )
         captured = sum(c.amount for c in charges if c.status == "succeeded")
         if captured != row["net"]:
-            ctx.flag(LEDGER_EQUALS_GATEWAY, row["saga_id"], intent_id,
-                      f"ledger net {row['net']} != gateway net captured {captured} "
-                      "(ledger entries of an intent no saga has)")
+            ctx.flag(
+                LEDGER_EQUALS_GATEWAY,
+                row["saga_id"],
+                intent_id,
+                f"ledger net {row['net']} != gateway net captured {captured} "
+                "(ledger entries of an intent no saga has)",
+            )

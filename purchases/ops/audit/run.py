@@ -69,8 +69,9 @@ def audit_run(
     now = now or timezone.now()
     if stuck_after_seconds is None:
         stuck_after_seconds = settings.RESUME_AFTER_SECONDS + settings.PURCHASE_HOLD_SECONDS
-    audit = AuditContext(gateway=gateway, now=now,
-                         cutoff=now - timedelta(seconds=stuck_after_seconds))
+    audit = AuditContext(
+        gateway=gateway, now=now, cutoff=now - timedelta(seconds=stuck_after_seconds)
+    )
 
     with heartbeat("audit_sagas", now=now) as pulse:
         check_seats(audit)
@@ -96,24 +97,40 @@ def audit_run(
 
     for v in report.violations:
         logger.error(
-            "audit violation %s: %s", v.invariant, v.detail,
-            extra={"alert": "audit_violation", "invariant": v.invariant,
-                   "saga_id": v.saga_id, "intent_id": v.intent_id},
+            "audit violation %s: %s",
+            v.invariant,
+            v.detail,
+            extra={
+                "alert": "audit_violation",
+                "invariant": v.invariant,
+                "saga_id": v.saga_id,
+                "intent_id": v.intent_id,
+            },
         )
     for f in report.findings:
-        logger.warning("audit finding %s: %s", f.name, f.detail,
-                       extra={"finding": f.name, "saga_id": f.saga_id})
+        logger.warning(
+            "audit finding %s: %s",
+            f.name,
+            f.detail,
+            extra={"finding": f.name, "saga_id": f.saga_id},
+        )
     if report.unverified:
         logger.warning(
             "audit incomplete: the gateway at %s gave no answer about %d intent(s)",
-            report.gateway_url, len(report.unverified),
+            report.gateway_url,
+            len(report.unverified),
             extra={"audit_run": run.pk, "unverified": len(report.unverified)},
         )
     logger.info(
         "audit finished",
-        extra={"audit_run": run.pk, "sagas_checked": report.sagas_checked,
-               "sagas_skipped": report.sagas_skipped, "violations": len(report.violations),
-               "unverified": len(report.unverified), "findings": len(report.findings)},
+        extra={
+            "audit_run": run.pk,
+            "sagas_checked": report.sagas_checked,
+            "sagas_skipped": report.sagas_skipped,
+            "violations": len(report.violations),
+            "unverified": len(report.unverified),
+            "findings": len(report.findings),
+        },
     )
     return report
 
@@ -129,9 +146,7 @@ def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
         check_chunk(ctx, chunk, endpoints=endpoints)
 
 
-
-def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga], *,
-                endpoints: list[Endpoint]) -> None:
+def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga], *, endpoints: list[Endpoint]) -> None:
     ids = [s.pk for s in chunk]
     ledger = ledger_for([s.intent_id for s in chunk])
     messages = email_messages(ids)

@@ -19,35 +19,53 @@ S = SagaState
 def check_seats(ctx: AuditContext) -> None:
     live = ReservationSeat.objects.filter(released_at__isnull=True)
     doubled = list(
-        live.values("seat_id").annotate(n=Count("id")).filter(n__gt=1)
+        live.values("seat_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
         .values_list("seat_id", flat=True)
     )
     if doubled:
         links = defaultdict(list)
-        for row in live.filter(seat_id__in=doubled).values(
-            "seat_id", "seat__ref", "reservation__ref", "reservation__saga__id",
-            "reservation__saga__intent_id",
-        ).order_by("seat_id", "id"):
+        for row in (
+            live.filter(seat_id__in=doubled)
+            .values(
+                "seat_id",
+                "seat__ref",
+                "reservation__ref",
+                "reservation__saga__id",
+                "reservation__saga__intent_id",
+            )
+            .order_by("seat_id", "id")
+        ):
             links[row["seat_id"]].append(row)
         for rows in links.values():
             latest = rows[-1]
             ctx.flag(
-                SEAT_SOLD_ONCE, latest["reservation__saga__id"],
+                SEAT_SOLD_ONCE,
+                latest["reservation__saga__id"],
                 latest["reservation__saga__intent_id"],
                 f"seat {latest['seat__ref']} is held by {len(rows)} live reservations: "
                 + ", ".join(r["reservation__ref"] for r in rows),
             )
 
-    fields = ("seat__ref", "seat__status", "released_at", "reservation__ref",
-              "reservation__status", "reservation__saga__id",
-              "reservation__saga__intent_id")
+    fields = (
+        "seat__ref",
+        "seat__status",
+        "released_at",
+        "reservation__ref",
+        "reservation__status",
+        "reservation__saga__id",
+        "reservation__saga__intent_id",
+    )
     for row in (
         live.filter(seat__status=SeatStatus.SOLD)
         .exclude(reservation__status=ReservationStatus.CONFIRMED)
         .values(*fields)
     ):
         ctx.flag(
-            SEAT_SOLD_ONCE, row["reservation__saga__id"], row["reservation__saga__intent_id"],
+            SEAT_SOLD_ONCE,
+            row["reservation__saga__id"],
+            row["reservation__saga__intent_id"],
             f"seat {row['seat__ref']} is sold but its reservation {row['reservation__ref']} "
             f"is {row['reservation__status']}",
         )
@@ -58,25 +76,32 @@ def check_seats(ctx: AuditContext) -> None:
     ):
         what = "was released" if row["released_at"] else f"is {row['seat__status']}"
         ctx.flag(
-            SEAT_SOLD_ONCE, row["reservation__saga__id"], row["reservation__saga__intent_id"],
-            f"confirmed reservation {row['reservation__ref']}: seat {row['seat__ref']} "
-            f"{what}",
+            SEAT_SOLD_ONCE,
+            row["reservation__saga__id"],
+            row["reservation__saga__intent_id"],
+            f"confirmed reservation {row['reservation__ref']}: seat {row['seat__ref']} {what}",
         )
-    for row in (
+    for seat in (
         Seat.objects.filter(status=SeatStatus.SOLD)
         .exclude(Exists(live.filter(seat_id=OuterRef("pk"))))
         .values("ref", "event_id")
     ):
-        ctx.flag(SEAT_SOLD_ONCE, None, None,
-                  f"seat {row['ref']} of event {row['event_id']} is sold to no reservation")
+        ctx.flag(
+            SEAT_SOLD_ONCE,
+            None,
+            None,
+            f"seat {seat['ref']} of event {seat['event_id']} is sold to no reservation",
+        )
     # A paid purchase whose reservation was let go: its seats can be sold again.
-    for row in (
+    for saga in (
         PurchaseSaga.objects.filter(state=S.CONFIRMED)
         .exclude(reservation__status=ReservationStatus.CONFIRMED)
         .values("pk", "intent_id", "reservation__ref", "reservation__status")
     ):
         ctx.flag(
-            SEAT_SOLD_ONCE, row["pk"], row["intent_id"],
-            f"saga is CONFIRMED but its reservation {row['reservation__ref']} is "
-            f"{row['reservation__status']}",
+            SEAT_SOLD_ONCE,
+            saga["pk"],
+            saga["intent_id"],
+            f"saga is CONFIRMED but its reservation {saga['reservation__ref']} is "
+            f"{saga['reservation__status']}",
         )

@@ -79,9 +79,12 @@ class WebhookFacts:
 
 def webhook_endpoints() -> list[Endpoint]:
     """Every endpoint, read once per run."""
-    return [Endpoint(pk, url, enabled, frozenset(events or ()), updated_at)
-            for pk, url, enabled, events, updated_at in WebhookEndpoint.objects.order_by("pk")
-            .values_list("pk", "url", "enabled", "events", "updated_at")]
+    return [
+        Endpoint(pk, url, enabled, frozenset(events or ()), updated_at)
+        for pk, url, enabled, events, updated_at in WebhookEndpoint.objects.order_by(
+            "pk"
+        ).values_list("pk", "url", "enabled", "events", "updated_at")
+    ]
 
 
 def end_type(state: str, entries: Ledger) -> str | None:
@@ -108,30 +111,51 @@ def webhook_facts(chunk: list[PurchaseSaga], endpoints: list[Endpoint]) -> Webho
     if any(e.enabled and E.NEEDS_ATTENTION in e.events for e in endpoints):
         facts.alerted_at = dict(
             OutboxMessage.objects.filter(saga_id__in=ids, topic=Topic.NEEDS_OPERATOR)
-            .values("saga_id").annotate(at=Max("created_at")).values_list("saga_id", "at"))
-    for saga_id, *row in WebhookDelivery.objects.filter(saga_id__in=ids).values_list(
+            .values("saga_id")
+            .annotate(at=Max("created_at"))
+            .values_list("saga_id", "at")
+        )
+    for (
+        saga_id,
+        endpoint_id,
+        event_type,
+        status,
+        message_id,
+        armed,
+    ) in WebhookDelivery.objects.filter(saga_id__in=ids).values_list(
         "saga_id", "endpoint_id", "event_type", "status", "message_id", "armed_attempt"
     ):
-        facts.deliveries[saga_id].append(Delivery(*row))
+        facts.deliveries[saga_id].append(
+            Delivery(endpoint_id, event_type, status, message_id, armed)
+        )
     # Read after the deliveries: an endpoint deleted meanwhile took its
     # deliveries along, and is not owed any.
-    present = set(WebhookEndpoint.objects.filter(pk__in=[e.pk for e in endpoints])
-                  .values_list("pk", flat=True))
+    present = set(
+        WebhookEndpoint.objects.filter(pk__in=[e.pk for e in endpoints]).values_list(
+            "pk", flat=True
+        )
+    )
     facts.endpoints = {e.pk: e for e in endpoints if e.pk in present}
     # purchase.confirmed for a saga no longer CONFIRMED: right if it was
     # (a refund after the confirmation), which its history says.
     states = {s.pk: s.state for s in chunk}
-    were = [saga_id for saga_id, rows in facts.deliveries.items()
-            if states[saga_id] != S.CONFIRMED and any(d.event_type == E.CONFIRMED for d in rows)]
+    were = [
+        saga_id
+        for saga_id, rows in facts.deliveries.items()
+        if states[saga_id] != S.CONFIRMED and any(d.event_type == E.CONFIRMED for d in rows)
+    ]
     if were:
         facts.confirmed_once = set(
-            SagaHistory.objects.filter(saga_id__in=were, to_state=S.CONFIRMED)
-            .values_list("saga_id", flat=True))
+            SagaHistory.objects.filter(saga_id__in=were, to_state=S.CONFIRMED).values_list(
+                "saga_id", flat=True
+            )
+        )
     return facts
 
 
-def check_webhooks(ctx: AuditContext, saga: PurchaseSaga, facts: WebhookFacts | None,
-                   entries: Ledger) -> None:
+def check_webhooks(
+    ctx: AuditContext, saga: PurchaseSaga, facts: WebhookFacts | None, entries: Ledger
+) -> None:
     if facts is None:
         return
     ended = end_type(saga.state, entries)
@@ -139,15 +163,21 @@ def check_webhooks(ctx: AuditContext, saga: PurchaseSaga, facts: WebhookFacts | 
     for d in rows:
         why = _contradiction(d.event_type, saga, ended, saga.pk in facts.confirmed_once)
         if why:
-            ctx.flag(WEBHOOK_CONTRADICTS, saga.pk, saga.intent_id,
-                     f"{d.event_type} delivery {d.message_id} to endpoint {d.endpoint_id}: "
-                     f"{why}")
+            ctx.flag(
+                WEBHOOK_CONTRADICTS,
+                saga.pk,
+                saga.intent_id,
+                f"{d.event_type} delivery {d.message_id} to endpoint {d.endpoint_id}: {why}",
+            )
         if d.status == DeliveryStatus.FAILED:
             endpoint = facts.endpoints.get(d.endpoint_id)
-            ctx.note(WEBHOOK_FAILED, saga.pk,
-                     f"{d.event_type} delivery {d.message_id} to endpoint {d.endpoint_id}"
-                     f"{f' ({endpoint.url})' if endpoint else ''} failed after {d.attempts} "
-                     "attempt(s); resend it once the receiver is fixed")
+            ctx.note(
+                WEBHOOK_FAILED,
+                saga.pk,
+                f"{d.event_type} delivery {d.message_id} to endpoint {d.endpoint_id}"
+                f"{f' ({endpoint.url})' if endpoint else ''} failed after {d.attempts} "
+                "attempt(s); resend it once the receiver is fixed",
+            )
 
     owed = []
     if ended is not None:
@@ -159,14 +189,19 @@ def check_webhooks(ctx: AuditContext, saga: PurchaseSaga, facts: WebhookFacts | 
     for event_type, at, because in owed:
         for endpoint in facts.endpoints.values():
             if endpoint.listened(event_type, at) and (endpoint.pk, event_type) not in have:
-                ctx.flag(WEBHOOK_MISSING, saga.pk, saga.intent_id,
-                         f"no {event_type} delivery to endpoint {endpoint.pk} "
-                         f"({endpoint.url}), subscribed since before {at.isoformat()} "
-                         f"({because})")
+                ctx.flag(
+                    WEBHOOK_MISSING,
+                    saga.pk,
+                    saga.intent_id,
+                    f"no {event_type} delivery to endpoint {endpoint.pk} "
+                    f"({endpoint.url}), subscribed since before {at.isoformat()} "
+                    f"({because})",
+                )
 
 
-def _contradiction(event_type: str, saga: PurchaseSaga, ended: str | None,
-                   confirmed_once: bool) -> str:
+def _contradiction(
+    event_type: str, saga: PurchaseSaga, ended: str | None, confirmed_once: bool
+) -> str:
     if event_type in (E.FAILED, E.REFUNDED):
         if saga.state != S.COMPENSATED:
             return f"announces an end the saga did not reach (it is {saga.state})"
@@ -180,5 +215,8 @@ def _contradiction(event_type: str, saga: PurchaseSaga, ended: str | None,
 def _refund_note(saga: PurchaseSaga, ended: str | None) -> str:
     if saga.state != S.COMPENSATED:
         return ""
-    return (" after a refund" if ended == E.REFUNDED
-            else " and nothing was refunded (no refund in the ledger)")
+    return (
+        " after a refund"
+        if ended == E.REFUNDED
+        else " and nothing was refunded (no refund in the ledger)"
+    )

@@ -35,8 +35,10 @@ def gateway_view(saga: PurchaseSaga, *, gateway: PaymentGateway | None = None) -
         return GatewayView(reachable=False, text=f"the gateway cannot be reached ({exc})")
     captured = sum(c.amount for c in charges if c.status == "succeeded")
     succeeded = [c for c in charges if c.status == "succeeded"]
-    listed = "; ".join(f"{c.id} {format_money(c.amount, saga.currency)} {c.status}"
-                       for c in charges) or "no charge"
+    listed = (
+        "; ".join(f"{c.id} {format_money(c.amount, saga.currency)} {c.status}" for c in charges)
+        or "no charge"
+    )
     return GatewayView(
         reachable=True,
         captured=captured,

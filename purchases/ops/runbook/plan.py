@@ -97,8 +97,10 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
         plan.seats_freed, plan.emails = seats, undone
 
     if plan.override_needed:
-        plan.why = (f"{plan.gateway_answer}: only with the override (the ledger entry and "
-                    "the history say so; the auditor reports it until the gateway agrees)")
+        plan.why = (
+            f"{plan.gateway_answer}: only with the override (the ledger entry and "
+            "the history say so; the auditor reports it until the gateway agrees)"
+        )
         if state == S.UNKNOWN_EXPIRED:
             plan.ledger, plan.emails = f"charge +{money}, marked as an override", ["confirmation"]
         else:

@@ -51,8 +51,9 @@ def action_run(
     # The reason is on the record before anything moves, whatever follows.
     with transaction.atomic(durable=True):
         locked = lock_objects.saga_for_update(saga_id=saga_id)
-        services.note_decision(locked, reason=f"{LABELS[action]}: {reason.strip()}",
-                               at=services.clock(now), by=by)
+        services.note_decision(
+            locked, reason=f"{LABELS[action]}: {reason.strip()}", at=services.clock(now), by=by
+        )
     kwargs = {"saga_id": saga_id, "by": by, "gateway": gateway, "now": now}
     if action == Action.RECONCILE_NOW and saga.state == S.UNKNOWN_EXPIRED:
         return _look_up_escalated(note=note, **kwargs)
@@ -77,15 +78,26 @@ def _look_up_escalated(*, saga_id, note, by, gateway, now) -> PurchaseSaga:
         if saga.state != S.UNKNOWN_EXPIRED:
             return None
         if lookup.status == IntentStatus.SUCCEEDED:
-            services.confirm(saga, charge_id=lookup.charge_id or "",
-                             reason=f"reconciled by operator: {note}", at=at, by=by)
+            services.confirm(
+                saga,
+                charge_id=lookup.charge_id or "",
+                reason=f"reconciled by operator: {note}",
+                at=at,
+                by=by,
+            )
         else:
-            services.note_decision(saga, reason=f"operator look-up: {lookup.status.value}",
-                                   at=at, by=by)
+            services.note_decision(
+                saga, reason=f"operator look-up: {lookup.status.value}", at=at, by=by
+            )
         return None
 
-    return services.gateway_step(saga_id=saga_id, decide=decide, record=record, now=now,
-                                 call=lambda saga, ask: gateway.retrieve(saga.intent_id))
+    return services.gateway_step(
+        saga_id=saga_id,
+        decide=decide,
+        record=record,
+        now=now,
+        call=lambda saga, ask: gateway.retrieve(saga.intent_id),
+    )
 
 
 def _confirm_manual(*, saga_id, note, override, by, gateway, now) -> PurchaseSaga:
@@ -108,21 +120,34 @@ def _confirm_manual(*, saga_id, note, override, by, gateway, now) -> PurchaseSag
             marked = " [override: the gateway could not be asked]"
         if saga.state == S.UNKNOWN_EXPIRED:
             services.confirm(
-                saga, charge_id=view.charge_id or "manual-override",
-                reason=f"confirmed after manual check: {note}{marked}", at=at, by=by,
-                note=f"manual confirmation: {note}{marked}", override=bool(marked),
+                saga,
+                charge_id=view.charge_id or "manual-override",
+                reason=f"confirmed after manual check: {note}{marked}",
+                at=at,
+                by=by,
+                note=f"manual confirmation: {note}{marked}",
+                override=bool(marked),
             )
             return saga
         if not ledger_has_charge(intent_id=saga.intent_id):
             raise ActionRefused("no charge in the ledger: nothing to confirm as refunded")
         ledger_record(
-            intent_id=saga.intent_id, kind=EntryKind.REFUND, amount=-saga.amount,
-            currency=saga.currency, saga_id=saga.pk, event_id=saga.event_id, now=at,
+            intent_id=saga.intent_id,
+            kind=EntryKind.REFUND,
+            amount=-saga.amount,
+            currency=saga.currency,
+            saga_id=saga.pk,
+            event_id=saga.event_id,
+            now=at,
             gateway_reference="manual-override" if marked else "manual",
-            note=f"refund confirmed after manual check: {note}{marked}", override=bool(marked),
+            note=f"refund confirmed after manual check: {note}{marked}",
+            override=bool(marked),
         )
         services.finish_compensation(
-            saga, at=at, by=by, refunded=True,
+            saga,
+            at=at,
+            by=by,
+            refunded=True,
             reason=f"refund confirmed after manual check: {note}{marked}",
         )
     return saga
@@ -136,15 +161,19 @@ def _compensate_manual(*, saga_id, note, by, gateway, now) -> PurchaseSaga:
 
     def compensate():
         return services.saga_compensate(
-            saga_id=saga_id, gateway=gateway, now=now, by=by,
+            saga_id=saga_id,
+            gateway=gateway,
+            now=now,
+            by=by,
             reason=f"compensated after manual check: {note}",
             may_start_from=frozenset({S.UNKNOWN_EXPIRED}),
         )
 
     def decide(saga, at):
         # Never release a seat on an assumption, even an operator's.
-        return services.Ask("cancel", saga.version) if saga.state == S.UNKNOWN_EXPIRED \
-            else compensate
+        return (
+            services.Ask("cancel", saga.version) if saga.state == S.UNKNOWN_EXPIRED else compensate
+        )
 
     def record(saga, ask, answer, at):
         # The answer is kept as evidence whatever it says; a refusal is
@@ -155,11 +184,17 @@ def _compensate_manual(*, saga_id, note, by, gateway, now) -> PurchaseSaga:
             return _refuse(f"the gateway did not confirm the cancel ({answer.detail})")
         return compensate
 
-    return services.gateway_step(saga_id=saga_id, decide=decide, record=record, now=now,
-                                 call=lambda saga, ask: gateway.cancel(saga.intent_id))
+    return services.gateway_step(
+        saga_id=saga_id,
+        decide=decide,
+        record=record,
+        now=now,
+        call=lambda saga, ask: gateway.cancel(saga.intent_id),
+    )
 
 
 def _refuse(why: str):
     def refuse():
         raise ActionRefused(why)
+
     return refuse
