@@ -28,7 +28,7 @@ _HOLD_SQL = """
 UPDATE {seat} SET status = %s
   FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[])
         ORDER BY id FOR UPDATE) AS locked
- WHERE {seat}.id = locked.id AND {seat}.status = %s
+ WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
 RETURNING {seat}.id
 """
 
@@ -51,12 +51,12 @@ def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
                 event_id=event_id, id__in=seat_ids, status=SeatStatus.AVAILABLE
             ).values_list("id", flat=True)
         )
-        Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
+        Seat.objects.filter(event_id=event_id, id__in=available).update(status=SeatStatus.HELD)
         return available
     with connection.cursor() as cursor:
         cursor.execute(
             _HOLD_SQL.format(seat=Seat._meta.db_table),
-            [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE],
+            [SeatStatus.HELD, event_id, list(seat_ids), event_id, SeatStatus.AVAILABLE],
         )
         return {row[0] for row in cursor.fetchall()}
 
@@ -65,7 +65,7 @@ _HOLD_SKIP_LOCKED_SQL = """
 UPDATE {seat} SET status = %s
   FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[]) AND status = %s
         ORDER BY id FOR UPDATE SKIP LOCKED) AS locked
- WHERE {seat}.id = locked.id AND {seat}.status = %s
+ WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
 RETURNING {seat}.id
 """
 
@@ -92,13 +92,20 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int
             ).values_list("id", flat=True)
         )
         if available == set(seat_ids):
-            Seat.objects.filter(id__in=available).update(status=SeatStatus.HELD)
+            Seat.objects.filter(event_id=event_id, id__in=available).update(status=SeatStatus.HELD)
         return set(seat_ids) - available
     savepoint = transaction.savepoint()
     with connection.cursor() as cursor:
         cursor.execute(
             _HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
-            [SeatStatus.HELD, event_id, list(seat_ids), SeatStatus.AVAILABLE, SeatStatus.AVAILABLE],
+            [
+                SeatStatus.HELD,
+                event_id,
+                list(seat_ids),
+                SeatStatus.AVAILABLE,
+                event_id,
+                SeatStatus.AVAILABLE,
+            ],
         )
         held = {row[0] for row in cursor.fetchall()}
     if held == set(seat_ids):

@@ -209,7 +209,7 @@ def _release_seats(saga: PurchaseSaga, *, at: datetime) -> None:
     seat_ids = list(links.values_list("seat_id", flat=True))
     # Lock order: saga (held by the caller) -> seats.
     lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)
-    Seat.objects.filter(id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
+    Seat.objects.filter(event_id=saga.event_id, id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
     availability_changed(saga.event_id)
     links.update(released_at=at)
 

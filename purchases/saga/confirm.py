@@ -69,9 +69,9 @@ def confirm(
             reservation_id=saga.reservation_id, released_at__isnull=True
         ).values_list("seat_id", flat=True)
     )
-    sold = Seat.objects.filter(id__in=seat_ids, status=SeatStatus.HELD).update(
-        status=SeatStatus.SOLD
-    )
+    sold = Seat.objects.filter(
+        event_id=saga.event_id, id__in=seat_ids, status=SeatStatus.HELD
+    ).update(status=SeatStatus.SOLD)
     if sold != len(seat_ids):
         # The seats were released under us: an invariant is broken. Refuse the
         # whole commit; the charge stays recorded at the gateway and the

@@ -1,0 +1,50 @@
+"""The seat statements of a purchase find their rows by the primary key
+whatever the planner's statistics say: the key is (id, event_id) in the
+database (config/distribution.py), so a statement naming the id alone lets
+the planner guess, and on a large table it guessed a sequential scan of
+every seat for each reserve (make bench, after the key changed)."""
+
+import pytest
+from django.db import connection
+
+from purchases import lock_objects
+from purchases.models import Seat
+
+from .factories import EventFactory
+
+
+def _plan(sql: str, params) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.fixture
+def many_seats():
+    """An event among 250,000 seats of another, never analyzed (as right
+    after an on-sale's seats are created)."""
+    event, other = EventFactory(seats=["A1", "A2"]), EventFactory(seats=[])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Seat._meta.db_table} (event_id, ref, row, number, price_amount,"
+            " currency, status) SELECT %s, 'S' || n, 'S', n, 5000, 'EUR', 'available'"
+            " FROM generate_series(1, 250000) AS n",
+            [other.pk],
+        )
+    return event, list(Seat.objects.filter(event=event).values_list("id", flat=True))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("statement", ["_HOLD_SQL", "_HOLD_SKIP_LOCKED_SQL"])
+def test_holding_seats_reads_them_by_the_key(many_seats, statement):
+    event, ids = many_seats
+    sql = getattr(lock_objects, statement).format(seat=Seat._meta.db_table)
+    params = (
+        ["held", event.pk, ids, event.pk, "available"]
+        if statement == "_HOLD_SQL"
+        else ["held", event.pk, ids, "available", event.pk, "available"]
+    )
+
+    plan = _plan(sql, params)
+
+    assert "Seq Scan" not in plan, plan
