@@ -44,7 +44,6 @@ from config.metrics import ALERTS, TIMER_FIRE_LAG
 
 from .handover import NOTIFY_CHANNEL
 from .handover import celery_hand_over as _celery_hand_over
-from .handover import chunks as _chunks  # noqa: F401 - tests import it from here
 from .models import OutboxMessage
 from .pulse import relay_pulse
 

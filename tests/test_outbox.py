@@ -475,14 +475,14 @@ def test_the_relay_survives_its_connections_being_killed():
 
 
 def test_a_batch_is_spread_evenly_over_at_most_the_configured_tasks():
-    from outbox.relay import _chunks
+    from outbox.handover import chunks
 
-    assert _chunks([1, 2, 3], 16) == [[1], [2], [3]]
-    assert _chunks(list(range(10)), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
-    assert _chunks([], 16) == []
-    chunks = _chunks(list(range(100)), 16)
-    assert len(chunks) == 16 and sum(chunks, []) == list(range(100))
-    assert {len(c) for c in chunks} == {6, 7}
+    assert chunks([1, 2, 3], 16) == [[1], [2], [3]]
+    assert chunks(list(range(10)), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert chunks([], 16) == []
+    spread = chunks(list(range(100)), 16)
+    assert len(spread) == 16 and sum(spread, []) == list(range(100))
+    assert {len(c) for c in spread} == {6, 7}
 
 
 @pytest.mark.django_db
