@@ -36,7 +36,7 @@ from ..models import (
     SeatStatus,
 )
 from .alerts import raise_operator_alert
-from .confirm import announce, purchase_facts
+from .confirm import Link, announce, purchase_facts, reservation_links
 from .states import SagaState
 from .step import Ask, Next, gateway_or_default, gateway_step
 from .topics import Topic
@@ -168,10 +168,13 @@ def finish_compensation(
     was_confirmed = Reservation.objects.filter(
         pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
     ).exists()
-    _release_seats(saga, at=at)
-    Reservation.objects.filter(pk=saga.reservation_id).update(status=ReservationStatus.CANCELLED)
+    links = reservation_links(saga)
+    _release_seats(saga, links, at=at)
+    Reservation.objects.filter(pk=saga.reservation_id, event_id=saga.event_id).update(
+        status=ReservationStatus.CANCELLED
+    )
     timer_cancel(key=saga.hold_timer_key, now=at)
-    facts = purchase_facts(saga)
+    facts = purchase_facts(saga, links=links)
     outbox_publish(
         topic=Topic.CANCELLED,
         payload={**facts, "was_confirmed": was_confirmed, "refunded": refunded},
@@ -202,16 +205,16 @@ def _arm_refund_retry(saga: PurchaseSaga, *, at: datetime) -> None:
     )
 
 
-def _release_seats(saga: PurchaseSaga, *, at: datetime) -> None:
-    links = ReservationSeat.objects.filter(
-        reservation_id=saga.reservation_id, released_at__isnull=True
-    )
-    seat_ids = list(links.values_list("seat_id", flat=True))
+def _release_seats(saga: PurchaseSaga, links: list[Link], *, at: datetime) -> None:
+    live = [link for link in links if link.released_at is None]
+    seat_ids = [link.seat_id for link in live]
     # Lock order: saga (held by the caller) -> seats.
     lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)
     Seat.objects.filter(event_id=saga.event_id, id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
     availability_changed(saga.event_id)
-    links.update(released_at=at)
+    ReservationSeat.objects.filter(
+        event_id=saga.event_id, id__in=[link.id for link in live]
+    ).update(released_at=at)
 
 
 def purchase_refund(

@@ -110,8 +110,10 @@ def move(
     if to == S.COMPENSATING and saga.compensation_started_at is None:
         changes["compensation_started_at"] = at
     with _transition_span(saga, source, to):
+        # The whole key (id and event): by the id alone, a planner without
+        # statistics ANDed it with the live-state index (docs/performance.md).
         updated = PurchaseSaga.objects.filter(
-            pk=saga.pk, state=source, version=saga.version
+            pk=saga.pk, event_id=saga.event_id, state=source, version=saga.version
         ).update(**changes)
         if updated != 1:
             raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
