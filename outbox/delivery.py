@@ -85,9 +85,14 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
     return True
 
 
+# "Not done" is written num_nulls(...) = 3, not as three IS NULL: those are
+# the predicate of the partial index of rows owed (outbox_due_idx), and with
+# them a planner without statistics read that index (every hold running) and
+# filtered it for the id, instead of the key (docs/performance.md, "Plans
+# that do not depend on statistics").
 _LEASE_SQL = """
 UPDATE {outbox} SET processing_until = %s, fired_at = COALESCE(fired_at, %s)
- WHERE id = %s AND completed_at IS NULL AND cancelled_at IS NULL AND dead_at IS NULL
+ WHERE id = %s AND num_nulls(completed_at, cancelled_at, dead_at) = 3
    AND (processing_until IS NULL OR processing_until < %s)
 RETURNING *, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id) AS already_ran
 """
