@@ -29,6 +29,10 @@ from pathlib import Path
 from bench.common import log
 
 RATE = 100  # samples per second per process (py-spy's default)
+# --profile-format: py-spy's output formats, and the file each writes. "raw"
+# is the collapsed stacks (one "frame;frame;... count" line per stack), for
+# reading with a script or feeding to another flame graph tool.
+SUFFIX = {"flamegraph": "svg", "raw": "txt", "speedscope": "speedscope.json"}
 
 
 def find_py_spy() -> str | None:
@@ -38,8 +42,20 @@ def find_py_spy() -> str | None:
 
 
 class Profiler:
-    def __init__(self, *, phases: set[str], logdir: Path, binary: str, results: dict):
+    def __init__(
+        self,
+        *,
+        phases: set[str],
+        logdir: Path,
+        binary: str,
+        results: dict,
+        fmt: str = "flamegraph",
+        gil: bool = False,
+    ):
         self.phases = phases
+        self.fmt = fmt
+        self.suffix = SUFFIX[fmt]
+        self.gil = gil
         self.logdir = logdir
         self.binary = binary
         self.results = results
@@ -82,7 +98,7 @@ class Profiler:
             self._stop.wait(0.5)
 
     def _attach(self, phase: str, name: str, pid: int) -> None:
-        out = self.logdir / f"profile-{phase}-{name}-{pid}.svg"
+        out = self.logdir / f"profile-{phase}-{name}-{pid}.{self.suffix}"
         argv = [
             self.binary,
             "record",
@@ -92,9 +108,13 @@ class Profiler:
             "--rate",
             str(RATE),
             "--format",
-            "flamegraph",
+            self.fmt,
             "--output",
             str(out),
+            # --profile-gil: only the samples that hold the GIL, the Python
+            # code's CPU (py-spy counts a thread waiting in libpq or a socket
+            # as running otherwise).
+            *(["--gil"] if self.gil else []),
         ]
         log_path = self.logdir / f"py-spy-{phase}-{name}-{pid}.log"
         # Not devtools' spawn: its preexec_fn is not safe from this thread. A
@@ -120,7 +140,7 @@ class Profiler:
         running = [(k, p) for k, p in self.procs.items() if p.poll() is None]
         for _, proc in running:
             with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)  # py-spy writes its SVG and exits
+                proc.send_signal(signal.SIGINT)  # py-spy writes its profile and exits
         deadline = time.monotonic() + 120
         for (name, pid), proc in self.procs.items():
             try:
@@ -129,10 +149,10 @@ class Profiler:
                 log(f"!! py-spy for {name} (pid {pid}) did not write its profile in time")
                 proc.kill()
                 proc.wait(5)
-            svg = self.logdir / f"profile-{phase}-{name}-{pid}.svg"
-            if svg.exists():
-                self.results["profiles"][phase].append(str(svg))
-                self.files.append(str(svg))
+            out = self.logdir / f"profile-{phase}-{name}-{pid}.{self.suffix}"
+            if out.exists():
+                self.results["profiles"][phase].append(str(out))
+                self.files.append(str(out))
         self.procs = {}
         got = self.results["profiles"][phase]
-        log(f"   --profile {phase}: {len(got)} flame graphs in {self.logdir}")
+        log(f"   --profile {phase}: {len(got)} profiles ({self.fmt}) in {self.logdir}")

@@ -33,7 +33,9 @@ bench/figures/:
 10. on-sale: 2,000 buyers for 1,000 seats (quantities and named seats), time
    to sold out, 202/409, double sales (must be 0), vs the reserve rate;
 11. scale-out: e2e with 2 relays and 2 worker pools vs 1 + 1, and the checks
-   that nothing broke (confirmed once, consumers once, ledger = confirmed).
+   that nothing broke (confirmed once, consumers once, ledger = confirmed);
+12. tracing: reserve c=4 with tracing off (no ``OTEL_*``) vs the web built
+   without it (bench/wsgi_without_tracing.py).
 
 ``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
 those figures (bench/profile.py): flame graphs in the log directory.
@@ -83,7 +85,7 @@ from bench.db import PG, BenchDB
 from bench.figures import WITH_STACK, WITHOUT_STACK, celery_baseline, reserve
 from bench.machine import machine_load
 from bench.pgbench import Pgbench, find_pgbench
-from bench.profile import Profiler, find_py_spy
+from bench.profile import SUFFIX, Profiler, find_py_spy
 from bench.stack import Broker, Stack
 from devtools.processes import ROOT, free_port
 
@@ -134,6 +136,8 @@ class Runner:
                 logdir=self.logdir,
                 binary=binary,
                 results=self.results,
+                fmt=args.profile_format,
+                gil=args.profile_gil,
             )
         self.stack: Stack | None = None
         self.db: BenchDB | None = None
@@ -426,7 +430,7 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,webhooks,onsale,scaleout,sweeps (default: all)",
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,sweeps (default: all)",
     )
     parser.add_argument(
         "--profile",
@@ -434,6 +438,19 @@ def main() -> int:
         metavar="PHASE[,PHASE]",
         help="record the stack's processes with py-spy during these figures "
         "(names as --phases); flame graphs (SVG) in the logs directory",
+    )
+    parser.add_argument(
+        "--profile-format",
+        default="flamegraph",
+        choices=sorted(SUFFIX),
+        help="py-spy's output for --profile: flamegraph (SVG, the default), raw "
+        "(collapsed stacks, text) or speedscope (JSON)",
+    )
+    parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="--profile records only the samples holding the GIL (Python's CPU, "
+        "not the waits on the database or the network)",
     )
     parser.add_argument(
         "--e2e-purchases",
