@@ -36,6 +36,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench.common import Context, Figure, PhaseFailed, log, ratio
+from bench.cpu import LABELS, WindowCPU, per_purchase
 from bench.figures import e2e, gateway_latency
 from bench.load import closed_loop
 from devtools.processes import poll
@@ -265,8 +266,22 @@ def _flowing(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
         if how == "endpoint" and endpoint is None:
             endpoint = _create_endpoint(ctx, receiver.url("ok"), "bench figure 9: answers 204")
             endpoints.append(endpoint)
-        runs[how].append(_e2e(ctx, how))
-        _drain(ctx, f"after the e2e run ({how})", endpoint if how == "endpoint" else None)
+        # CPU by process from the first request until the run's webhooks
+        # are delivered too: what one endpoint costs a purchase, and where.
+        window = WindowCPU(
+            roots={n: p.pid for n, p in ctx.stack.procs.items()},
+            pg=ctx.pg,
+            redis_pid=e2e._redis_pid(ctx),
+            excluded=ctx.profiler.pids() if ctx.profiler else [],
+        )
+        window.start()
+        try:
+            run = _e2e(ctx, how)
+            _drain(ctx, f"after the e2e run ({how})", endpoint if how == "endpoint" else None)
+        finally:
+            cpu = window.stop()
+        run["cpu_ms_per_purchase"] = per_purchase(cpu, run["purchases"])
+        runs[how].append(run)
         if how == "endpoint" and len(runs["endpoint"]) == 2:
             assert endpoint is not None  # created by the first "endpoint" run
             fig["deliveries"] = _deliveries(ctx, endpoint)
@@ -446,6 +461,35 @@ def _mean(runs: list[dict], get) -> float:
     return statistics.fmean(get(r) for r in runs)
 
 
+def _cpu_rows(runs: dict[str, list[dict]]) -> list[dict]:
+    """CPU per purchase with the endpoint vs without (its webhook's delivery
+    included), in total and for each process that used 0.5 ms more."""
+
+    def cpu(how: str, key: str) -> float:
+        return _mean(runs[how], lambda r: r["cpu_ms_per_purchase"].get(key) or 0.0)
+
+    out = [
+        {
+            "figure": "9 e2e CPU per purchase (webhook delivered), 1 endpoint vs none",
+            "measured": f"{cpu('endpoint', 'total'):.1f} ms",
+            "baseline": f"{cpu('none', 'total'):.1f} ms",
+            "ratio": ratio(cpu("endpoint", "total"), cpu("none", "total")),
+        }
+    ]
+    for key, label in LABELS.items():
+        more = cpu("endpoint", key) - cpu("none", key)
+        if more >= 0.5:
+            out.append(
+                {
+                    "figure": f"9 e2e CPU per purchase, 1 endpoint vs none: {label}",
+                    "measured": f"{cpu('endpoint', key):.2f} ms (+{more:.2f})",
+                    "baseline": f"{cpu('none', key):.2f} ms",
+                    "ratio": ratio(cpu("endpoint", key), cpu("none", key)),
+                }
+            )
+    return out
+
+
 def rows(fig: dict, *, poll_s: float | None) -> list[dict]:
     e2e_runs, d = fig["e2e"], fig["deliveries"]
     with_rate = _mean(e2e_runs["endpoint"], lambda r: r["confirmed_per_s"])
@@ -470,6 +514,7 @@ def rows(fig: dict, *, poll_s: float | None) -> list[dict]:
             "baseline": f"{none_rate:.1f} /s",
             "ratio": ratio(with_rate, none_rate),
         },
+        *_cpu_rows(e2e_runs),
         {
             "figure": f"9 webhook delivery lag p50 / p99 ({d['delivered']} of {confirmed} "
             f"delivered, {d['receiver_requests']} received)",
