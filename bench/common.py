@@ -84,6 +84,11 @@ class PhaseFailed(Exception):
     pass
 
 
+# What bench/wsgi_without_tracing.py writes to the web's log at start: figure
+# 12's proof that the run was served by it.
+WITHOUT_TRACING_MARK = "bench: web without tracing (config.tracing stubbed)"
+
+
 @dataclass
 class Context:
     """What a figure receives. It writes its figure into

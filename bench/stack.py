@@ -47,6 +47,8 @@ class Stack(ProcessGroup):
         self.hostname = hostname
         self.latency_ms = 0
         self.web_workers, self.web_threads = web_workers, web_threads
+        # The WSGI application gunicorn serves (figure 12 swaps it).
+        self.wsgi = "config.wsgi:application"
         # Figure 11's second pool, on the same queue.
         self.hostname2 = f"second-{hostname}"
         # Extra environment per process name (figure 2's count run: the
@@ -83,7 +85,9 @@ class Stack(ProcessGroup):
     def start_web(self) -> None:
         self._start(
             "web",
-            gunicorn_argv(port=self.port, workers=self.web_workers, threads=self.web_threads),
+            gunicorn_argv(
+                port=self.port, workers=self.web_workers, threads=self.web_threads, app=self.wsgi
+            ),
             self.base_env,
         )
 

@@ -136,12 +136,19 @@ def wait_until(
 # --- the stack's command lines ---------------------------------------------------------
 
 
-def gunicorn_argv(*, port: int, workers: int, threads: int, extra: Iterable[str] = ()) -> list[str]:
+def gunicorn_argv(
+    *,
+    port: int,
+    workers: int,
+    threads: int,
+    extra: Iterable[str] = (),
+    app: str = "config.wsgi:application",
+) -> list[str]:
     return [
         sys.executable,
         "-m",
         "gunicorn",
-        "config.wsgi:application",
+        app,
         "--bind",
         f"127.0.0.1:{port}",
         "--worker-class",

@@ -21,6 +21,7 @@ from bench.figures import (
     scale_out,
     sweeps,
     timers,
+    tracing,
     webhooks,
 )
 
@@ -32,6 +33,7 @@ WITH_STACK = (
     hot_seat,
     gateway_latency,
     catalog,
+    tracing,
     webhooks,
     onsale,
     scale_out,
