@@ -2,12 +2,13 @@
 (docs/operations.md, "Tracing"; docs/design.md, "Tracing").
 
 Configured by the standard ``OTEL_*`` variables only. Tracing is *on* in a
-process when its entry point called :func:`tracing_init` (``config/wsgi.py``,
-the Celery worker's pool processes and beat in ``config/celery.py``, the
-relay's command) and the environment names an exporter: ``OTEL_TRACES_EXPORTER``
-(anything but ``none``) or an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); ``OTEL_SDK_DISABLED=true`` wins over
-both. With nothing set nothing is installed: no SDK provider, no
+process when its entry point called :func:`tracing_init` (``config/wsgi.py``
+or ``config/asgi.py``, the Celery worker's pool processes and beat in
+``config/celery.py``, the relay's command) and the environment names an
+exporter: ``OTEL_TRACES_EXPORTER`` (anything but ``none``) or an OTLP
+endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); ``OTEL_SDK_DISABLED=true`` wins
+over both. With nothing set nothing is installed: no SDK provider, no
 instrumentation, no log record factory, and every helper below returns at
 its first line (a span is a shared no-op, a stored context is ``""``), so
 the purchase's request does no work for tracing.

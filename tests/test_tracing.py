@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import timedelta
@@ -537,3 +540,29 @@ def test_log_lines_carry_the_span_and_json_is_one_object_per_line(exporter):
     )
     assert f"trace_id={ctx.trace_id:032x}" in KeyValueFormatter().format(inside)
     assert "trace_id" not in json.loads(JsonFormatter().format(outside))
+
+
+@pytest.mark.parametrize("entry", ["config.wsgi", "config.asgi"])
+@pytest.mark.parametrize("environ", [{}, {"OTEL_TRACES_EXPORTER": "console"}])
+def test_each_web_entry_point_sets_tracing_up_when_asked(entry, environ):
+    """gunicorn loads config.wsgi, an ASGI server config.asgi: either turns
+    tracing on from the OTEL_* variables, and neither without them."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OTEL_") and k != "DJANGO_SETTINGS_MODULE"
+    }
+    code = (
+        f"import {entry}, sys; from config import tracing; "
+        "print(tracing.enabled(), any(m.startswith('opentelemetry.sdk') for m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "DJANGO_SETTINGS_MODULE": "tests.settings", **environ},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    on = bool(environ)
+    assert out[-2:] == [str(on), str(on)]
