@@ -88,8 +88,8 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
 # "Not done" is written num_nulls(...) = 3, not as three IS NULL: those are
 # the predicate of the partial index of rows owed (outbox_due_idx), and with
 # them a planner without statistics read that index (every hold running) and
-# filtered it for the id, instead of the key (docs/performance.md, "Plans
-# that do not depend on statistics").
+# filtered it for the id, instead of the key (docs/performance.md,
+# "Plans that do not depend on statistics").
 _LEASE_SQL = """
 UPDATE {outbox} SET processing_until = %s, fired_at = COALESCE(fired_at, %s)
  WHERE id = %s AND num_nulls(completed_at, cancelled_at, dead_at) = 3
