@@ -118,9 +118,10 @@ class Link(NamedTuple):
 
 def reservation_links(saga: PurchaseSaga) -> list[Link]:
     """Every seat link of the saga's reservation, released or not, by the
-    reservation alone: a condition on ``released_at`` beside it let a planner
-    without statistics AND in the index of every live link of every event
-    (docs/performance.md, "Plans that do not depend on statistics")."""
+    reservation and its event (one index): a condition on ``released_at``
+    beside them let a planner without statistics AND in the index of every
+    live link of every event (docs/performance.md,
+    "Plans that do not depend on statistics")."""
     return [
         Link(*row)
         for row in ReservationSeat.objects.filter(
