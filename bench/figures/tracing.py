@@ -53,6 +53,7 @@ def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
     through Django in this process (set up by run.py, nothing set for
     tracing) with every public function of config.tracing counted, then each
     timed alone (its off path); the cost per request is their sum."""
+    import functools
     import json
     import timeit
 
@@ -105,7 +106,7 @@ def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
     for name, made in calls.items():
         if made:
             args, kwargs = made[0]
-            n, seconds = timeit.Timer(lambda f=real[name], a=args, k=kwargs: f(*a, **k)).autorange()
+            n, seconds = timeit.Timer(functools.partial(real[name], *args, **kwargs)).autorange()
             per_call_ns[name] = seconds / n * 1e9
     per_request = {n: len(made) / requests for n, made in calls.items() if made}
     ns = sum(per_request[n] * per_call_ns[n] for n in per_request)
