@@ -70,6 +70,11 @@ def lat_summary(seconds: list[float]) -> dict:
     }
 
 
+def mean_of(runs: list[dict], get) -> float:
+    """The mean of ``get(run)`` over a figure's runs."""
+    return statistics.fmean(get(r) for r in runs)
+
+
 def ratio(a, b) -> float | None:
     if a is None or b in (None, 0):
         return None

@@ -68,12 +68,7 @@ def run(ctx: Context) -> None:
     noise_rate = (s_b["xact_commit"] - s_a["xact_commit"]) / (s_b["t"] - s_a["t"])
     own_b = ctx.db.autocommits
 
-    window = WindowCPU(
-        roots={n: p.pid for n, p in ctx.stack.procs.items()},
-        pg=ctx.pg,
-        redis_pid=_redis_pid(ctx),
-        excluded=ctx.profiler.pids() if ctx.profiler else [],
-    )
+    window = cpu_window(ctx)
     window.start()
     try:
         m = measure(ctx, ev, total, "e2e")
@@ -278,6 +273,16 @@ def _sets_time_zone(ctx: Context) -> bool:
 
     (server,) = ctx.db.q1("SELECT current_setting('TimeZone')")
     return server != connection.timezone_name
+
+
+def cpu_window(ctx: Context) -> WindowCPU:
+    """CPU by process over the stack as it runs now (figures 2 and 9)."""
+    return WindowCPU(
+        roots={n: p.pid for n, p in ctx.stack.procs.items()},
+        pg=ctx.pg,
+        redis_pid=_redis_pid(ctx),
+        excluded=ctx.profiler.pids() if ctx.profiler else [],
+    )
 
 
 def _redis_pid(ctx: Context) -> int | None:

@@ -52,6 +52,20 @@ def script_statements() -> list[str]:
     ]
 
 
+def post_in_process(client, *, user: int, event_id: int, seat: str, key: str):
+    """One reserve through Django in this process (``client``: Django's test
+    Client; Django is set up by run.py)."""
+    body = {"event": event_id, "seats": [seat], "payment_method": "pm_card_visa"}
+    return client.post(
+        "/api/purchases/",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_HOST="127.0.0.1",
+        HTTP_AUTHORIZATION=f"Token {token(user)}",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+
+
 def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> None:
     """Send one real request through Django in-process and record every
     statement it sends, to check bench/reserve.sql against the product."""
@@ -61,15 +75,9 @@ def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> 
     from django.test.utils import CaptureQueriesContext
 
     event_id, _ = db.make_event("bench capture", 1)
-    body = {"event": event_id, "seats": ["S1"], "payment_method": "pm_card_visa"}
     with CaptureQueriesContext(connection) as ctx:
-        r = Client().post(
-            "/api/purchases/",
-            data=json.dumps(body),
-            content_type="application/json",
-            HTTP_HOST="127.0.0.1",
-            HTTP_AUTHORIZATION=f"Token {token(users[-1])}",
-            HTTP_IDEMPOTENCY_KEY="bench-capture",
+        r = post_in_process(
+            Client(), user=users[-1], event_id=event_id, seat="S1", key="bench-capture"
         )
     if r.status_code != 202:
         raise PhaseFailed(f"capture request answered {r.status_code}: {r.content[:300]!r}")

@@ -7,11 +7,10 @@ a drift of the machine falls on both."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from bench.common import WITHOUT_TRACING_MARK as MARK
-from bench.common import Context, Figure, PhaseFailed, log, ratio
+from bench.common import Context, Figure, PhaseFailed, log, mean_of, ratio
 from bench.figures import reserve
 
 FIGURE = Figure(
@@ -54,13 +53,11 @@ def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
     tracing) with every public function of config.tracing counted, then each
     timed alone (its off path); the cost per request is their sum."""
     import functools
-    import json
     import timeit
 
     from django.db import connection
     from django.test import Client
 
-    from bench.db import token
     from config import tracing
 
     assert not tracing.enabled(), "tracing is on in the bench process"
@@ -87,14 +84,8 @@ def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
         setattr(tracing, name, counting(name))
     try:
         for i in range(requests):
-            body = {"event": event_id, "seats": [f"S{i + 1}"], "payment_method": "pm_card_visa"}
-            r = client.post(
-                "/api/purchases/",
-                data=json.dumps(body),
-                content_type="application/json",
-                HTTP_HOST="127.0.0.1",
-                HTTP_AUTHORIZATION=f"Token {token(user)}",
-                HTTP_IDEMPOTENCY_KEY=f"bench-tracing-{i}",
+            r = reserve.post_in_process(
+                client, user=user, event_id=event_id, seat=f"S{i + 1}", key=f"bench-tracing-{i}"
             )
             if r.status_code != 202:
                 raise PhaseFailed(f"tracing helpers: the reserve answered {r.status_code}")
@@ -134,10 +125,6 @@ def _marks(path) -> int:
     return path.read_text(errors="replace").count(MARK) if path.exists() else 0
 
 
-def _mean(runs: list[dict], get) -> float:
-    return statistics.fmean(get(r) for r in runs)
-
-
 def _each(runs: list[dict]) -> str:
     return ", ".join(f"{r['throughput_per_s']:.1f}" for r in runs)
 
@@ -146,13 +133,13 @@ def rows(fig: dict) -> list[dict]:
     off, without = fig["off"], fig["without"]
 
     def rate(runs):
-        return _mean(runs, lambda r: r["throughput_per_s"])
+        return mean_of(runs, lambda r: r["throughput_per_s"])
 
     def p99(runs):
-        return _mean(runs, lambda r: r["latency_202"]["p99_ms"])
+        return mean_of(runs, lambda r: r["latency_202"]["p99_ms"])
 
     def web_cpu(runs):
-        return _mean(runs, lambda r: (r.get("cpu_ms_per_202") or {}).get("web") or 0.0)
+        return mean_of(runs, lambda r: (r.get("cpu_ms_per_202") or {}).get("web") or 0.0)
 
     c, h = fig["clients"], fig["helpers"]
     return [

@@ -30,13 +30,12 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-import statistics
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from bench.common import Context, Figure, PhaseFailed, log, ratio
-from bench.cpu import LABELS, WindowCPU, per_purchase
+from bench.common import Context, Figure, PhaseFailed, log, mean_of, ratio
+from bench.cpu import LABELS, per_purchase
 from bench.figures import e2e, gateway_latency
 from bench.load import closed_loop
 from devtools.processes import poll
@@ -268,12 +267,7 @@ def _flowing(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
             endpoints.append(endpoint)
         # CPU by process from the first request until the run's webhooks
         # are delivered too: what one endpoint costs a purchase, and where.
-        window = WindowCPU(
-            roots={n: p.pid for n, p in ctx.stack.procs.items()},
-            pg=ctx.pg,
-            redis_pid=e2e._redis_pid(ctx),
-            excluded=ctx.profiler.pids() if ctx.profiler else [],
-        )
+        window = e2e.cpu_window(ctx)
         window.start()
         try:
             run = _e2e(ctx, how)
@@ -457,16 +451,12 @@ def _clean_up(ctx: Context, receiver: Receiver, endpoints: list[int]) -> None:
 # --- the table -------------------------------------------------------------------------
 
 
-def _mean(runs: list[dict], get) -> float:
-    return statistics.fmean(get(r) for r in runs)
-
-
 def _cpu_rows(runs: dict[str, list[dict]]) -> list[dict]:
     """CPU per purchase with the endpoint vs without (its webhook's delivery
     included), in total and for each process that used 0.5 ms more."""
 
     def cpu(how: str, key: str) -> float:
-        return _mean(runs[how], lambda r: r["cpu_ms_per_purchase"].get(key) or 0.0)
+        return mean_of(runs[how], lambda r: r["cpu_ms_per_purchase"].get(key) or 0.0)
 
     out = [
         {
@@ -492,15 +482,15 @@ def _cpu_rows(runs: dict[str, list[dict]]) -> list[dict]:
 
 def rows(fig: dict, *, poll_s: float | None) -> list[dict]:
     e2e_runs, d = fig["e2e"], fig["deliveries"]
-    with_rate = _mean(e2e_runs["endpoint"], lambda r: r["confirmed_per_s"])
-    none_rate = _mean(e2e_runs["none"], lambda r: r["confirmed_per_s"])
+    with_rate = mean_of(e2e_runs["endpoint"], lambda r: r["confirmed_per_s"])
+    none_rate = mean_of(e2e_runs["none"], lambda r: r["confirmed_per_s"])
     confirmed = sum(r["purchases"] for r in e2e_runs["endpoint"])
     poll_ms = 1000 * poll_s if poll_s else None
     res = fig["reserve"]
     hang, none = res["hanging"], res["none"]
 
     def lat(runs: list[dict], p: str) -> float:
-        return _mean(runs, lambda r: r["latency_202"][f"{p}_ms"])
+        return mean_of(runs, lambda r: r["latency_202"][f"{p}_ms"])
 
     timed_out = sum(m["attempts"]["timed_out"] for m in hang)
     received = sum(m["receiver_requests"] for m in hang)
@@ -525,13 +515,13 @@ def rows(fig: dict, *, poll_s: float | None) -> list[dict]:
         },
         {
             "figure": f"9 reserve c={c} throughput, receiver hanging vs no endpoint",
-            "measured": f"{_mean(hang, lambda r: r['throughput_per_s']):.1f} req/s "
-            f"({_mean(hang, lambda r: r['confirmed_during_run']):.0f} confirmed)",
-            "baseline": f"{_mean(none, lambda r: r['throughput_per_s']):.1f} req/s "
-            f"({_mean(none, lambda r: r['confirmed_during_run']):.0f} confirmed)",
+            "measured": f"{mean_of(hang, lambda r: r['throughput_per_s']):.1f} req/s "
+            f"({mean_of(hang, lambda r: r['confirmed_during_run']):.0f} confirmed)",
+            "baseline": f"{mean_of(none, lambda r: r['throughput_per_s']):.1f} req/s "
+            f"({mean_of(none, lambda r: r['confirmed_during_run']):.0f} confirmed)",
             "ratio": ratio(
-                _mean(hang, lambda r: r["throughput_per_s"]),
-                _mean(none, lambda r: r["throughput_per_s"]),
+                mean_of(hang, lambda r: r["throughput_per_s"]),
+                mean_of(none, lambda r: r["throughput_per_s"]),
             ),
         },
         {
