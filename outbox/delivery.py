@@ -22,12 +22,13 @@ Two kinds of consumer:
 A delivery is two commits whatever the consumers: one statement that takes
 the lease and reads the message with what already ran (and stamps
 ``fired_at`` on a row handed over on commit, which no relay marked), and the
-closing transaction. A delivery that fails says why on the row
-(``last_error``), in the commit that gives the row back; the relay hands it
-over again when it is due (``outbox.handover``, ``OUTBOX_REDELIVER_SECONDS``).
-A dead letter is not delivered (an operator replays it first), and a row
-reopened for a backfill runs only the consumers it names
-(``only_consumers``).
+closing transaction. A row delivered in place by its writer was leased in
+the commit that wrote it: its delivery is the closing transaction alone.
+A delivery that fails says why on the row (``last_error``), in the commit
+that gives the row back; the relay hands it over again when it is due
+(``outbox.handover``, ``OUTBOX_REDELIVER_SECONDS``). A dead letter is not
+delivered (an operator replays it first), and a row reopened for a backfill
+runs only the consumers it names (``only_consumers``).
 """
 
 from __future__ import annotations
@@ -149,6 +150,14 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
         return "skipped"
     # The trace of whoever wrote the row, from the row itself: a redelivery,
     # a relay's hand-over or a lost message's replacement continues it.
+    with _delivery_span(message):
+        return _run_consumers(message)
+
+
+def message_deliver_leased(message: OutboxMessage) -> str:
+    """Deliver a row its writer leased in the commit that wrote it (in place,
+    ``outbox.handover``): the lease is held already and no consumer has run."""
+    message.already_ran = []
     with _delivery_span(message):
         return _run_consumers(message)
 

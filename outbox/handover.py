@@ -17,6 +17,15 @@ Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
 Either way a row may reach a worker twice; the delivery's lease and the
 consumers' inbox make the second one harmless (``outbox.delivery``).
 
+A third way needs no queue at all: **in place** (:func:`delivered_here`). A
+Celery task of the default queue that writes rows for that same queue (the
+charge writing ``purchase.confirmed``) would hand them to a pool it belongs
+to; instead it delivers them itself once its step is done. Such a row is
+written already leased to its writer (``processing_until``) and due when the
+lease ends, in the commit that writes it: no lease statement, no publish,
+no second task. A writer that dies before delivering leaves a row whose lease
+runs out, and the relay hands it over then, as any row due.
+
 With tracing on, a row the relay hands over alone is published inside the
 trace stored on it (unless it was armed for much later: its delivery starts
 a trace of its own), so the worker's task continues the purchase's trace;
@@ -26,6 +35,9 @@ the delivery reads the row's context in any case (``config/tracing.py``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +47,7 @@ from django.utils import timezone
 from config import tracing
 from config.celery import app
 
+from .delivery import message_deliver_leased
 from .models import OutboxMessage
 from .tasks import deliver, deliver_many
 
@@ -159,3 +172,54 @@ def _due_now(message_id: int) -> None:
         logger.exception(
             "outbox row left to the end of its grace", extra={"message_id": message_id}
         )
+
+
+class _Here:
+    """The rows a :func:`delivered_here` block owes, once their commit ran."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.owed: list[OutboxMessage] = []
+
+
+_HERE: ContextVar[_Here | None] = ContextVar("outbox_delivered_here", default=None)
+
+
+def delivers_here(topic: str) -> bool:
+    """Whether a row of ``topic`` written now is delivered by its writer:
+    inside a :func:`delivered_here` block, and only for the default queue
+    (a webhook's row goes to its own pool, whatever writes it)."""
+    return _HERE.get() is not None and queue_of(topic) is None
+
+
+def owe_here(message: OutboxMessage) -> None:
+    """After the commit that wrote ``message`` (leased to us): the block
+    delivers it when it ends; a block already closed (an outer transaction
+    committed later) hands it over as any row written due."""
+    here = _HERE.get()
+    if here is not None and here.open:
+        here.owed.append(message)
+    else:
+        hand_over_on_commit(message.pk, message.topic)
+
+
+@contextmanager
+def delivered_here() -> Iterator[None]:
+    """Deliver, when the block ends, the default queue's rows its commits
+    wrote (see the module's docstring). A delivery that fails is logged and
+    left to the relay at its lease's end; it never fails the block."""
+    here = _Here()
+    token = _HERE.set(here)
+    try:
+        yield
+    finally:
+        here.open = False
+        _HERE.reset(token)
+        for message in here.owed:
+            try:
+                message_deliver_leased(message)
+            except Exception:
+                logger.exception(
+                    "outbox delivery in place failed; the relay takes the row at its lease's end",
+                    extra={"message_id": message.pk, "topic": message.topic},
+                )

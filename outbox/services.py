@@ -30,7 +30,7 @@ from config.distribution import NO_EVENT
 from config.transactions import in_transaction
 
 from .delivery import consumers_owed
-from .handover import hand_over_on_commit, notify_relays
+from .handover import delivers_here, hand_over_on_commit, notify_relays, owe_here
 from .models import InboxEntry, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,9 @@ def outbox_publish(
     A message due now is handed to Celery by this process right after the
     commit (``OUTBOX_HAND_OVER_ON_COMMIT``), and is the relay's only if its
     consumers have not all run a grace later (``outbox.handover``): the relay
-    is the safety net, not a step every message waits for. A message due
+    is the safety net, not a step every message waits for. Inside a
+    ``delivered_here`` block, a row for the default queue is leased to its
+    writer instead, which delivers it when the block ends. A message due
     later is a timer, the relay's (woken by NOTIFY when it is due now and
     not handed over on commit). The row keeps the context of the span that
     wrote it (empty with tracing off): its delivery continues that trace.
@@ -69,8 +71,15 @@ def outbox_publish(
     now = now or timezone.now()
     available_at = available_at or now
     on_commit = settings.OUTBOX_HAND_OVER_ON_COMMIT and available_at <= now
+    in_place = on_commit and delivers_here(topic)
     due_at = available_at
-    if on_commit:
+    leased: dict = {}
+    if in_place:
+        # Leased to this writer by this very commit; the relay's when the
+        # lease runs out undelivered (outbox.handover, "in place").
+        due_at += timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+        leased = {"processing_until": due_at, "fired_at": now}
+    elif on_commit:
         due_at += timedelta(seconds=settings.OUTBOX_HAND_OVER_GRACE_SECONDS)
     message = OutboxMessage.objects.create(
         topic=topic,
@@ -84,8 +93,11 @@ def outbox_publish(
         available_at=available_at,
         due_at=due_at,
         trace_context=tracing.traceparent(),
+        **leased,
     )
-    if on_commit:
+    if in_place:
+        transaction.on_commit(partial(owe_here, message), robust=True)
+    elif on_commit:
         transaction.on_commit(partial(hand_over_on_commit, message.pk, topic), robust=True)
     elif available_at <= now:
         notify_relays()

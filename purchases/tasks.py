@@ -7,6 +7,8 @@ has moved on, so a duplicate or late delivery is harmless.
 
 from celery import shared_task
 
+from outbox.handover import delivered_here
+
 from . import services
 from .ops.audit import audit_run
 from .ops.heartbeats import sweeps_stalled
@@ -26,7 +28,11 @@ from .saga.topics import CHARGE_TASK
 )
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
-    return services.saga_charge(saga_id=saga_id).state
+    # What the charge announces on this queue (the confirmation's emails and
+    # analytics) this task delivers itself, once the step is done
+    # (outbox/handover.py, "in place"; docs/performance.md).
+    with delivered_here():
+        return services.saga_charge(saga_id=saga_id).state
 
 
 # Periodic sweeps (Celery beat). Each run leaves a heartbeat; overlapping runs

@@ -168,6 +168,136 @@ def test_the_relays_look_ahead_skips_rows_waiting_out_their_grace(published):
         assert next_due_in(now=now + timedelta(seconds=31)) is None
 
 
+# --- delivered in place by the task that wrote the row ------------------------------
+
+
+FAILS: list[bool] = []
+
+
+def failing_consumer(message):
+    if FAILS and FAILS.pop(0):
+        raise RuntimeError("the mail server refused")
+    RUNS[message.pk] += 1
+
+
+def _write_here(topic="test.timer") -> OutboxMessage:
+    # "test.timer" goes to the default queue; "test.event" to "elsewhere".
+    return _write(topic=topic)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_written_in_a_delivered_here_block_is_leased_by_its_commit_and_delivered_at_its_end(
+    published, settings
+):
+    with freeze_time(T0):
+        with handover.delivered_here():
+            row = _write_here()
+            stored = OutboxMessage.objects.get(pk=row.pk)  # what the commit wrote
+            assert RUNS[row.pk] == 0  # not before the block ends
+        written = row.available_at
+
+    lease = timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    assert stored.processing_until == written + lease == stored.due_at
+    assert stored.fired_at == written
+    assert published == []  # no task on any queue
+    assert RUNS[row.pk] == 1
+    row.refresh_from_db()
+    assert row.completed_at is not None and row.due_at is None and row.processing_until is None
+    assert list(InboxEntry.objects.filter(message=row).values_list("consumer", flat=True)) == [
+        f"{HERE}.count_consumer"
+    ]
+    assert relay_tick(now=written + 2 * lease, dispatch=lambda _: pytest.fail("handed over")) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_for_another_queue_is_handed_over_even_in_a_delivered_here_block(published):
+    with handover.delivered_here():
+        row = _write(topic="test.event")
+
+    assert published == [((row.pk,), {"queue": "elsewhere"})]
+    assert RUNS[row.pk] == 0
+    row.refresh_from_db()
+    assert row.processing_until is None and row.completed_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_that_dies_before_delivering_in_place_leaves_the_row_to_the_relay(
+    published, monkeypatch, settings
+):
+    # The commit wrote the leased row; the process died before the block's
+    # end (its owed list is lost with it).
+    monkeypatch.setattr(handover, "message_deliver_leased", lambda message: None)
+    with freeze_time(T0):
+        with handover.delivered_here():
+            row = _write_here()
+        written = row.available_at
+    lease = settings.OUTBOX_CLAIM_LEASE_SECONDS
+    handed: list[int] = []
+
+    assert relay_tick(now=written + timedelta(seconds=lease - 1), dispatch=handed.append) == 0
+    assert relay_tick(now=written + timedelta(seconds=lease), dispatch=handed.append) == 1
+    assert handed == [row.pk] and published == []
+    with freeze_time(written + timedelta(seconds=lease, milliseconds=1)):
+        assert message_deliver(message_id=row.pk) == "delivered"
+    assert RUNS[row.pk] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_in_place_that_fails_never_fails_the_block_and_is_the_relays_later(
+    settings, caplog
+):
+    settings.OUTBOX_CONSUMERS = {"test.timer": [f"{HERE}.failing_consumer"]}
+    FAILS[:] = [True]
+    with freeze_time(T0):
+        with handover.delivered_here():
+            row = _write_here()
+        written = row.available_at
+
+    row.refresh_from_db()
+    assert "the mail server refused" in row.last_error and row.completed_at is None
+    assert row.processing_until is None  # given back at once
+    assert row.due_at == written + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    assert "outbox delivery in place failed" in caplog.text
+    handed: list[int] = []
+    assert relay_tick(now=row.due_at, dispatch=handed.append) == 1 and handed == [row.pk]
+    with freeze_time(row.due_at):
+        assert message_deliver(message_id=row.pk) == "delivered"
+    assert RUNS[row.pk] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_whose_commit_comes_after_the_block_is_handed_over_as_usual(published):
+    # An outer transaction commits after the block ended: nobody is left
+    # to deliver in place, so the commit publishes the row.
+    with transaction.atomic():
+        with handover.delivered_here():
+            row = outbox_publish(topic="test.timer", payload={})
+        assert published == [] and RUNS[row.pk] == 0
+
+    assert published == [((row.pk,), {})]
+    assert RUNS[row.pk] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_charge_task_delivers_the_confirmation_in_place(
+    alice, event, gateway, published, settings
+):
+    from django.core import mail
+
+    from purchases.saga.topics import ROUTING, Topic
+    from purchases.tasks import saga_charge_task
+
+    settings.OUTBOX_CONSUMERS = {str(topic): list(names) for topic, names in ROUTING.items()}
+    saga = start_purchase(alice, event)
+
+    assert saga_charge_task.run(str(saga.pk)) == "CONFIRMED"
+
+    row = OutboxMessage.objects.get(topic=Topic.CONFIRMED, saga_id=saga.pk)
+    assert row.completed_at is not None and row.deliveries == 0
+    assert row.pk not in [args[0] for args, _ in published]  # no task for it
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == [alice.email]
+
+
 # --- a webhook attempt and its row's completion: one commit ---------------------------
 
 
