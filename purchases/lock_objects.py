@@ -10,10 +10,14 @@ passes over a seat another transaction has locked, so it can stand in no
 cycle of waits, whatever the others hold (docs/design.md, "Start").
 """
 
+import functools
+
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
-from .models import PurchaseSaga, Seat, SeatStatus
+from common import rows
+
+from .models import PurchaseSaga, Reservation, Seat, SeatStatus
 
 
 def seats_for_update(*, event_id: int, seat_ids: list[int]) -> list[Seat]:
@@ -116,13 +120,43 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int
 
 
 def saga_for_update(*, saga_id) -> PurchaseSaga:
-    # The reservation comes along unlocked (``of``): its hold's end and ref
-    # never change, and the steps read them (the hold check, the facts an
-    # event carries) without another round trip.
+    """Lock the saga and read it with its reservation, in one statement.
+
+    The reservation comes along unlocked (``OF`` the saga): its hold's end
+    and ref never change, and the steps read them (the hold check, the facts
+    an event carries) without another round trip. Every step of every saga
+    starts here, twice for a gateway step, so on PostgreSQL the statement is
+    written once rather than built by the ORM on each call (what a sampling
+    profile of the worker showed: docs/performance.md,
+    "Statements written once").
+    """
+    if connection.vendor != "postgresql":
+        return (
+            PurchaseSaga.objects.select_for_update(of=("self",))
+            .select_related("reservation")
+            .get(pk=saga_id)
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_saga_lock_sql(), [PurchaseSaga._meta.pk.to_python(saga_id)])
+        row = cursor.fetchone()
+    if row is None:
+        raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
+    n = rows.width(PurchaseSaga)
+    saga = rows.instance(PurchaseSaga, row[:n], connection.alias)
+    saga.reservation = rows.instance(Reservation, row[n:], connection.alias)
+    return saga
+
+
+@functools.cache
+def _saga_lock_sql() -> str:
+    """The saga's lock, with its reservation joined by its whole key (id
+    and event)."""
     return (
-        PurchaseSaga.objects.select_for_update(of=("self",))
-        .select_related("reservation")
-        .get(pk=saga_id)
+        f"SELECT {', '.join(rows.columns(PurchaseSaga, 's') + rows.columns(Reservation, 'r'))}"
+        f" FROM {PurchaseSaga._meta.db_table} s"
+        f" JOIN {Reservation._meta.db_table} r"
+        " ON r.id = s.reservation_id AND r.event_id = s.event_id"
+        " WHERE s.id = %s FOR UPDATE OF s"
     )
 
 

@@ -12,11 +12,15 @@ checks that foreign key only at COMMIT).
 
 from __future__ import annotations
 
+import functools
 import json
 
 from django.db import connection
+from django.db.models import Exists, OuterRef
 
-from .models import WebhookDelivery, WebhookEndpoint
+from common import rows
+
+from .models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
 def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
@@ -35,12 +39,74 @@ def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
 
 
 def delivery_for_update(*, delivery_id: int) -> WebhookDelivery | None:
-    return (
-        WebhookDelivery.objects.select_related("endpoint")
-        .select_for_update(of=("self",))
-        .filter(pk=delivery_id)
-        .first()
+    """The delivery, locked, with its endpoint (not locked)."""
+    if connection.vendor != "postgresql":
+        return (
+            WebhookDelivery.objects.select_related("endpoint")
+            .select_for_update(of=("self",))
+            .filter(pk=delivery_id)
+            .first()
+        )
+    found = _delivery_with_endpoint(delivery_id, lock=True)
+    return found[0] if found else None
+
+
+def delivery_with_attempt_made(
+    *, delivery_id: int, attempt: int
+) -> tuple[WebhookDelivery, bool] | None:
+    """The delivery with its endpoint, and whether attempt ``attempt`` was
+    recorded already, in one statement and no lock (an attempt's read before
+    its POST)."""
+    if connection.vendor != "postgresql":
+        made = WebhookAttempt.objects.filter(delivery_id=OuterRef("pk"), number=attempt)
+        delivery = (
+            WebhookDelivery.objects.select_related("endpoint")
+            .annotate(attempt_made=Exists(made))
+            .filter(pk=delivery_id)
+            .first()
+        )
+        return None if delivery is None else (delivery, delivery.attempt_made)
+    return _delivery_with_endpoint(delivery_id, attempt=attempt)
+
+
+# Both written once (docs/performance.md, "Statements written once"): each
+# webhook attempt reads its delivery before the POST and locks it after.
+# The endpoint is a reference table, joined by its key.
+_DELIVERY_SQL = (
+    "SELECT {columns}{made} FROM {delivery} d JOIN {endpoint} e ON e.id = d.endpoint_id"
+    " WHERE d.id = %s{lock}"
+)
+_ATTEMPT_MADE_SQL = (
+    ", EXISTS (SELECT 1 FROM {attempt} a WHERE a.delivery_id = d.id"
+    " AND a.event_id = d.event_id AND a.number = %s)"
+)
+
+
+@functools.cache
+def _delivery_sql(*, lock: bool, made: bool) -> str:
+    return _DELIVERY_SQL.format(
+        columns=", ".join(rows.columns(WebhookDelivery, "d") + rows.columns(WebhookEndpoint, "e")),
+        made=_ATTEMPT_MADE_SQL.format(attempt=WebhookAttempt._meta.db_table) if made else "",
+        delivery=WebhookDelivery._meta.db_table,
+        endpoint=WebhookEndpoint._meta.db_table,
+        lock=" FOR UPDATE OF d" if lock else "",
     )
+
+
+def _delivery_with_endpoint(
+    delivery_id: int, *, lock: bool = False, attempt: int | None = None
+) -> tuple[WebhookDelivery, bool] | None:
+    sql = _delivery_sql(lock=lock, made=attempt is not None)
+    params = [delivery_id] if attempt is None else [attempt, delivery_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    n, m = rows.width(WebhookDelivery), rows.width(WebhookEndpoint)
+    delivery = rows.instance(WebhookDelivery, row[:n], connection.alias)
+    delivery.endpoint = rows.instance(WebhookEndpoint, row[n : n + m], connection.alias)
+    return delivery, bool(row[n + m]) if attempt is not None else False
 
 
 def endpoint_for_update(*, endpoint_id: int, delete: bool = False) -> WebhookEndpoint | None:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -99,39 +99,103 @@ def move(
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
-    changes: dict[str, Any] = {
-        "state": to,
-        "version": F("version") + 1,
-        "updated_at": at,
-        "attempts": F("attempts") + (1 if count_attempt else 0),
-        # Any move ends a wait for an operator (the move is the verdict).
-        "awaiting_operator_since": None,
-    }
-    if to == S.COMPENSATING and saga.compensation_started_at is None:
-        changes["compensation_started_at"] = at
     with _transition_span(saga, source, to):
-        # The whole key (id and event): by the id alone, a planner without
-        # statistics ANDed it with the live-state index (docs/performance.md).
-        updated = PurchaseSaga.objects.filter(
-            pk=saga.pk, event_id=saga.event_id, state=source, version=saga.version
-        ).update(**changes)
+        if connection.vendor == "postgresql":
+            updated = _move_and_record(
+                saga, source, to, reason=reason, at=at, by=by, count_attempt=count_attempt
+            )
+        else:
+            updated = _move_orm(saga, source, to, at=at, count_attempt=count_attempt)
         if updated != 1:
             raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
         saga.state = to
         saga.version += 1
         saga.updated_at = at
         saga.awaiting_operator_since = None
-        saga.compensation_started_at = changes.get(
-            "compensation_started_at", saga.compensation_started_at
-        )
+        if to == S.COMPENSATING and saga.compensation_started_at is None:
+            saga.compensation_started_at = at
         if count_attempt:
             saga.attempts += 1
-        _history(saga, source, to, reason=reason, at=at, by=by)
+        if connection.vendor != "postgresql":
+            _history(saga, source, to, reason=reason, at=at, by=by)
     logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
     transaction.on_commit(
         lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc()
     )
     return saga
+
+
+# The move and its history row in one statement (one round trip, written
+# once: every step makes one or two moves; docs/performance.md). The update
+# names the whole key (id and event): by the id alone, a planner without
+# statistics ANDed it with the live-state index. Any move ends a wait for an
+# operator (the move is the verdict); the first COMPENSATING stamps when the
+# compensation started.
+_MOVE_SQL = """
+WITH moved AS (
+  UPDATE {saga} SET state = %(to)s, version = version + 1, updated_at = %(at)s,
+         attempts = attempts + %(attempt)s, awaiting_operator_since = NULL,
+         compensation_started_at = COALESCE(compensation_started_at, %(compensating)s)
+   WHERE id = %(id)s AND event_id = %(event)s AND state = %(source)s AND version = %(version)s
+  RETURNING id, event_id, version
+)
+INSERT INTO {history} (saga_id, event_id, from_state, to_state, at, reason, actor, actor_name,
+                       version)
+SELECT id, event_id, %(source)s, %(to)s, %(at)s, %(reason)s, %(actor)s, %(actor_name)s, version
+  FROM moved
+"""
+
+
+def _move_and_record(
+    saga: PurchaseSaga,
+    source: SagaState,
+    to: SagaState,
+    *,
+    reason: str,
+    at: datetime,
+    by: By,
+    count_attempt: bool,
+) -> int:
+    """The conditional update and the history row (PostgreSQL); returns the
+    number of sagas moved (0: it was no longer ``source`` at that version)."""
+    sql = _MOVE_SQL.format(saga=PurchaseSaga._meta.db_table, history=SagaHistory._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "to": to.value,
+                "at": at,
+                "attempt": 1 if count_attempt else 0,
+                "compensating": at if to == S.COMPENSATING else None,
+                "id": saga.pk,
+                "event": saga.event_id,
+                "source": source.value,
+                "version": saga.version,
+                "reason": reason[:500],
+                "actor": by.actor,
+                "actor_name": by.name,
+            },
+        )
+        return cursor.rowcount
+
+
+def _move_orm(
+    saga: PurchaseSaga, source: SagaState, to: SagaState, *, at: datetime, count_attempt: bool
+) -> int:
+    """The conditional update through the ORM (SQLite, the embedded mode);
+    the caller writes the history row."""
+    changes: dict[str, Any] = {
+        "state": to,
+        "version": F("version") + 1,
+        "updated_at": at,
+        "attempts": F("attempts") + (1 if count_attempt else 0),
+        "awaiting_operator_since": None,
+    }
+    if to == S.COMPENSATING and saga.compensation_started_at is None:
+        changes["compensation_started_at"] = at
+    return PurchaseSaga.objects.filter(
+        pk=saga.pk, event_id=saga.event_id, state=source, version=saga.version
+    ).update(**changes)
 
 
 def _transition_span(saga: PurchaseSaga, source: SagaState, to: SagaState):

@@ -1,0 +1,260 @@
+"""The statements written once as SQL on PostgreSQL (docs/performance.md,
+"Statements written once"): the saga's lock and move
+(purchases/lock_objects.py, purchases/saga/transition.py), a webhook
+delivery's read, lock and attempt record (webhooks/lock_objects.py,
+webhooks/services.py). They read and write exactly what the ORM's versions
+did, lock what those locked, and refuse what those refused."""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.utils import timezone
+
+from purchases import lock_objects
+from purchases.errors import StaleSaga
+from purchases.models import PurchaseSaga, Reservation, SagaHistory
+from purchases.saga.states import SagaState
+from purchases.saga.transition import By, move
+from webhooks import lock_objects as webhook_locks
+from webhooks.models import WebhookAttempt, WebhookDelivery
+from webhooks.services import _record_attempt_once, webhook_endpoint_create, webhook_publish
+
+from .conftest import start_purchase
+
+S = SagaState
+
+
+def _fields(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+def _other_connection() -> psycopg.Connection:
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return psycopg.connect(autocommit=True, **params)
+
+
+@pytest.mark.django_db
+def test_the_lock_reads_every_field_of_the_saga_and_its_reservation_as_the_orm_does(alice, event):
+    saga = start_purchase(alice, event)
+    at = timezone.now().replace(microsecond=123456)
+    PurchaseSaga.objects.filter(pk=saga.pk).update(
+        compensation_started_at=at,
+        awaiting_operator_since=at + timedelta(seconds=1),
+        trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    expected = PurchaseSaga.objects.select_related("reservation").get(pk=saga.pk)
+
+    with transaction.atomic():
+        locked = lock_objects.saga_for_update(saga_id=str(saga.pk))  # a task's str id
+
+    assert _fields(locked) == _fields(expected)
+    assert locked.compensation_started_at == at
+    assert _fields(locked.reservation) == _fields(expected.reservation)
+    assert isinstance(locked.reservation, Reservation)
+    assert locked._state.adding is False and locked._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_the_lock_refuses_an_unknown_or_malformed_id_as_the_orm_does():
+    with transaction.atomic(), pytest.raises(PurchaseSaga.DoesNotExist):
+        lock_objects.saga_for_update(saga_id="00000000-0000-0000-0000-000000000000")
+    with transaction.atomic(), pytest.raises(ValidationError):
+        lock_objects.saga_for_update(saga_id="not-a-uuid")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_holds_the_saga_and_leaves_its_reservation_free(alice, event):
+    saga = start_purchase(alice, event)
+    with _other_connection() as other, transaction.atomic():
+        lock_objects.saga_for_update(saga_id=saga.pk)
+
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                "SELECT 1 FROM purchases_purchasesaga WHERE id = %s FOR UPDATE NOWAIT", [saga.pk]
+            )
+        # The reservation came along unlocked: another transaction may lock it.
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM purchases_reservation WHERE id = %s FOR UPDATE NOWAIT",
+                [saga.reservation_id],
+            )
+
+
+@pytest.mark.django_db
+def test_a_move_writes_the_saga_and_its_history_row_in_one_statement(
+    alice, event, django_assert_num_queries
+):
+    saga = start_purchase(alice, event)
+    PurchaseSaga.objects.filter(pk=saga.pk).update(awaiting_operator_since=timezone.now())
+    at = timezone.now() + timedelta(seconds=5)
+
+    with transaction.atomic():
+        locked = lock_objects.saga_for_update(saga_id=saga.pk)
+        with django_assert_num_queries(1):
+            move(
+                locked,
+                S.CHARGING,
+                reason="x" * 600,
+                at=at,
+                by=By.operator("olga"),
+                count_attempt=True,
+            )
+
+    stored = PurchaseSaga.objects.get(pk=saga.pk)
+    assert (stored.state, stored.version, stored.attempts) == ("CHARGING", 2, 1)
+    assert stored.updated_at == at and stored.awaiting_operator_since is None
+    assert stored.compensation_started_at is None
+    assert _fields(locked) | {"trace_context": stored.trace_context} == _fields(stored)
+    [row] = SagaHistory.objects.filter(saga=saga, to_state="CHARGING")
+    assert (row.from_state, row.at, row.actor, row.actor_name, row.version) == (
+        "PENDING",
+        at,
+        "operator",
+        "olga",
+        2,
+    )
+    assert row.reason == "x" * 500 and row.event_id == saga.event_id
+
+
+@pytest.mark.django_db
+def test_the_first_compensating_move_stamps_its_start_and_a_later_one_keeps_it(alice, event):
+    saga = start_purchase(alice, event)
+    first = timezone.now()
+    later = first + timedelta(minutes=5)
+    with transaction.atomic():
+        locked = lock_objects.saga_for_update(saga_id=saga.pk)
+        move(locked, S.EXPIRED, reason="hold ran out", at=first)
+        move(locked, S.COMPENSATING, reason="compensating", at=first)
+        move(locked, S.COMPENSATION_PENDING, reason="refund failed", at=later)
+        move(locked, S.COMPENSATING, reason="refund retry", at=later)
+
+    stored = PurchaseSaga.objects.get(pk=saga.pk)
+    assert stored.compensation_started_at == first == locked.compensation_started_at
+    assert stored.version == 5 and stored.attempts == 0
+
+
+@pytest.mark.django_db
+def test_a_stale_move_is_refused_and_writes_no_history(alice, event):
+    saga = start_purchase(alice, event)
+    with transaction.atomic():
+        stale = lock_objects.saga_for_update(saga_id=saga.pk)
+        PurchaseSaga.objects.filter(pk=saga.pk).update(version=7)  # moved behind our back
+        before = SagaHistory.objects.filter(saga=saga).count()
+
+        with pytest.raises(StaleSaga):
+            move(stale, S.CHARGING, reason="charge started", at=timezone.now())
+
+        assert SagaHistory.objects.filter(saga=saga).count() == before
+        assert (stale.state, stale.version) == ("PENDING", 1)
+
+
+# --- a webhook delivery: its read before the POST, its lock, its attempt's record ------
+
+
+@pytest.fixture
+def delivery(alice, event, settings):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    webhook_endpoint_create(
+        url="http://127.0.0.1:9/hook", events=["purchase.confirmed", "purchase.failed"]
+    )
+    saga = start_purchase(alice, event)
+    with transaction.atomic():
+        [written] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=saga.pk,
+            event_id=saga.event_id,
+            data={"id": str(saga.pk)},
+            now=timezone.now(),
+        )
+    return written
+
+
+def _attempt(delivery, number: int, **overrides) -> bool:
+    columns = {
+        "delivery_id": delivery.pk,
+        "event_id": delivery.event_id,
+        "number": number,
+        "resend": False,
+        "at": timezone.now(),
+        "status_code": 500,
+        "latency_ms": 12.5,
+        "error": "HTTP 500",
+        "response_excerpt": "oops",
+    }
+    return _record_attempt_once(**(columns | overrides))
+
+
+def _made(delivery, attempt: int) -> bool:
+    found = webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk, attempt=attempt)
+    assert found is not None
+    return found[1]
+
+
+@pytest.mark.django_db
+def test_a_deliverys_read_has_every_field_of_it_and_its_endpoint_as_the_orm_does(delivery):
+    expected = WebhookDelivery.objects.select_related("endpoint").get(pk=delivery.pk)
+
+    found = webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk, attempt=1)
+    assert found is not None
+    read, made = found
+    assert made is False
+    assert _fields(read) == _fields(expected)
+    assert _fields(read.endpoint) == _fields(expected.endpoint)
+    assert read.endpoint.events == ["purchase.confirmed", "purchase.failed"]  # JSON, decoded
+
+    _attempt(delivery, 1)
+    assert _made(delivery, 1) is True
+    assert _made(delivery, 2) is False
+    assert (
+        webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk + 999, attempt=1) is None
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deliverys_lock_holds_it_and_leaves_its_endpoint_free(delivery):
+    with _other_connection() as other, transaction.atomic():
+        locked = webhook_locks.delivery_for_update(delivery_id=delivery.pk)
+        assert locked is not None and _fields(locked) == _fields(delivery) | {
+            "status": locked.status
+        }
+        assert locked.endpoint.pk == delivery.endpoint_id
+
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookdelivery WHERE id = %s FOR UPDATE NOWAIT",
+                [delivery.pk],
+            )
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
+                [delivery.endpoint_id],
+            )
+    assert webhook_locks.delivery_for_update(delivery_id=delivery.pk + 999) is None
+
+
+@pytest.mark.django_db
+def test_an_attempt_is_recorded_once_whatever_the_second_recorder_says(delivery):
+    at = timezone.now()
+
+    assert _attempt(delivery, 1, at=at) is True
+    assert _attempt(delivery, 1, status_code=200, error="") is False
+    assert _attempt(delivery, 2) is True
+
+    first = WebhookAttempt.objects.get(delivery=delivery, number=1)
+    assert (first.status_code, first.error, first.at, first.latency_ms) == (
+        500,
+        "HTTP 500",
+        at,
+        12.5,
+    )
+    assert (first.response_excerpt, first.resend, first.event_id) == (
+        "oops",
+        False,
+        delivery.event_id,
+    )
+    assert WebhookAttempt.objects.filter(delivery=delivery).count() == 2
