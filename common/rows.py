@@ -4,9 +4,10 @@
 The hottest reads of the background work (a saga's lock, a webhook
 delivery's read and lock) are written once as SQL instead of being built
 by the ORM on every call. These helpers keep them honest: the columns are
-the models' own, in the models' order, and the instances are made with
-``Model.from_db`` as the ORM makes them (tests/test_saga_statements.py
-compares both).
+the models' own, in the models' order, the instances are made with
+``Model.from_db`` through the ORM's converters, and an insert's values are
+prepared by the fields themselves (tests/test_statements_written_once.py
+compares each with the ORM's).
 """
 
 from __future__ import annotations
@@ -59,3 +60,34 @@ def _converters(model: type[models.Model], db: str) -> list:
             )
         _CONVERTERS[key] = out
     return _CONVERTERS[key]
+
+
+def insert_returning(objs: Sequence[M], *, ignore_conflicts: bool = False) -> list[M]:
+    """Insert ``objs`` (one model, PostgreSQL) in one statement and return
+    the rows written, as instances, in the order of their keys; with
+    ``ignore_conflicts`` a row that meets a unique constraint is skipped
+    (``ON CONFLICT DO NOTHING``) and is not among those returned. What the
+    ORM's ``bulk_create`` cannot say (which rows it wrote) without a second
+    read."""
+    if not objs:
+        return []
+    model = type(objs[0])
+    connection = connections[model._default_manager.db]
+    fields = [f for f in model._meta.concrete_fields if f is not model._meta.auto_field]
+    values = [
+        [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields]
+        for obj in objs
+    ]
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    names = ", ".join(f'"{field.column}"' for field in fields)
+    sql = (
+        f"INSERT INTO {model._meta.db_table} ({names})"
+        f" VALUES {', '.join([row] * len(objs))}"
+        f"{' ON CONFLICT DO NOTHING' if ignore_conflicts else ''}"
+        f" RETURNING {', '.join(columns(model, model._meta.db_table))}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [v for vs in values for v in vs])
+        written = [instance(model, r, connection.alias) for r in cursor.fetchall()]
+    # RETURNING promises no order: the keys' order is the order of insertion.
+    return sorted(written, key=lambda obj: obj.pk)

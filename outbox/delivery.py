@@ -71,8 +71,25 @@ def consumers_owed(topic: str, *, already_ran, only=None) -> list[str]:
     return [n for n in names if n not in already_ran and (only is None or n in only)]
 
 
+_INBOX_CLAIM_SQL = """
+INSERT INTO {inbox} (consumer, message_id, event_id, processed_at) VALUES (%s, %s, %s, %s)
+ON CONFLICT (consumer, message_id, event_id) DO NOTHING
+"""
+
+
 def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None = None) -> bool:
-    """Inside the consumer's transaction: True the first time, False after."""
+    """Inside the consumer's transaction: True the first time, False after.
+
+    On PostgreSQL one ``INSERT … ON CONFLICT DO NOTHING`` (a concurrent
+    claim of the same entry is waited for, then found taken), with no
+    savepoint around it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _INBOX_CLAIM_SQL.format(inbox=InboxEntry._meta.db_table),
+                [consumer, message.pk, message.event_id, now or timezone.now()],
+            )
+            return cursor.rowcount == 1
     try:
         with transaction.atomic():
             InboxEntry.objects.create(

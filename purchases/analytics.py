@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 
 from outbox.delivery import inbox_claim, transactional
 from outbox.models import OutboxMessage
@@ -35,7 +34,9 @@ ON_CANCELLED = ANALYTICS_ON_CANCELLED
 @transactional
 def analytics_on_confirmed(message: OutboxMessage) -> None:
     """``purchase.confirmed`` -> one more confirmed sale. Exactly once per message."""
-    with transaction.atomic():
+    # No savepoint: inside the delivery's closing transaction, a failure here
+    # fails that transaction anyway (and a savepoint is two round trips).
+    with transaction.atomic(savepoint=False):
         if not inbox_claim(consumer=ON_CONFIRMED, message=message):
             return  # already counted
         amount = int(message.payload["amount"])
@@ -46,7 +47,7 @@ def analytics_on_confirmed(message: OutboxMessage) -> None:
 def analytics_on_cancelled(message: OutboxMessage) -> None:
     """``purchase.cancelled`` -> one more cancellation (and a refund if money
     went back). Exactly once per message."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if not inbox_claim(consumer=ON_CANCELLED, message=message):
             return  # already counted
         increments = {"cancelled_count": 1}
@@ -56,23 +57,45 @@ def analytics_on_cancelled(message: OutboxMessage) -> None:
         _add(message, **increments)
 
 
+_COUNTERS = (
+    "confirmed_count",
+    "confirmed_amount",
+    "cancelled_count",
+    "refunded_count",
+    "refunded_amount",
+)
+
+# The row created with the increments, or, when the key exists, the
+# increments added to it, in one statement (PostgreSQL and SQLite alike). A
+# concurrent creator of the same key is waited for (ON CONFLICT), then DO
+# UPDATE adds to the latest committed version under the row's lock: no lost
+# increment, no retry loop.
+_ADD_SQL = """
+INSERT INTO {table} (event_id, day, currency, {counters})
+VALUES (%s, %s, %s, {values})
+ON CONFLICT (event_id, day, currency) DO UPDATE SET {sums}
+"""
+
+
 def _add(message: OutboxMessage, **increments: int) -> None:
     facts = message.payload
-    key = {
-        "event_id": facts.get("event_id", message.event_id),
-        "day": message.created_at.astimezone(dt.UTC).date(),
-        "currency": facts["currency"],
-    }
-    # Create the row if missing without failing on a concurrent creator:
-    # ON CONFLICT DO NOTHING waits for an uncommitted insert of the same key,
-    # then the UPDATE (row lock, F expressions re-evaluated on the latest
-    # version) adds to whatever is committed. No lost increment, no retry loop.
-    DailySales.objects.bulk_create([DailySales(**key)], ignore_conflicts=True)
-    updated = DailySales.objects.filter(**key).update(
-        **{name: F(name) + value for name, value in increments.items()}
+    key = [
+        facts.get("event_id", message.event_id),
+        message.created_at.astimezone(dt.UTC).date(),
+        facts["currency"],
+    ]
+    unknown = set(increments) - set(_COUNTERS)
+    if unknown:
+        raise ValueError(f"no such daily sales counter: {sorted(unknown)}")
+    table = DailySales._meta.db_table
+    sql = _ADD_SQL.format(
+        table=table,
+        counters=", ".join(_COUNTERS),
+        values=", ".join(["%s"] * len(_COUNTERS)),
+        sums=", ".join(f"{name} = {table}.{name} + excluded.{name}" for name in _COUNTERS),
     )
-    if updated != 1:  # pragma: no cover - the row was created just above
-        raise RuntimeError(f"daily sales row missing for {key}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, key + [increments.get(name, 0) for name in _COUNTERS])
 
 
 # --- reads ------------------------------------------------------------------------

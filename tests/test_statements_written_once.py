@@ -258,3 +258,28 @@ def test_an_attempt_is_recorded_once_whatever_the_second_recorder_says(delivery)
         delivery.event_id,
     )
     assert WebhookAttempt.objects.filter(delivery=delivery).count() == 2
+
+
+@pytest.mark.django_db
+def test_deliveries_are_inserted_once_and_returned_as_the_database_holds_them(delivery):
+    # A second endpoint: the fixture's delivery is the first endpoint's.
+    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
+    now = timezone.now()
+
+    def publish():
+        with transaction.atomic():
+            return webhook_publish(
+                event_type="purchase.confirmed",
+                saga_id=delivery.saga_id,
+                event_id=delivery.event_id,
+                data={"id": str(delivery.saga_id)},
+                now=now,
+            )
+
+    [second] = publish()  # the first endpoint has this type for this saga already
+
+    assert second.endpoint_id != delivery.endpoint_id and second.pk > delivery.pk
+    assert _fields(second) == _fields(WebhookDelivery.objects.get(pk=second.pk))
+    assert second.next_attempt_at == now and second.armed_attempt == 1
+    assert publish() == []
+    assert WebhookDelivery.objects.filter(saga_id=delivery.saga_id).count() == 2

@@ -206,7 +206,7 @@ def _arm_refund_retry(saga: PurchaseSaga, *, at: datetime) -> None:
 
 
 def _release_seats(saga: PurchaseSaga, links: list[Link], *, at: datetime) -> None:
-    live = [link for link in links if link.released_at is None]
+    live = [link for link in links if not link.released]
     seat_ids = [link.seat_id for link in live]
     # Lock order: saga (held by the caller) -> seats.
     lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)

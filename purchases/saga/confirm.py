@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from ledger.models import EntryKind
 from ledger.services import ledger_record
@@ -66,7 +67,7 @@ def confirm(
         override=override,
     )
     links = reservation_links(saga)
-    seat_ids = [link.seat_id for link in links if link.released_at is None]
+    seat_ids = [link.seat_id for link in links if not link.released]
     sold = Seat.objects.filter(
         event_id=saga.event_id, id__in=seat_ids, status=SeatStatus.HELD
     ).update(status=SeatStatus.SOLD)
@@ -113,31 +114,41 @@ def announce(
 class Link(NamedTuple):
     id: int
     seat_id: int
-    released_at: datetime | None
+    released: bool
+    seat_ref: str
+
+
+# Every seat link of the reservation, released or not, with its seat's
+# reference, each table by its whole key: the links by the reservation and
+# its event (one index: a condition on ``released_at`` beside them let a
+# planner without statistics AND in the index of every live link of every
+# event), the seat by its id and event (joined on the id alone, a planner
+# without statistics made it a hash join over every seat of every event).
+# docs/performance.md, "Plans that do not depend on statistics".
+_LINKS_SQL = """
+SELECT rs.id, rs.seat_id, rs.released_at IS NOT NULL, s.ref
+  FROM {link} rs JOIN {seat} s ON s.id = rs.seat_id AND s.event_id = rs.event_id
+ WHERE rs.reservation_id = %s AND rs.event_id = %s
+"""
 
 
 def reservation_links(saga: PurchaseSaga) -> list[Link]:
-    """Every seat link of the saga's reservation, released or not, by the
-    reservation and its event (one index): a condition on ``released_at``
-    beside them let a planner without statistics AND in the index of every
-    live link of every event (docs/performance.md,
-    "Plans that do not depend on statistics")."""
-    return [
-        Link(*row)
-        for row in ReservationSeat.objects.filter(
-            reservation_id=saga.reservation_id, event_id=saga.event_id
-        ).values_list("id", "seat_id", "released_at")
-    ]
+    """Every seat link of the saga's reservation, released or not, with the
+    seat's reference (one statement, PostgreSQL and SQLite alike)."""
+    sql = _LINKS_SQL.format(link=ReservationSeat._meta.db_table, seat=Seat._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [saga.reservation_id, saga.event_id])
+        return [
+            Link(id=i, seat_id=seat_id, released=bool(released), seat_ref=ref)
+            for i, seat_id, released, ref in cursor.fetchall()
+        ]
 
 
 def purchase_facts(saga: PurchaseSaga, *, links: list[Link] | None = None) -> dict:
     """What ``purchase.confirmed`` / ``purchase.cancelled`` carry: the facts
     a consumer needs (the emails need no read of their own). ``links``:
-    :func:`reservation_links`, when the caller has read them already.
-
-    The seats are read by their key (id and event), not through a join on
-    the id alone, which a planner without statistics made a hash join over
-    every seat of every event."""
+    :func:`reservation_links`, when the caller has read them already (the
+    seats' references come with them)."""
     if links is None:
         links = reservation_links(saga)
     return {
@@ -146,11 +157,7 @@ def purchase_facts(saga: PurchaseSaga, *, links: list[Link] | None = None) -> di
         "event_id": saga.event_id,
         "buyer_id": saga.buyer_id,
         "buyer": get_user_model().objects.values("username", "email").get(pk=saga.buyer_id),
-        "seats": sorted(
-            Seat.objects.filter(
-                event_id=saga.event_id, id__in=[link.seat_id for link in links]
-            ).values_list("ref", flat=True)
-        ),
+        "seats": sorted(link.seat_ref for link in links),
         "amount": saga.amount,
         "currency": saga.currency,
         "intent_id": saga.intent_id,
