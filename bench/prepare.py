@@ -85,9 +85,15 @@ def start_django(base_env: dict):
 
 
 def pgbench_mode() -> str:
-    """pgbench's -M: the query protocol Django's connections use."""
-    binding = (settings.DATABASES["default"].get("OPTIONS") or {}).get("server_side_binding")
-    return "extended" if binding is True else "simple"
+    """pgbench's -M: the query protocol Django's connections use. Server-side
+    binding is the extended protocol; with a ``prepare_threshold`` (what
+    ``DB_SERVER_SIDE_BINDING`` sets, ``DB_PREPARE_THRESHOLD``), psycopg
+    prepares a statement run that often on a connection: pgbench's
+    ``prepared``."""
+    options = settings.DATABASES["default"].get("OPTIONS") or {}
+    if options.get("server_side_binding") is not True:
+        return "simple"
+    return "extended" if options.get("prepare_threshold") is None else "prepared"
 
 
 def describe(
@@ -99,9 +105,13 @@ def describe(
         "django_server_side_binding": binding,
         "psycopg": psycopg.__version__,
         "pgbench_mode": pgbench_mode(),
+        "prepare_threshold": (settings.DATABASES["default"].get("OPTIONS") or {}).get(
+            "prepare_threshold"
+        ),
         "why": "Django's psycopg 3 backend uses ClientCursor (client-side binding) unless "
         "OPTIONS['server_side_binding'] is True; ClientCursor sends with "
-        "PQsendQuery = simple query protocol",
+        "PQsendQuery = simple query protocol; server-side binding with a "
+        "prepare_threshold prepares statements (pgbench -M prepared)",
     }
     results["machine"] = {
         "cpus": os.cpu_count(),

@@ -24,7 +24,13 @@
 --
 -- Django with psycopg 3 and no OPTIONS["server_side_binding"] binds parameters
 -- on the client and sends every statement with the simple query protocol
--- (psycopg ClientCursor -> PQsendQuery): run it with -M simple.
+-- (psycopg ClientCursor -> PQsendQuery): run it with -M simple. With
+-- DB_SERVER_SIDE_BINDING=true the server binds them (the extended protocol)
+-- and psycopg prepares a statement once it ran DB_PREPARE_THRESHOLD times on
+-- a connection: run it with -M prepared (bench/prepare.py: pgbench_mode).
+-- No variable stands inside a quoted literal, because those modes make each
+-- one a parameter ($n), which a literal cannot hold: text is built with ||,
+-- the interval with make_interval.
 --
 -- Variables (bench/figures/reserve.py passes them with -D):
 --   ev        the event whose seats this run takes
@@ -34,7 +40,7 @@
 --   nclients  -c, so that client k takes seats k+1, k+1+N, k+1+2N, ...
 --   ubase     user id of client 0 (client k is user ubase + k, token
 --             md5('bench-token-' || id))
---   run       a tag that keeps keys and refs unique across runs
+--   run       a number that keeps keys and refs unique across runs
 --   hold      PURCHASE_HOLD_SECONDS of the stack
 --   i         0; pgbench keeps a client's variables between transactions,
 --             so :i counts this client's transactions
@@ -50,20 +56,20 @@
 
 BEGIN;
 
-SELECT "purchases_seat"."id", "purchases_seat"."ref", "purchases_seat"."price_amount", "purchases_seat"."currency" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S:n')) ORDER BY "purchases_seat"."id" ASC;
+SELECT "purchases_seat"."id", "purchases_seat"."ref", "purchases_seat"."price_amount", "purchases_seat"."currency" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S' || :n)) ORDER BY "purchases_seat"."id" ASC;
 
-INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-:run-:i', md5('pgb-:run-:client_id-:i') || md5('h-:run-:client_id-:i'), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-:run-:client_id-:i')::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
+INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-' || :run || '-' || :i, md5('pgb-' || :run || '-' || :client_id || '-' || :i) || md5('h-' || :run || '-' || :client_id || '-' || :i), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
 
 UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) ORDER BY id FOR UPDATE) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.event_id = :ev AND purchases_seat.status = 'available' RETURNING purchases_seat.id;
 
-INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "hold_expires_at", "total_amount", "currency", "created_at") VALUES ('P:run-:client_id-:i', :ev, :uid, 'HELD', now() + interval ':hold seconds', 5000, 'EUR', now()) RETURNING "purchases_reservation"."id" AS res_id \gset
+INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "hold_expires_at", "total_amount", "currency", "created_at") VALUES ('P' || :run || '-' || :client_id || '-' || :i, :ev, :uid, 'HELD', now() + make_interval(secs => :hold), 5000, 'EUR', now()) RETURNING "purchases_reservation"."id" AS res_id \gset
 
 INSERT INTO "purchases_reservationseat" ("reservation_id", "seat_id", "event_id", "released_at") VALUES (:res_id, :seat, :ev, NULL) RETURNING "purchases_reservationseat"."id";
 
-INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at", "compensation_started_at", "awaiting_operator_since", "trace_context") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :res_id, :ev, :uid, 'pi_P:run-:client_id-:i', 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now(), NULL, NULL, '');
+INSERT INTO "purchases_purchasesaga" ("id", "reservation_id", "event_id", "buyer_id", "intent_id", "payment_method", "amount", "currency", "state", "version", "attempts", "created_at", "updated_at", "compensation_started_at", "awaiting_operator_since", "trace_context") VALUES (md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, :res_id, :ev, :uid, 'pi_P' || :run || '-' || :client_id || '-' || :i, 'pm_card_visa', 5000, 'EUR', 'PENDING', 1, 0, now(), now(), NULL, NULL, '');
 
-INSERT INTO "purchases_sagahistory" ("saga_id", "event_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-:run-:client_id-:i')::uuid, :ev, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
+INSERT INTO "purchases_sagahistory" ("saga_id", "event_id", "from_state", "to_state", "at", "reason", "actor", "actor_name", "version") VALUES (md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, :ev, NULL, 'PENDING', now(), 'purchase started', 'system', '', 1) RETURNING "purchases_sagahistory"."id";
 
-INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers", "trace_context") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-:run-:client_id-:i')::uuid::text), 'hold:' || md5('pgb-:run-:client_id-:i')::uuid::text, :ev, md5('pgb-:run-:client_id-:i')::uuid, now(), now() + interval ':hold seconds', NULL, NULL, NULL, NULL, NULL, NULL, now() + interval ':hold seconds', 0, 0, '', NULL, NULL, NULL, NULL, '') RETURNING "outbox_outboxmessage"."id", "outbox_outboxmessage"."attempts", "outbox_outboxmessage"."last_error";
+INSERT INTO "outbox_outboxmessage" ("topic", "payload", "key", "event_id", "saga_id", "created_at", "available_at", "claimed_until", "fired_at", "handed_over_at", "cancelled_at", "completed_at", "processing_until", "due_at", "deliveries", "attempts", "last_error", "last_error_at", "dead_at", "replayed_at", "only_consumers", "trace_context") VALUES ('purchase.hold_expired', jsonb_build_object('saga_id', md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid::text), 'hold:' || md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid::text, :ev, md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, now(), now() + make_interval(secs => :hold), NULL, NULL, NULL, NULL, NULL, NULL, now() + make_interval(secs => :hold), 0, 0, '', NULL, NULL, NULL, NULL, '') RETURNING "outbox_outboxmessage"."id", "outbox_outboxmessage"."attempts", "outbox_outboxmessage"."last_error";
 
 COMMIT;

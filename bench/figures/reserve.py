@@ -204,7 +204,7 @@ def _pgbench(ctx: Context, n: int, seats: int) -> dict:
             "-D",
             f"ubase={ctx.users[0]}",
             "-D",
-            f"run=c{n}",
+            f"run={n}",
             "-D",
             f"hold={HOLD_SECONDS}",
             "-D",
