@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 M = TypeVar("M", bound=models.Model)
 
@@ -72,11 +73,37 @@ def insert_returning(objs: Sequence[M], *, ignore_conflicts: bool = False) -> li
     if not objs:
         return []
     model = type(objs[0])
+    sql, params, connection = _insert(objs, ignore_conflicts=ignore_conflicts)
+    sql += f" RETURNING {', '.join(columns(model, model._meta.db_table))}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        written = [instance(model, r, connection.alias) for r in cursor.fetchall()]
+    # RETURNING promises no order: the keys' order is the order of insertion.
+    return sorted(written, key=lambda obj: obj.pk)
+
+
+def insert(objs: Sequence[models.Model], *, ignore_conflicts: bool = False) -> int:
+    """Insert ``objs`` (one model) in one statement; returns how many rows
+    were written (with ``ignore_conflicts``, those that met a unique
+    constraint were not). PostgreSQL and SQLite alike."""
+    if not objs:
+        return 0
+    sql, params, connection = _insert(objs, ignore_conflicts=ignore_conflicts)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _insert(
+    objs: Sequence[models.Model], *, ignore_conflicts: bool
+) -> tuple[str, list[Any], BaseDatabaseWrapper]:
+    model = type(objs[0])
     connection = connections[model._default_manager.db]
     fields = [f for f in model._meta.concrete_fields if f is not model._meta.auto_field]
-    values = [
-        [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields]
+    params = [
+        field.get_db_prep_save(getattr(obj, field.attname), connection)
         for obj in objs
+        for field in fields
     ]
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     names = ", ".join(f'"{field.column}"' for field in fields)
@@ -84,10 +111,20 @@ def insert_returning(objs: Sequence[M], *, ignore_conflicts: bool = False) -> li
         f"INSERT INTO {model._meta.db_table} ({names})"
         f" VALUES {', '.join([row] * len(objs))}"
         f"{' ON CONFLICT DO NOTHING' if ignore_conflicts else ''}"
-        f" RETURNING {', '.join(columns(model, model._meta.db_table))}"
     )
+    return sql, params, connection
+
+
+def update_fields(obj: models.Model, names: Sequence[str]) -> int:
+    """``obj.save(update_fields=names)`` as one statement written here: the
+    named fields of the row with ``obj``'s key; returns the rows updated."""
+    model = type(obj)
+    connection = connections[model._default_manager.db]
+    by_name = {field.name: field for field in model._meta.concrete_fields}
+    fields = [by_name[name] for name in names]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in fields)
+    params = [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields]
+    sql = f'UPDATE {model._meta.db_table} SET {assignments} WHERE "{model._meta.pk.column}" = %s'
     with connection.cursor() as cursor:
-        cursor.execute(sql, [v for vs in values for v in vs])
-        written = [instance(model, r, connection.alias) for r in cursor.fetchall()]
-    # RETURNING promises no order: the keys' order is the order of insertion.
-    return sorted(written, key=lambda obj: obj.pk)
+        cursor.execute(sql, params + [model._meta.pk.get_db_prep_value(obj.pk, connection)])
+        return cursor.rowcount

@@ -45,6 +45,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from opentelemetry.trace import SpanKind
 
+from common import rows
 from config import tracing
 
 from .models import LAST_ERROR_MAX_CHARS, InboxEntry, OutboxMessage
@@ -112,7 +113,7 @@ _LEASE_SQL = """
 UPDATE {outbox} SET processing_until = %s, fired_at = COALESCE(fired_at, %s)
  WHERE id = %s AND num_nulls(completed_at, cancelled_at, dead_at) = 3
    AND (processing_until IS NULL OR processing_until < %s)
-RETURNING *, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id) AS already_ran
+RETURNING {columns}, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id)
 """
 
 
@@ -141,22 +142,45 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
             InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
         )
         return message
-    sql = _LEASE_SQL.format(outbox=OutboxMessage._meta.db_table, inbox=InboxEntry._meta.db_table)
-    return next(iter(OutboxMessage.objects.raw(sql, [lease, now, message_id, now])), None)
+    table = OutboxMessage._meta.db_table
+    sql = _LEASE_SQL.format(
+        outbox=table,
+        inbox=InboxEntry._meta.db_table,
+        columns=", ".join(rows.columns(OutboxMessage, table)),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [lease, now, message_id, now])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    message = rows.instance(OutboxMessage, row[:-1], connection.alias)
+    message.already_ran = list(row[-1])
+    return message
 
 
 def _record(message: OutboxMessage, names: list[str]) -> None:
-    if names:
-        at = timezone.now()
-        InboxEntry.objects.bulk_create(
-            [
-                InboxEntry(
-                    consumer=name, message=message, event_id=message.event_id, processed_at=at
-                )
-                for name in names
-            ],
-            ignore_conflicts=True,
-        )
+    """The inbox entries of the consumers that ran (one statement; an entry
+    a transactional consumer claimed itself is left as it is)."""
+    at = timezone.now()
+    rows.insert(
+        [
+            InboxEntry(consumer=name, message=message, event_id=message.event_id, processed_at=at)
+            for name in names
+        ],
+        ignore_conflicts=True,
+    )
+
+
+_COMPLETE_SQL = (
+    "UPDATE {outbox} SET completed_at = %s, due_at = NULL, processing_until = NULL WHERE id = %s"
+)
+
+
+def _complete(message: OutboxMessage) -> None:
+    """The row settled (one statement written once)."""
+    at = OutboxMessage._meta.get_field("completed_at").get_db_prep_save(timezone.now(), connection)
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE_SQL.format(outbox=OutboxMessage._meta.db_table), [at, message.pk])
 
 
 def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
@@ -228,9 +252,7 @@ def _run_consumers(message: OutboxMessage) -> str:
                     handle(message)
             running = "(closing the delivery)"
             _record(message, ran + [name for name, _ in inside])
-            OutboxMessage.objects.filter(pk=message.pk).update(
-                completed_at=timezone.now(), due_at=None, processing_until=None
-            )
+            _complete(message)
     except Exception as exc:
         # What ran did happen: record it, so a redelivery does not run it
         # again (but a consumer whose inside half did not commit: it has not

@@ -80,6 +80,13 @@ class HttpPaymentGateway:
         self._client_pid: int | None = None
         self._client_lock = threading.Lock()
 
+    def prepare(self) -> None:
+        """Build this process's client now (its TLS context is tens of
+        milliseconds of CPU): a Celery pool process calls this when it starts
+        (``registry.prepare_in_pool_process``), so that its first charge does
+        not pay for it."""
+        self._http()
+
     # The port ------------------------------------------------------------------
 
     def charge(self, request: ChargeRequest) -> ChargeResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 
 import httpx
@@ -410,3 +411,36 @@ def test_idle_connections_are_dropped_before_gunicorn_closes_them():
     pool = transport._pool
 
     assert pool._keepalive_expiry < GunicornKeepalive.default
+
+
+def test_a_pool_process_builds_the_gateway_client_when_it_starts(monkeypatch):
+    # What each Celery pool process runs as it starts (payments/apps.py):
+    # the client (and its TLS context) is built there, not in the first charge.
+    from celery import signals
+
+    from payments.registry import prepare_in_pool_process
+
+    connected = [
+        r() if isinstance(r, weakref.ReferenceType) else r
+        for _, r in signals.worker_process_init.receivers
+    ]
+    assert prepare_in_pool_process in connected
+
+    built: list[HttpPaymentGateway] = []
+    real = HttpPaymentGateway._http
+
+    def counted(self):
+        built.append(self)
+        return real(self)
+
+    monkeypatch.setattr(HttpPaymentGateway, "_http", counted)
+    http = HttpPaymentGateway(base_url="http://127.0.0.1:9/v1")
+    with override_gateway(http):
+        prepare_in_pool_process()
+
+    assert built == [http]
+    assert http._client is not None
+    client = http._client
+    http.prepare()  # once per process: the same client again
+    assert http._client is client
+    http.close()

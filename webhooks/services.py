@@ -507,8 +507,10 @@ def _record(
         delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
         # if_absent: a second arming of the same attempt is the same row.
         _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
-    delivery.save(
-        update_fields=["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
+    # Written once (docs/performance.md, "Statements written once"): the
+    # ORM's save(update_fields=...) was a tenth of the webhook pool's time.
+    rows_sql.update_fields(
+        delivery, ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
     )
     _log_attempt(delivery, attempt=attempt, verdict=verdict, answer=answer, alert=alert)
     return verdict

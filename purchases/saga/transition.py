@@ -163,7 +163,7 @@ def _move_and_record(
         cursor.execute(
             sql,
             {
-                "to": to.value,
+                "to": SagaState(to).value,
                 "at": at,
                 "attempt": 1 if count_attempt else 0,
                 "compensating": at if to == S.COMPENSATING else None,
