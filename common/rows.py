@@ -42,6 +42,18 @@ def instance(model: type[M], values: Sequence[Any], db: str = "default") -> M:
     return model.from_db(db, [field.attname for field in model._meta.concrete_fields], row)
 
 
+def split(row: Sequence[Any], *models_: type[models.Model], db: str = "default") -> list:
+    """One instance of each of ``models_`` from a row that reads their
+    :func:`columns` one after the other (a join); what follows the last
+    model's columns is left out."""
+    out, at = [], 0
+    for model in models_:
+        n = width(model)
+        out.append(instance(model, row[at : at + n], db))
+        at += n
+    return out
+
+
 _CONVERTERS: dict[tuple[type[models.Model], str], list] = {}
 
 

@@ -33,12 +33,13 @@ runs only the consumers it names (``only_consumers``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -72,36 +73,19 @@ def consumers_owed(topic: str, *, already_ran, only=None) -> list[str]:
     return [n for n in names if n not in already_ran and (only is None or n in only)]
 
 
-_INBOX_CLAIM_SQL = """
-INSERT INTO {inbox} (consumer, message_id, event_id, processed_at) VALUES (%s, %s, %s, %s)
-ON CONFLICT (consumer, message_id, event_id) DO NOTHING
-"""
-
-
 def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None = None) -> bool:
     """Inside the consumer's transaction: True the first time, False after.
 
-    On PostgreSQL one ``INSERT … ON CONFLICT DO NOTHING`` (a concurrent
-    claim of the same entry is waited for, then found taken), with no
-    savepoint around it."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _INBOX_CLAIM_SQL.format(inbox=InboxEntry._meta.db_table),
-                [consumer, message.pk, message.event_id, now or timezone.now()],
-            )
-            return cursor.rowcount == 1
-    try:
-        with transaction.atomic():
-            InboxEntry.objects.create(
-                consumer=consumer,
-                message=message,
-                event_id=message.event_id,
-                processed_at=now or timezone.now(),
-            )
-    except IntegrityError:
-        return False
-    return True
+    One ``INSERT … ON CONFLICT DO NOTHING`` (``common.rows.insert``; a
+    concurrent claim of the same entry is waited for, then found taken),
+    with no savepoint around it."""
+    entry = InboxEntry(
+        consumer=consumer,
+        message=message,
+        event_id=message.event_id,
+        processed_at=now or timezone.now(),
+    )
+    return rows.insert([entry], ignore_conflicts=True) == 1
 
 
 # "Not done" is written num_nulls(...) = 3, not as three IS NULL: those are
@@ -142,20 +126,24 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
             InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
         )
         return message
-    table = OutboxMessage._meta.db_table
-    sql = _LEASE_SQL.format(
-        outbox=table,
-        inbox=InboxEntry._meta.db_table,
-        columns=", ".join(rows.columns(OutboxMessage, table)),
-    )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [lease, now, message_id, now])
+        cursor.execute(_lease_sql(), [lease, now, message_id, now])
         row = cursor.fetchone()
     if row is None:
         return None
     message = rows.instance(OutboxMessage, row[:-1], connection.alias)
     message.already_ran = list(row[-1])
     return message
+
+
+@functools.cache
+def _lease_sql() -> str:
+    table = OutboxMessage._meta.db_table
+    return _LEASE_SQL.format(
+        outbox=table,
+        inbox=InboxEntry._meta.db_table,
+        columns=", ".join(rows.columns(OutboxMessage, table)),
+    )
 
 
 def _record(message: OutboxMessage, names: list[str]) -> None:

@@ -141,9 +141,7 @@ def saga_for_update(*, saga_id) -> PurchaseSaga:
         row = cursor.fetchone()
     if row is None:
         raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
-    n = rows.width(PurchaseSaga)
-    saga = rows.instance(PurchaseSaga, row[:n], connection.alias)
-    saga.reservation = rows.instance(Reservation, row[n:], connection.alias)
+    saga, saga.reservation = rows.split(row, PurchaseSaga, Reservation, db=connection.alias)
     return saga
 
 

@@ -103,10 +103,11 @@ def _delivery_with_endpoint(
         row = cursor.fetchone()
     if row is None:
         return None
-    n, m = rows.width(WebhookDelivery), rows.width(WebhookEndpoint)
-    delivery = rows.instance(WebhookDelivery, row[:n], connection.alias)
-    delivery.endpoint = rows.instance(WebhookEndpoint, row[n : n + m], connection.alias)
-    return delivery, bool(row[n + m]) if attempt is not None else False
+    delivery, delivery.endpoint = rows.split(
+        row, WebhookDelivery, WebhookEndpoint, db=connection.alias
+    )
+    # The EXISTS, when asked, is the last column.
+    return delivery, bool(row[-1]) if attempt is not None else False
 
 
 def endpoint_for_update(*, endpoint_id: int, delete: bool = False) -> WebhookEndpoint | None:

@@ -516,34 +516,14 @@ def _record(
     return verdict
 
 
-# One statement for "unless recorded already" and the record (written once:
-# docs/performance.md, "Statements written once"); the delivery's lock, held
-# by the caller, orders two recorders of the same attempt anyway.
-_RECORD_ATTEMPT_SQL = """
-INSERT INTO {table} ({columns}) VALUES ({values})
-ON CONFLICT (delivery_id, number, event_id) DO NOTHING
-"""
-
-
 def _record_attempt_once(**columns) -> bool:
     """Write the attempt's row unless that attempt of that delivery is
-    recorded already; True when this call wrote it."""
-    if connection.vendor != "postgresql":
-        made = WebhookAttempt.objects.filter(
-            delivery_id=columns["delivery_id"], number=columns["number"]
-        )
-        if made.exists():
-            return False
-        WebhookAttempt.objects.create(**columns)
-        return True
-    sql = _RECORD_ATTEMPT_SQL.format(
-        table=WebhookAttempt._meta.db_table,
-        columns=", ".join(columns),
-        values=", ".join(["%s"] * len(columns)),
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, list(columns.values()))
-        return cursor.rowcount == 1
+    recorded already; True when this call wrote it. One statement,
+    ``INSERT … ON CONFLICT DO NOTHING`` (``common.rows.insert``; written
+    once: docs/performance.md, "Statements written once"); the delivery's
+    lock, held by the caller, orders two recorders of the same attempt
+    anyway."""
+    return rows_sql.insert([WebhookAttempt(**columns)], ignore_conflicts=True) == 1
 
 
 def _log_attempt(

@@ -99,8 +99,9 @@ def move(
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
+    in_one_statement = connection.vendor == "postgresql"
     with _transition_span(saga, source, to):
-        if connection.vendor == "postgresql":
+        if in_one_statement:
             updated = _move_and_record(
                 saga, source, to, reason=reason, at=at, by=by, count_attempt=count_attempt
             )
@@ -116,7 +117,7 @@ def move(
             saga.compensation_started_at = at
         if count_attempt:
             saga.attempts += 1
-        if connection.vendor != "postgresql":
+        if not in_one_statement:
             _history(saga, source, to, reason=reason, at=at, by=by)
     logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
     transaction.on_commit(
