@@ -423,6 +423,11 @@ LOGGING: dict[str, Any] = {
         # resets its children, so the access log is named again.
         "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
+        # A Celery worker sets the root logger to its --loglevel (INFO), and
+        # httpx logs every request at INFO: one more line per charge and per
+        # webhook attempt, which the gateway's and the attempt's own lines
+        # already say (and 1 % of each pool's time, docs/performance.md).
+        "httpx": {"level": "WARNING"},
     },
 }
 if CELERY_BROKER_URL == "filesystem://":

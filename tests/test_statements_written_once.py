@@ -19,7 +19,7 @@ from purchases.models import PurchaseSaga, Reservation, SagaHistory
 from purchases.saga.states import SagaState
 from purchases.saga.transition import By, move
 from webhooks import lock_objects as webhook_locks
-from webhooks.models import WebhookAttempt, WebhookDelivery
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.services import _record_attempt_once, webhook_endpoint_create, webhook_publish
 
 from .conftest import start_purchase
@@ -283,3 +283,36 @@ def test_deliveries_are_inserted_once_and_returned_as_the_database_holds_them(de
     assert second.next_attempt_at == now and second.armed_attempt == 1
     assert publish() == []
     assert WebhookDelivery.objects.filter(saga_id=delivery.saga_id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_enabled_endpoints_are_read_as_the_orm_reads_them_and_key_share_locked(settings):
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    first = webhook_endpoint_create(url="http://127.0.0.1:9/a", events=["purchase.confirmed"])
+    webhook_endpoint_create(url="http://127.0.0.1:9/b", events=["purchase.failed"])
+    off = webhook_endpoint_create(url="http://127.0.0.1:9/c", events=["purchase.refunded"])
+    WebhookEndpoint.objects.filter(pk=off.pk).update(enabled=False)
+    expected = list(
+        WebhookEndpoint.objects.filter(enabled=True).order_by("pk").values_list("pk", "events")
+    )
+
+    with _other_connection() as other, transaction.atomic():
+        read = webhook_locks.enabled_endpoints_key_share()
+        assert read == expected and len(read) == 2  # JSON decoded, the disabled one left out
+
+        # A change waits for no saga's commit; a delete (FOR UPDATE) does.
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT",
+                [first.pk],
+            )
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
+                [first.pk],
+            )
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
+                [off.pk],
+            )

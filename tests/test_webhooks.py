@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -737,6 +738,19 @@ def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):
 
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert len(built) <= 1
+
+
+def test_an_attempt_logs_no_line_of_httpx_even_when_the_root_logs_info(receiver, caplog):
+    """A Celery worker sets the root logger to INFO; httpx's line per request
+    would repeat the attempt's own (docs/operations.md, "Logs")."""
+    caplog.set_level(logging.INFO)  # the root, as celery worker --loglevel=INFO
+    target = url_safety.check_url(receiver.url())
+
+    answer = post(target, headers={}, body=b"{}", timeout=2.0)
+
+    assert answer.status_code == 200
+    assert len(receiver.requests) == 1
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("httpx")] == []
 
 
 def test_an_https_request_is_pinned_to_the_checked_address_with_the_name_for_tls():
