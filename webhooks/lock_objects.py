@@ -42,10 +42,8 @@ def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
 
 @functools.cache
 def _enabled_endpoints_sql() -> str:
-    return (
-        'SELECT e."id", e."events" FROM {endpoint} e WHERE e."enabled" ORDER BY e."id"'
-        " FOR KEY SHARE"
-    ).format(endpoint=WebhookEndpoint._meta.db_table)
+    table = WebhookEndpoint._meta.db_table
+    return f'SELECT "id", "events" FROM {table} WHERE "enabled" ORDER BY "id" FOR KEY SHARE'
 
 
 def delivery_for_update(*, delivery_id: int) -> WebhookDelivery | None:
