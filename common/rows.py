@@ -12,6 +12,7 @@ compares each with the ORM's).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -94,6 +95,26 @@ def insert_returning(objs: Sequence[M], *, ignore_conflicts: bool = False) -> li
     return sorted(written, key=lambda obj: obj.pk)
 
 
+def create(obj: M) -> M:
+    """``obj.save(force_insert=True)`` as one statement written here, for the
+    rows every purchase inserts (docs/performance.md, "Statements written
+    once"): the key the database gives, when it is automatic, is read back
+    with ``RETURNING`` and set on ``obj``. No model signal is sent: none of
+    the models it serves has a receiver. PostgreSQL and SQLite alike."""
+    model = type(obj)
+    sql, params, connection = _insert([obj], ignore_conflicts=False)
+    auto = model._meta.auto_field
+    if auto is not None:
+        sql += f' RETURNING "{auto.column}"'
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if auto is not None:
+            setattr(obj, auto.attname, cursor.fetchone()[0])
+    obj._state.adding = False
+    obj._state.db = connection.alias
+    return obj
+
+
 def insert(objs: Sequence[models.Model], *, ignore_conflicts: bool = False) -> int:
     """Insert ``objs`` (one model) in one statement; returns how many rows
     were written (with ``ignore_conflicts``, those that met a unique
@@ -111,20 +132,29 @@ def _insert(
 ) -> tuple[str, list[Any], BaseDatabaseWrapper]:
     model = type(objs[0])
     connection = connections[model._default_manager.db]
-    fields = [f for f in model._meta.concrete_fields if f is not model._meta.auto_field]
+    fields = _inserted_fields(model)
     params = [
         field.get_db_prep_save(getattr(obj, field.attname), connection)
         for obj in objs
         for field in fields
     ]
+    return _insert_sql(model, len(objs), ignore_conflicts), params, connection
+
+
+def _inserted_fields(model: type[models.Model]) -> list:
+    return [f for f in model._meta.concrete_fields if f is not model._meta.auto_field]
+
+
+@functools.lru_cache(maxsize=256)  # keyed by model and row count
+def _insert_sql(model: type[models.Model], rows: int, ignore_conflicts: bool) -> str:
+    fields = _inserted_fields(model)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     names = ", ".join(f'"{field.column}"' for field in fields)
-    sql = (
+    return (
         f"INSERT INTO {model._meta.db_table} ({names})"
-        f" VALUES {', '.join([row] * len(objs))}"
+        f" VALUES {', '.join([row] * rows)}"
         f"{' ON CONFLICT DO NOTHING' if ignore_conflicts else ''}"
     )
-    return sql, params, connection
 
 
 def update_fields(obj: models.Model, names: Sequence[str]) -> int:

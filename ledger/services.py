@@ -7,6 +7,7 @@ from datetime import datetime
 
 from django.db.models import Sum
 
+from common import rows
 from config.transactions import in_transaction
 
 from .models import EntryKind, LedgerEntry
@@ -29,17 +30,19 @@ def ledger_record(
         raise RuntimeError("ledger_record belongs inside the transition's transaction")
     if kind == EntryKind.REFUND and amount > 0:
         raise ValueError("a refund is an inverse entry: its amount must be negative")
-    return LedgerEntry.objects.create(
-        intent_id=intent_id,
-        kind=kind,
-        amount=amount,
-        currency=currency,
-        saga_id=saga_id,
-        event_id=event_id,
-        gateway_reference=gateway_reference,
-        note=note,
-        override=override,
-        created_at=now,
+    return rows.create(
+        LedgerEntry(
+            intent_id=intent_id,
+            kind=kind,
+            amount=amount,
+            currency=currency,
+            saga_id=saga_id,
+            event_id=event_id,
+            gateway_reference=gateway_reference,
+            note=note,
+            override=override,
+            created_at=now,
+        )
     )
 
 

@@ -10,9 +10,11 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from common import rows
+from outbox.models import OutboxMessage
 from purchases import lock_objects
 from purchases.errors import StaleSaga
 from purchases.models import PurchaseSaga, Reservation, SagaHistory
@@ -316,3 +318,37 @@ def test_the_enabled_endpoints_are_read_as_the_orm_reads_them_and_key_share_lock
                 "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
                 [off.pk],
             )
+
+
+@pytest.mark.django_db
+def test_a_row_created_once_holds_what_the_orms_create_holds(alice, event):
+    saga = start_purchase(alice, event)
+    at = timezone.now()
+    columns = {
+        "topic": "purchase.confirmed",
+        "payload": {"saga_id": str(saga.pk), "seats": ["A-1"]},
+        "key": None,
+        "event_id": event.pk,
+        "saga_id": saga.pk,
+        "created_at": at,
+        "available_at": at,
+        "due_at": at + timedelta(seconds=5),
+    }
+
+    made = rows.create(OutboxMessage(**columns))
+    by_orm = OutboxMessage.objects.create(**columns)
+
+    assert made.pk is not None and made.pk != by_orm.pk and not made._state.adding
+    read, expected = OutboxMessage.objects.get(pk=made.pk), OutboxMessage.objects.get(pk=by_orm.pk)
+    assert _fields(read) | {"id": None} == _fields(expected) | {"id": None}
+    assert read.payload == {"saga_id": str(saga.pk), "seats": ["A-1"]}  # JSON, not its text
+    assert (read.attempts, read.last_error, read.trace_context) == (0, "", "")
+
+    # A key given by the caller (the saga's UUID) is kept, and a second
+    # insert of it is refused as the ORM's would be.
+    history = rows.create(
+        SagaHistory(saga=saga, event_id=event.pk, to_state=S.PENDING, at=at, version=9)
+    )
+    assert SagaHistory.objects.get(pk=history.pk).version == 9
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rows.create(PurchaseSaga.objects.get(pk=saga.pk))

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from common import rows as rows_sql
 from common.time import iso_z
 from config import tracing
 from config.celery import app as celery_app
@@ -421,17 +422,20 @@ def _record(
     """With the seats held: the reservation, the saga, its first history row
     and the hold-expiry timer (the caller's transaction)."""
     availability_changed(saga.event_id)
-    reservation = Reservation.objects.create(
-        ref=reservation_ref(saga.event_id),
-        event_id=saga.event_id,
-        buyer=saga.buyer,
-        status=ReservationStatus.HELD,
-        hold_expires_at=hold_expires_at,
-        total_amount=saga.amount,
-        currency=saga.currency,
-        created_at=now,
+    # Each insert written once (docs/performance.md, "Statements written once").
+    reservation = rows_sql.create(
+        Reservation(
+            ref=reservation_ref(saga.event_id),
+            event_id=saga.event_id,
+            buyer=saga.buyer,
+            status=ReservationStatus.HELD,
+            hold_expires_at=hold_expires_at,
+            total_amount=saga.amount,
+            currency=saga.currency,
+            created_at=now,
+        )
     )
-    ReservationSeat.objects.bulk_create(
+    rows_sql.insert(
         [
             ReservationSeat(reservation=reservation, seat_id=s.id, event_id=saga.event_id)
             for s in seats
@@ -439,16 +443,18 @@ def _record(
     )
     saga.reservation = reservation
     saga.intent_id = intent_id_for(reservation.ref)
-    saga.save(force_insert=True)
-    SagaHistory.objects.create(
-        saga=saga,
-        event_id=saga.event_id,
-        from_state=None,
-        to_state=S.PENDING,
-        at=now,
-        reason="purchase started",
-        actor=Actor.SYSTEM,
-        version=saga.version,
+    rows_sql.create(saga)
+    rows_sql.create(
+        SagaHistory(
+            saga=saga,
+            event_id=saga.event_id,
+            from_state=None,
+            to_state=S.PENDING,
+            at=now,
+            reason="purchase started",
+            actor=Actor.SYSTEM,
+            version=saga.version,
+        )
     )
     timer_schedule(
         key=saga.hold_timer_key,

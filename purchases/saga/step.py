@@ -25,6 +25,7 @@ from typing import Any
 from django.db import transaction
 from opentelemetry.trace import SpanKind
 
+from common import rows
 from config import metrics, tracing
 from payments.interface import PaymentGateway
 from payments.registry import get_gateway
@@ -146,13 +147,15 @@ def record_answer(
     metrics.GATEWAY_LATENCY.labels(method=asked).observe(answer.latency_ms / 1000)
     if asked == "retrieve":
         metrics.RECONCILE_PROBES.labels(answer=answer.label).inc()
-    GatewayAnswer.objects.create(
-        saga=saga,
-        event_id=saga.event_id,
-        at=at,
-        asked=asked,
-        answer=answer.label,
-        detail=answer.detail[:200],
-        latency_ms=answer.latency_ms,
-        attempt=attempt,
+    rows.create(
+        GatewayAnswer(
+            saga=saga,
+            event_id=saga.event_id,
+            at=at,
+            asked=asked,
+            answer=answer.label,
+            detail=answer.detail[:200],
+            latency_ms=answer.latency_ms,
+            attempt=attempt,
+        )
     )

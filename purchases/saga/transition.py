@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from common import rows
 from config import metrics, tracing
 from config.transactions import in_transaction
 
@@ -238,16 +239,18 @@ def note_decision(saga: PurchaseSaga, *, reason: str, at: datetime, by: By = SYS
 
 
 def _history(saga, source, to, *, reason: str, at: datetime, by: By) -> None:
-    SagaHistory.objects.create(
-        saga=saga,
-        event_id=saga.event_id,
-        from_state=source,
-        to_state=to,
-        at=at,
-        reason=reason[:500],
-        actor=by.actor,
-        actor_name=by.name,
-        version=saga.version,
+    rows.create(
+        SagaHistory(
+            saga=saga,
+            event_id=saga.event_id,
+            from_state=source,
+            to_state=to,
+            at=at,
+            reason=reason[:500],
+            actor=by.actor,
+            actor_name=by.name,
+            version=saga.version,
+        )
     )
 
 
