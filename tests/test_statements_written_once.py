@@ -17,7 +17,8 @@ from common import rows
 from outbox.models import OutboxMessage
 from purchases import lock_objects
 from purchases.errors import StaleSaga
-from purchases.models import PurchaseSaga, Reservation, SagaHistory
+from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
+from purchases.saga.start import _seats_by_ref
 from purchases.saga.states import SagaState
 from purchases.saga.transition import By, move
 from webhooks import lock_objects as webhook_locks
@@ -352,3 +353,18 @@ def test_a_row_created_once_holds_what_the_orms_create_holds(alice, event):
     assert SagaHistory.objects.get(pk=history.pk).version == 9
     with pytest.raises(IntegrityError), transaction.atomic():
         rows.create(PurchaseSaga.objects.get(pk=saga.pk))
+
+
+@pytest.mark.django_db
+def test_the_seats_named_in_a_purchase_are_read_as_the_orm_reads_them(event):
+    refs = [s.ref for s in Seat.objects.filter(event=event).order_by("-id")[:3]]
+    asked = [*refs, "Z-99"]  # one unknown: left out, as the ORM leaves it
+    fields = ["id", "ref", "price_amount", "currency"]
+    expected = list(
+        Seat.objects.filter(event=event, ref__in=asked).order_by("id").values_list(*fields)
+    )
+
+    read = _seats_by_ref(event.pk, asked)
+
+    assert [tuple(getattr(s, f) for f in fields) for s in read] == expected and len(read) == 3
+    assert [s.ref for s in _seats_by_ref(event.pk + 999, refs)] == []
