@@ -138,6 +138,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # default files under VAR_DIR, which every process of one machine sees (the
 # embedded mode of make run: the worker's invalidations reach the web process).
 CACHES = {"default": env.cache_url("CACHE_URL", default=f"filecache://{VAR_DIR / 'cache'}")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # The same, with one Redis client per pool instead of one per call.
+    CACHES["default"]["BACKEND"] = "config.cache.RedisCache"
 
 # --- auth, i18n, static -----------------------------------------------------
 # The buyer pages' session login (shop/): every page but the login asks for it.

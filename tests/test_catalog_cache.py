@@ -48,7 +48,7 @@ def cache_of_this_test(settings):
     other test's entries are seen), its keys deleted at the end. Never
     ``cache.clear()``: on Redis that flushes the database other sessions use."""
     config = settings.CACHES["default"]
-    assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache", (
+    assert config["BACKEND"] == "config.cache.RedisCache", (
         "the catalog cache is tested on Redis, as on the real stack (tests/settings.py)"
     )
     prefix = f"{config.get('KEY_PREFIX') or 'boxoffice-test'}-{uuid.uuid4().hex[:12]}"

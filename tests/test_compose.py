@@ -298,7 +298,7 @@ def test_web_settings_from_compose(tmp_path):
     assert got["debug"] is False
     assert got["fake_enabled"] is False and got["fake_mounted"] is False
     assert got["api_mounted"] and got["admin_mounted"]
-    assert got["cache"] == "django.core.cache.backends.redis.RedisCache"
+    assert got["cache"] == "config.cache.RedisCache"  # Redis, one client per pool
 
 
 def test_gateway_settings_from_compose(tmp_path):
