@@ -22,10 +22,13 @@ class RedisCacheClient(django_redis.RedisCacheClient):
         self._clients: dict[int, object] = {}
 
     def get_client(self, key=None, *, write=False):
-        pool = self._get_connection_pool(write)
+        # Django's own private names (its get_client uses them; the stubs
+        # leave them out).
+        pool = self._get_connection_pool(write)  # type: ignore[attr-defined]
         client = self._clients.get(id(pool))
         if client is None:
-            client = self._clients[id(pool)] = self._client(connection_pool=pool)
+            client = self._client(connection_pool=pool)  # type: ignore[attr-defined]
+            self._clients[id(pool)] = client
         return client
 
 
