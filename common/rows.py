@@ -99,8 +99,11 @@ def create(obj: M) -> M:
     """``obj.save(force_insert=True)`` as one statement written here, for the
     rows every purchase inserts (docs/performance.md, "Statements written
     once"): the key the database gives, when it is automatic, is read back
-    with ``RETURNING`` and set on ``obj``. No model signal is sent: none of
-    the models it serves has a receiver. PostgreSQL and SQLite alike."""
+    with ``RETURNING`` and set on ``obj``. The model's ``save()`` is not
+    called, nor its signals: none of the models it serves has a receiver,
+    and each caller writes a complete row (what ``OutboxMessage.save``
+    would fill in, its due time, ``outbox_publish`` sets). PostgreSQL and
+    SQLite alike."""
     model = type(obj)
     sql, params, connection = _insert([obj], ignore_conflicts=False)
     auto = model._meta.auto_field
