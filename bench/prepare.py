@@ -118,7 +118,15 @@ def describe(
         "postgres": db.q1("SELECT version()")[0],
         **{
             k: db.q1(f"SHOW {k}")[0]
-            for k in ("fsync", "synchronous_commit", "shared_buffers", "max_connections")
+            for k in (
+                "fsync",
+                "synchronous_commit",
+                "shared_buffers",
+                "max_connections",
+                # Recorded: with it off (as on the machines so far), dead rows
+                # pile up from one phase to the next.
+                "autovacuum",
+            )
         },
     }
     results["config"] = {
