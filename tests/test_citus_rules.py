@@ -18,7 +18,9 @@ counts, and so does one Django made that the models no longer show.
   tables that are not ours, neither refer to ours nor are referred to.
 
 And, because a message with no event gets ``NO_EVENT`` rather than failing,
-the product's code names the event of every outbox row and webhook it writes.
+the product's code names the event of every outbox row and webhook it writes;
+and a compensation, and the admin's dry run of one, find the reservation by
+its event too (a statement without it would go to every shard).
 """
 
 from __future__ import annotations
@@ -357,3 +359,48 @@ def test_the_scan_finds_a_write_without_its_event():
         "webhook_publish(event_type='x', saga_id=None, event_id=None, data={}, now=None)\n"
     )
     assert _calls_without_event(source) == [2, 3]
+
+
+# --- at run time: a reservation is found by its event too ------------------------------
+
+
+def _reservation_statements_without_event(captured) -> list[str]:
+    """The statements that read or write purchases_reservation and do not
+    name an event_id: under Citus each would go to every shard."""
+    return [
+        q["sql"]
+        for q in captured
+        if "purchases_reservation" in q["sql"]
+        and "purchases_reservationseat" not in q["sql"]
+        and "event_id" not in q["sql"]
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compensation_and_its_dry_run_find_the_reservation_by_its_event(alice, gateway):
+    from django.test.utils import CaptureQueriesContext
+
+    from purchases.ops.runbook import Action, action_plan
+    from purchases.services import purchase_refund, saga_charge
+
+    from .conftest import drain_outbox, start_purchase
+    from .factories import EventFactory
+
+    event = EventFactory(seats=["A1", "A2"])
+    sold = start_purchase(alice, event, seats=["A1"])
+    declined = start_purchase(alice, event, seats=["A2"], payment_method="pm_card_chargeDeclined")
+    saga_charge(saga_id=sold.pk)
+    drain_outbox()
+    sold.refresh_from_db()
+    assert sold.state == "CONFIRMED"
+
+    with CaptureQueriesContext(connection) as ctx:
+        action_plan(saga=sold, action=Action.REFUND)  # the admin's dry run
+        saga_charge(saga_id=declined.pk)  # declined: compensated, never confirmed
+        purchase_refund(saga_id=sold.pk, reason="the buyer asked")  # was confirmed
+        drain_outbox()
+
+    sold.refresh_from_db()
+    declined.refresh_from_db()
+    assert (sold.state, declined.state) == ("COMPENSATED", "COMPENSATED")
+    assert _reservation_statements_without_event(ctx.captured_queries) == []

@@ -166,7 +166,7 @@ def finish_compensation(
     hold timer, ``purchase.cancelled``, state. The email is the consumer's,
     after this commits."""
     was_confirmed = Reservation.objects.filter(
-        pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
+        pk=saga.reservation_id, event_id=saga.event_id, status=ReservationStatus.CONFIRMED
     ).exists()
     links = reservation_links(saga)
     _release_seats(saga, links, at=at)

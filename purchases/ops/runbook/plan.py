@@ -84,7 +84,7 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
     seats = saga_seat_refs(saga)
     charged = ledger_has_charge(intent_id=saga.intent_id)
     was_confirmed = Reservation.objects.filter(
-        pk=saga.reservation_id, status=ReservationStatus.CONFIRMED
+        pk=saga.reservation_id, event_id=saga.event_id, status=ReservationStatus.CONFIRMED
     ).exists()
     money = format_money(saga.amount, saga.currency)
     undone = ["correction" if was_confirmed else "failure"]
