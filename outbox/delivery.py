@@ -159,16 +159,10 @@ def _record(message: OutboxMessage, names: list[str]) -> None:
     )
 
 
-_COMPLETE_SQL = (
-    "UPDATE {outbox} SET completed_at = %s, due_at = NULL, processing_until = NULL WHERE id = %s"
-)
-
-
 def _complete(message: OutboxMessage) -> None:
-    """The row settled (one statement written once)."""
-    at = OutboxMessage._meta.get_field("completed_at").get_db_prep_save(timezone.now(), connection)
-    with connection.cursor() as cursor:
-        cursor.execute(_COMPLETE_SQL.format(outbox=OutboxMessage._meta.db_table), [at, message.pk])
+    """The row settled (one ``UPDATE`` by its key, ``common.rows.update_fields``)."""
+    message.completed_at, message.due_at, message.processing_until = timezone.now(), None, None
+    rows.update_fields(message, ["completed_at", "due_at", "processing_until"])
 
 
 def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
