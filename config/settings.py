@@ -457,6 +457,26 @@ OUTBOX_CONSUMERS = {
 }
 # Topics whose rows the relay hands to a queue other than the default one.
 OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
+# Topics whose rows handed over on commit wake one sweep for the rows that
+# gather meanwhile instead of a Celery message each (outbox/sweeping.py,
+# docs/performance.md). The wake flag is in the cache: it must be shared by
+# every process (Redis, or the embedded file cache).
+OUTBOX_SWEPT_TOPICS = [WEBHOOK_DELIVERY]
+# How long a sweep waits for rows to gather before it claims: what it adds to
+# a webhook's lag at most, and what makes one task carry several rows.
+OUTBOX_SWEEP_GATHER_SECONDS = env.float("OUTBOX_SWEEP_GATHER_SECONDS", default=0.1)
+# Rows one claim of a sweep leases: their deliveries, one after another, must
+# end within the lease even if every receiver hangs for the whole timeout.
+OUTBOX_SWEEP_BATCH = env.int(
+    "OUTBOX_SWEEP_BATCH",
+    default=max(1, int(OUTBOX_CLAIM_LEASE_SECONDS // (WEBHOOK_TIMEOUT_SECONDS + 1))),
+)
+if OUTBOX_SWEEP_GATHER_SECONDS < 0 or OUTBOX_SWEEP_BATCH < 1:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "OUTBOX_SWEEP_GATHER_SECONDS takes 0 or more seconds, OUTBOX_SWEEP_BATCH 1 or more rows"
+    )
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------
 # How often beat runs each sweep (seconds). A sweep that has not succeeded

@@ -146,6 +146,79 @@ def _lease_sql() -> str:
     )
 
 
+# A sweep's claim (``outbox.handover``, "swept"): the oldest rows of a topic
+# due now that no one has fired yet, leased and read with what already ran,
+# in one statement. SKIP LOCKED: two sweeps take different rows.
+_CLAIM_UNFIRED_SQL = """
+UPDATE {outbox} SET processing_until = %s, fired_at = %s
+ WHERE id IN (
+   SELECT id FROM {outbox}
+    WHERE due_at IS NOT NULL AND due_at <= %s AND topic = %s AND available_at <= %s
+      AND fired_at IS NULL AND num_nulls(completed_at, cancelled_at, dead_at) = 3
+      AND (processing_until IS NULL OR processing_until < %s)
+    ORDER BY due_at, id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING {columns}, ARRAY(SELECT consumer FROM {inbox} WHERE message_id = {outbox}.id)
+"""
+
+
+def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessage]:
+    """Lease up to ``limit`` rows of ``topic`` written due now and never fired
+    (handed over on commit, waiting out their grace), oldest first, and stamp
+    them fired: one statement and one commit. A row a sweep fired is never
+    swept again; if its delivery fails, it is the relay's at its due time, as
+    a row handed over on commit whose task failed."""
+    lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
+    horizon = now + timedelta(seconds=settings.OUTBOX_HAND_OVER_GRACE_SECONDS)
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default): writers are serialised there.
+        ids = list(
+            OutboxMessage.objects.filter(
+                due_at__lte=horizon,
+                topic=topic,
+                available_at__lte=now,
+                fired_at__isnull=True,
+                completed_at__isnull=True,
+                cancelled_at__isnull=True,
+                dead_at__isnull=True,
+            )
+            .filter(_free_of_processing(now))
+            .order_by("due_at", "id")
+            .values_list("pk", flat=True)[:limit]
+        )
+        claimed = []
+        for message_id in ids:
+            message = _lease(message_id=message_id, now=now)
+            if message is not None:
+                claimed.append(message)
+        return claimed
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_unfired_sql(), [lease, now, horizon, topic, now, now, limit])
+        found = cursor.fetchall()
+    claimed = []
+    for row in found:
+        message = rows.instance(OutboxMessage, row[:-1], connection.alias)
+        message.already_ran = list(row[-1])
+        claimed.append(message)
+    # UPDATE … RETURNING does not keep the subquery's order.
+    return sorted(claimed, key=lambda m: (m.due_at, m.pk))
+
+
+@functools.cache
+def _claim_unfired_sql() -> str:
+    table = OutboxMessage._meta.db_table
+    return _CLAIM_UNFIRED_SQL.format(
+        outbox=table,
+        inbox=InboxEntry._meta.db_table,
+        columns=", ".join(rows.columns(OutboxMessage, table)),
+    )
+
+
+def message_deliver_claimed(message: OutboxMessage) -> str:
+    """Deliver a row :func:`claim_unfired` leased (``already_ran`` read with it)."""
+    with _delivery_span(message):
+        return _run_consumers(message)
+
+
 def _record(message: OutboxMessage, names: list[str]) -> None:
     """The inbox entries of the consumers that ran (one statement; an entry
     a transactional consumer claimed itself is left as it is)."""

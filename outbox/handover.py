@@ -17,6 +17,11 @@ Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
 Either way a row may reach a worker twice; the delivery's lease and the
 consumers' inbox make the second one harmless (``outbox.delivery``).
 
+A topic listed in ``OUTBOX_SWEPT_TOPICS`` (the webhooks') is not published
+row by row on commit: the commit wakes the topic's sweep, one task for the
+rows that gather meanwhile (``outbox.sweeping``). Its grace and the relay
+are the same.
+
 A third way needs no queue at all: **in place** (:func:`delivered_here`). A
 Celery task of the default queue that writes rows for that same queue (the
 charge writing ``purchase.confirmed``) would hand them to a pool it belongs
@@ -47,9 +52,10 @@ from django.utils import timezone
 from config import tracing
 from config.celery import app
 
+from . import sweeping
 from .delivery import message_deliver_leased
 from .models import OutboxMessage
-from .tasks import deliver, deliver_many
+from .tasks import deliver, deliver_many, sweep
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +148,12 @@ def _trace_parents(ids: list[int]) -> dict[int, str]:
 
 
 def hand_over_on_commit(message_id: int, topic: str) -> None:
-    """After the commit that wrote the row: publish it (see the module's
-    docstring). Never raises: the row is the obligation, this is the fast
-    way to it."""
+    """After the commit that wrote the row: publish it, or wake its topic's
+    sweep (see the module's docstring). Never raises: the row is the
+    obligation, this is the fast way to it."""
+    if sweeping.swept(topic):
+        _wake_sweep(message_id, topic)
+        return
     try:
         routing: dict[str, Any] = {"queue": queue} if (queue := queue_of(topic)) else {}
         deliver.apply_async(args=(message_id,), **routing)
@@ -153,6 +162,25 @@ def hand_over_on_commit(message_id: int, topic: str) -> None:
             "outbox hand-off on commit failed; the relay takes the row",
             extra={"message_id": message_id, "topic": topic},
         )
+        _due_now(message_id)
+
+
+def _wake_sweep(message_id: int, topic: str) -> None:
+    """Publish a sweep of the topic unless one is owed already (its wake
+    flag set), which takes this row too (``outbox.sweeping``)."""
+    woke = False
+    try:
+        woke = sweeping.wake(topic)
+        if woke:
+            routing: dict[str, Any] = {"queue": queue} if (queue := queue_of(topic)) else {}
+            sweep.apply_async(args=(topic,), **routing)
+    except Exception:
+        logger.exception(
+            "outbox sweep wake-up failed; the relay takes the row",
+            extra={"message_id": message_id, "topic": topic},
+        )
+        if woke:
+            sweeping.unwake(topic)
         _due_now(message_id)
 
 

@@ -92,6 +92,14 @@ class OutboxMessage(models.Model):
                 name="outbox_claim_idx",
                 condition=Q(due_at__isnull=False),
             ),
+            # A sweep's claim (outbox/sweeping.py): the rows of a topic never
+            # fired, by due time. A row leaves it when it is fired, so the
+            # claim reads only what it may take, not every row in flight.
+            models.Index(
+                fields=["topic", "due_at", "id"],
+                name="outbox_unfired_idx",
+                condition=Q(fired_at__isnull=True, due_at__isnull=False),
+            ),
             # Dead letters (the gauge, the admin's filter, the replay), by age.
             models.Index(
                 fields=["created_at", "id"],

@@ -6,6 +6,7 @@ import random
 from celery import shared_task
 
 from .delivery import message_deliver
+from .sweeping import outbox_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -47,3 +48,11 @@ def deliver_many(self, message_ids: list[int]) -> str:
         countdown = min(300, 2 ** (self.request.retries + 1)) * random.uniform(0.5, 1.0)
         raise self.retry(args=[failed], countdown=countdown)
     return f"delivered={verdicts['delivered']} skipped={verdicts['skipped']}"
+
+
+@shared_task(name="outbox.sweep", acks_late=True)
+def sweep(topic: str) -> str:
+    """The first delivery of a swept topic's rows (``outbox.sweeping``). Not
+    retried: a sweep that fails leaves its rows to the next sweep or to the
+    relay."""
+    return outbox_sweep(topic=topic)

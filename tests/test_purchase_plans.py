@@ -12,10 +12,13 @@ confirmation) as a scan of every seat, 24 ms per purchase at 180,000 seats.
 import re
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from freezegun import freeze_time
 
+from outbox.delivery import claim_unfired
+from outbox.services import outbox_publish
 from purchases.services import purchase_refund, saga_charge
 from webhooks.services import webhook_endpoint_create
 
@@ -184,5 +187,32 @@ def test_the_reconcile_and_the_hold_expiry_read_by_index_without_statistics(
     found.refresh_from_db()
     lost.refresh_from_db()
     assert (found.state, lost.state) == ("CONFIRMED", "COMPENSATED")
+    bad = _planned_by_guess(ctx.captured_queries)
+    assert bad == [], "\n\n".join(bad)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweeps_claim_reads_only_the_rows_never_fired(crowded):
+    """Sixty thousand webhook rows in flight (fired, due again within the
+    grace): the claim of a sweep reads its own index, of rows never fired."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO outbox_outboxmessage (topic, payload, event_id, created_at,
+                   available_at, due_at, fired_at, processing_until, deliveries, attempts,
+                   last_error, trace_context)
+               SELECT 'webhook.delivery', '{}', %(event)s, now(), now(),
+                   now() + interval '20 s', now(), now() + interval '20 s', 0, 0, '', ''
+               FROM generate_series(1, %(rows)s) AS n""",
+            {"event": crowded.pk, "rows": ROWS},
+        )
+    with transaction.atomic():
+        row = outbox_publish(topic="webhook.delivery", payload={}, event_id=crowded.pk)
+
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = claim_unfired(topic="webhook.delivery", limit=5, now=timezone.now())
+
+    assert [m.pk for m in claimed] == [row.pk]
+    [claim] = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().startswith("UPDATE")]
+    assert "outbox_unfired_idx" in _plan(claim), _plan(claim)
     bad = _planned_by_guess(ctx.captured_queries)
     assert bad == [], "\n\n".join(bad)

@@ -153,7 +153,8 @@ def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
     stack, http, receiver
 ):
     # Rows due when they are written are handed to Celery on the commit that
-    # writes them (outbox/handover.py): the relay is the safety net, not a
+    # writes them (outbox/handover.py; the webhook attempt by waking its
+    # topic's sweep, outbox/sweeping.py): the relay is the safety net, not a
     # step. With it stopped, nothing waits for it.
     stack.stop("relay")
     endpoint = webhook_endpoint_create(url=receiver.url(), events=ALL)
@@ -172,7 +173,7 @@ def test_with_the_relay_stopped_the_confirmation_and_its_webhook_still_arrive(
     assert request.verify(endpoint.secret)["type"] == "purchase.confirmed"
     rows = OutboxMessage.objects.filter(saga_id=visa["id"], available_at__lte=F("created_at"))
     assert {r.topic for r in rows} == {"purchase.confirmed", "webhook.delivery"}
-    # Completed by the worker the commit handed them to; no relay pass.
+    # Completed by the worker the commit handed them to (or woke); no relay pass.
     assert all(r.completed_at and r.fired_at and r.deliveries == 0 for r in rows), [
         (r.topic, r.completed_at, r.fired_at, r.deliveries) for r in rows
     ]

@@ -1,0 +1,244 @@
+"""A swept topic's rows ride one sweep per gathering instead of a Celery
+message each; whatever goes wrong, the relay still takes every row
+(outbox/sweeping.py)."""
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.utils import timezone
+
+from outbox import handover, sweeping
+from outbox.delivery import claim_unfired
+from outbox.models import OutboxMessage
+from outbox.relay import relay_tick
+from outbox.services import outbox_publish, timer_schedule
+from outbox.sweeping import outbox_sweep
+
+HERE = "tests.test_outbox_sweep"
+RUNS: Counter = Counter()
+FAILS: set[int] = set()
+
+
+def count_consumer(message):
+    if message.pk in FAILS:
+        raise RuntimeError("the receiver's side broke")
+    RUNS[message.pk] += 1
+
+
+@pytest.fixture(autouse=True)
+def _swept(settings):
+    settings.OUTBOX_HAND_OVER_ON_COMMIT = True
+    settings.OUTBOX_HAND_OVER_GRACE_SECONDS = 30
+    settings.OUTBOX_CONSUMERS = {
+        "test.swept": [f"{HERE}.count_consumer"],
+        "test.other": [f"{HERE}.count_consumer"],
+    }
+    settings.OUTBOX_TOPIC_QUEUES = {"test.swept": "hooks"}
+    settings.OUTBOX_SWEPT_TOPICS = ["test.swept"]
+    settings.OUTBOX_SWEEP_BATCH = 2
+    RUNS.clear()
+    FAILS.clear()
+    cache.delete(sweeping.wake_key("test.swept"))
+    yield
+    cache.delete(sweeping.wake_key("test.swept"))
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """The sweeps and the single deliveries put on the broker: (task, args, options)."""
+    sent = []
+    monkeypatch.setattr(
+        handover.sweep,
+        "apply_async",
+        lambda args, **options: sent.append(("sweep", args, options)),
+    )
+    monkeypatch.setattr(
+        handover.deliver,
+        "apply_async",
+        lambda args, **options: sent.append(("deliver", args, options)),
+    )
+    return sent
+
+
+def _write(topic="test.swept", **kwargs) -> OutboxMessage:
+    with transaction.atomic():
+        return outbox_publish(topic=topic, payload={}, **kwargs)
+
+
+def _relay_after_grace() -> list[int]:
+    handed: list[int] = []
+    relay_tick(now=timezone.now() + timedelta(seconds=31), dispatch=handed.append)
+    return handed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_written_while_a_sweep_is_owed_ride_it_and_are_delivered_once(published):
+    rows = [_write() for _ in range(5)]
+
+    # One sweep for the five commits, to the topic's queue.
+    assert published == [("sweep", ("test.swept",), {"queue": "hooks"})]
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=5 failed=0"
+
+    assert RUNS == Counter({row.pk: 1 for row in rows})  # batches of 2: three claims
+    for row in rows:
+        row.refresh_from_db()
+        assert row.completed_at is not None and row.due_at is None
+        assert row.fired_at is not None and row.deliveries == 0
+    assert _relay_after_grace() == []
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=0 failed=0"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_committed_after_the_sweep_cleared_the_flag_wakes_another(published):
+    _write()
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=1 failed=0"
+    later = _write()
+
+    assert [task for task, _, _ in published] == ["sweep", "sweep"]
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=1 failed=0"
+    assert RUNS[later.pk] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flag_is_cleared_before_the_claim(published, monkeypatch):
+    """A row committed between the clear and the claim is the claim's, and
+    it woke a sweep of its own too (which then finds nothing)."""
+    _write()
+    real_claim = sweeping.claim_unfired
+    written: list[OutboxMessage] = []
+
+    def claim_after_a_commit(**kwargs):
+        if not written:
+            written.append(_write())
+            kwargs["now"] = timezone.now()  # the claim's statement comes after that commit
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(sweeping, "claim_unfired", claim_after_a_commit)
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=2 failed=0"
+    assert [task for task, _, _ in published] == ["sweep", "sweep"]
+    assert RUNS[written[0].pk] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_row_wakes_nothing(published):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox_publish(topic="test.swept", payload={})
+        raise RuntimeError("the move is refused")
+    assert published == [] and cache.get(sweeping.wake_key("test.swept")) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_topic_not_swept_is_handed_over_row_by_row(published):
+    row = _write(topic="test.other")
+    assert published == [("deliver", (row.pk,), {})]
+    assert cache.get(sweeping.wake_key("test.other")) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_that_is_never_run_leaves_its_rows_to_the_relay_after_the_grace(published):
+    rows = [_write(), _write()]
+    assert len(published) == 1  # the sweep task, lost
+
+    assert sorted(_relay_after_grace()) == sorted(row.pk for row in rows)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_publish_clears_the_flag_and_makes_the_row_the_relays_at_once(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(handover.sweep, "apply_async", refuse)
+    row = _write()
+    row.refresh_from_db()
+
+    assert row.due_at is not None and row.due_at <= timezone.now()  # the relay's now
+    assert cache.get(sweeping.wake_key("test.swept")) is None  # the next commit tries again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cache_that_fails_makes_the_row_the_relays_at_once(monkeypatch, published):
+    def broken(*args, **kwargs):
+        raise ConnectionError("the cache is down")
+
+    monkeypatch.setattr(sweeping.cache, "add", broken)
+    row = _write()
+    row.refresh_from_db()
+
+    assert published == []
+    assert row.due_at is not None and row.due_at <= timezone.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_that_fails_is_not_swept_again_but_the_relays_at_its_due_time(published):
+    failing, fine = _write(), _write()
+    FAILS.add(failing.pk)
+
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=1 failed=1"
+    assert outbox_sweep(topic="test.swept", gather=0) == "delivered=0 failed=0"
+
+    failing.refresh_from_db()
+    assert RUNS == Counter({fine.pk: 1})
+    assert failing.fired_at is not None and failing.processing_until is None
+    assert "the receiver's side broke" in failing.last_error
+    FAILS.clear()
+    assert _relay_after_grace() == [failing.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_takes_only_rows_due_never_fired_and_free_oldest_first(published):
+    now = timezone.now()
+    first, second = _write(), _write()
+    timer_later = None
+    with transaction.atomic():
+        timer_later = timer_schedule(
+            key="later", topic="test.swept", payload={}, due_at=now + timedelta(minutes=5)
+        )
+    fired = _write()
+    OutboxMessage.objects.filter(pk=fired.pk).update(fired_at=now)  # the relay handed it over
+    leased = _write()
+    OutboxMessage.objects.filter(pk=leased.pk).update(processing_until=now + timedelta(seconds=30))
+    _write(topic="test.other")
+
+    claimed = claim_unfired(topic="test.swept", limit=10, now=timezone.now())
+
+    assert [m.pk for m in claimed] == [first.pk, second.pk]
+    assert all(m.already_ran == [] and (m.processing_until or now) > now for m in claimed)
+    assert timer_later.pk not in [m.pk for m in claimed]
+    # Leased by this claim: a second one finds nothing.
+    assert claim_unfired(topic="test.swept", limit=10, now=timezone.now()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_sweeps_claiming_at_once_take_different_rows(published):
+    """Two real connections: the first holds its claim's row locks open, the
+    second skips them."""
+    rows = [_write() for _ in range(4)]
+    claimed_first: list[int] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def first_sweep():
+        try:
+            with transaction.atomic():
+                claimed_first.extend(
+                    m.pk for m in claim_unfired(topic="test.swept", limit=2, now=timezone.now())
+                )
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_sweep)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        second = [m.pk for m in claim_unfired(topic="test.swept", limit=10, now=timezone.now())]
+    finally:
+        release.set()
+        thread.join(10)
+
+    assert claimed_first == [rows[0].pk, rows[1].pk]
+    assert second == [rows[2].pk, rows[3].pk]
