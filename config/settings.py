@@ -326,6 +326,10 @@ if not OUTBOX_REDELIVER_SECONDS or min(OUTBOX_REDELIVER_SECONDS) <= 0:
 if "CELERY_BROKER_URL" in env:
     CELERY_BROKER_URL = env.str("CELERY_BROKER_URL")
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    if CELERY_BROKER_URL.startswith("redis://"):
+        # kombu's, with one Redis client per channel instead of one per
+        # command sent (config/kombu_redis.py).
+        CELERY_BROKER_TRANSPORT = "config.kombu_redis:Transport"
 else:
     # kombu's filesystem transport: real separate worker processes, no broker
     # server. Each process reads and writes the same folder.
