@@ -127,26 +127,31 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
         )
         return message
     with connection.cursor() as cursor:
-        cursor.execute(_lease_sql(), [lease, now, message_id, now])
+        cursor.execute(_written(_LEASE_SQL), [lease, now, message_id, now])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    message = rows.instance(OutboxMessage, row[:-1], connection.alias)
-    message.already_ran = list(row[-1])
-    return message
+    return None if row is None else _leased(row)
 
 
 @functools.cache
-def _lease_sql() -> str:
+def _written(template: str) -> str:
+    """A statement of this module with its tables and columns named (once)."""
     table = OutboxMessage._meta.db_table
-    return _LEASE_SQL.format(
+    return template.format(
         outbox=table,
         inbox=InboxEntry._meta.db_table,
         columns=", ".join(rows.columns(OutboxMessage, table)),
     )
 
 
-# A sweep's claim (``outbox.handover``, "swept"): the oldest rows of a topic
+def _leased(row) -> OutboxMessage:
+    """The message of a lease's or a claim's row, with the consumers that
+    already ran (its last column)."""
+    message = rows.instance(OutboxMessage, row[:-1], connection.alias)
+    message.already_ran = list(row[-1])
+    return message
+
+
+# A sweep's claim (``outbox.sweeping``): the oldest rows of a topic
 # due now that no one has fired yet, leased and read with what already ran,
 # in one statement. SKIP LOCKED: two sweeps take different rows.
 _CLAIM_UNFIRED_SQL = """
@@ -192,25 +197,10 @@ def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessag
                 claimed.append(message)
         return claimed
     with connection.cursor() as cursor:
-        cursor.execute(_claim_unfired_sql(), [lease, now, horizon, topic, now, now, limit])
+        cursor.execute(_written(_CLAIM_UNFIRED_SQL), [lease, now, horizon, topic, now, now, limit])
         found = cursor.fetchall()
-    claimed = []
-    for row in found:
-        message = rows.instance(OutboxMessage, row[:-1], connection.alias)
-        message.already_ran = list(row[-1])
-        claimed.append(message)
     # UPDATE … RETURNING does not keep the subquery's order.
-    return sorted(claimed, key=lambda m: (m.due_at, m.pk))
-
-
-@functools.cache
-def _claim_unfired_sql() -> str:
-    table = OutboxMessage._meta.db_table
-    return _CLAIM_UNFIRED_SQL.format(
-        outbox=table,
-        inbox=InboxEntry._meta.db_table,
-        columns=", ".join(rows.columns(OutboxMessage, table)),
-    )
+    return sorted((_leased(row) for row in found), key=lambda m: (m.due_at, m.pk))
 
 
 def message_deliver_claimed(message: OutboxMessage) -> str:
