@@ -62,8 +62,9 @@ def wake(topic: str) -> bool:
 
 
 def unwake(topic: str) -> None:
-    """Clear the flag after a wake whose sweep could not be published, so
-    the next commit tries again. Never raises."""
+    """Clear the flag: a sweep before its first claim, or a wake whose sweep
+    could not be published (so that the next commit tries again). Never
+    raises: a flag that could not be cleared expires on its own."""
     try:
         cache.delete(wake_key(topic))
     except Exception:
@@ -76,11 +77,7 @@ def outbox_sweep(*, topic: str, gather: float | None = None) -> str:
     gather = settings.OUTBOX_SWEEP_GATHER_SECONDS if gather is None else gather
     if gather > 0:
         time.sleep(gather)
-    try:
-        cache.delete(wake_key(topic))
-    except Exception:
-        # The flag expires on its own; the claims below still take every row.
-        logger.exception("outbox sweep: the wake flag could not be cleared", extra={"topic": topic})
+    unwake(topic)  # before the first claim (see the module's docstring)
     limit = settings.OUTBOX_SWEEP_BATCH
     delivered = failed = 0
     while True:

@@ -242,3 +242,16 @@ def test_two_sweeps_claiming_at_once_take_different_rows(published):
 
     assert claimed_first == [rows[0].pk, rows[1].pk]
     assert second == [rows[2].pk, rows[3].pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_whose_cache_fails_still_delivers_every_row(published, monkeypatch):
+    rows = [_write(), _write(), _write()]
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("the cache is down")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sweeping.cache, "delete", broken)
+        assert outbox_sweep(topic="test.swept", gather=0) == "delivered=3 failed=0"
+    assert RUNS == Counter({row.pk: 1 for row in rows})
