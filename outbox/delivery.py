@@ -203,12 +203,6 @@ def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessag
     return sorted((_leased(row) for row in found), key=lambda m: (m.due_at, m.pk))
 
 
-def message_deliver_claimed(message: OutboxMessage) -> str:
-    """Deliver a row :func:`claim_unfired` leased (``already_ran`` read with it)."""
-    with _delivery_span(message):
-        return _run_consumers(message)
-
-
 def _record(message: OutboxMessage, names: list[str]) -> None:
     """The inbox entries of the consumers that ran (one statement; an entry
     a transactional consumer claimed itself is left as it is)."""
@@ -234,16 +228,21 @@ def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
     message = _lease(message_id=message_id, now=now)
     if message is None:
         return "skipped"
-    # The trace of whoever wrote the row, from the row itself: a redelivery,
-    # a relay's hand-over or a lost message's replacement continues it.
-    with _delivery_span(message):
-        return _run_consumers(message)
+    return message_deliver_claimed(message)
 
 
 def message_deliver_leased(message: OutboxMessage) -> str:
     """Deliver a row its writer leased in the commit that wrote it (in place,
     ``outbox.handover``): the lease is held already and no consumer has run."""
     message.already_ran = []
+    return message_deliver_claimed(message)
+
+
+def message_deliver_claimed(message: OutboxMessage) -> str:
+    """Deliver a row leased already, with the consumers that already ran
+    (``already_ran``: read by the lease, or by a sweep's claim)."""
+    # The trace of whoever wrote the row, from the row itself: a redelivery,
+    # a relay's hand-over or a lost message's replacement continues it.
     with _delivery_span(message):
         return _run_consumers(message)
 

@@ -90,6 +90,11 @@ def queue_of(topic: str) -> str | None:
     return settings.OUTBOX_TOPIC_QUEUES.get(topic)
 
 
+def _routing(queue: str | None) -> dict[str, Any]:
+    """``apply_async``'s options for a queue (none: the default queue)."""
+    return {"queue": queue} if queue else {}
+
+
 def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:
     """``ids`` grouped by the queue their topic goes to, each group in order."""
     groups: dict[str | None, list[int]] = {}
@@ -111,7 +116,7 @@ def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int],
     try:
         with app.producer_or_acquire() as producer:
             for queue, chunk in groups:
-                routing: dict[str, Any] = {"queue": queue} if queue else {}
+                routing = _routing(queue)
                 try:
                     if len(chunk) == 1:
                         with tracing.use_context(parents.get(chunk[0], "")):
@@ -155,8 +160,7 @@ def hand_over_on_commit(message_id: int, topic: str) -> None:
         _wake_sweep(message_id, topic)
         return
     try:
-        routing: dict[str, Any] = {"queue": queue} if (queue := queue_of(topic)) else {}
-        deliver.apply_async(args=(message_id,), **routing)
+        deliver.apply_async(args=(message_id,), **_routing(queue_of(topic)))
     except Exception:
         logger.exception(
             "outbox hand-off on commit failed; the relay takes the row",
@@ -172,8 +176,7 @@ def _wake_sweep(message_id: int, topic: str) -> None:
     try:
         woke = sweeping.wake(topic)
         if woke:
-            routing: dict[str, Any] = {"queue": queue} if (queue := queue_of(topic)) else {}
-            sweep.apply_async(args=(topic,), **routing)
+            sweep.apply_async(args=(topic,), **_routing(queue_of(topic)))
     except Exception:
         logger.exception(
             "outbox sweep wake-up failed; the relay takes the row",
