@@ -9,27 +9,22 @@ import threading
 import time
 import uuid
 
-import httpx
-
+from bench import wire
 from bench.common import PhaseFailed, lat_summary, log
 from bench.db import token
 from bench.machine import machine_busy_seconds, tree_cpu_seconds
 from bench.stack import Stack
 
 
-def http_client(base_url: str, user_id: int | None) -> httpx.Client:
-    """A client authenticated as the bench user ``user_id``, one connection
-    (``None``: anonymous; a request may still carry ``auth_headers``)."""
-    return httpx.Client(
-        base_url=base_url,
-        headers=auth_headers(user_id) if user_id is not None else {},
-        timeout=httpx.Timeout(60.0),
-        trust_env=False,  # 127.0.0.1 only, never through a proxy
-        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-    )
+def http_client(base_url: str, user_id: int | None) -> wire.Client:
+    """A client authenticated as the bench user ``user_id``, one keep-alive
+    connection (``None``: anonymous; a request may still carry
+    ``auth_headers``). A lean one: it shares the cores it loads
+    (bench/wire.py)."""
+    return wire.Client(base_url, headers=auth_headers(user_id) if user_id is not None else {})
 
 
-def post_purchase(client: httpx.Client, *, event_id: int, ref: str) -> tuple[int, float, str]:
+def post_purchase(client: wire.Client, *, event_id: int, ref: str) -> tuple[int, float, str]:
     """One purchase start; (status, seconds, body head). A connection dropped
     by the server (keep-alive race) is retried once with the same
     Idempotency-Key, which is exactly what the key is for."""
@@ -41,7 +36,7 @@ def post_purchase(client: httpx.Client, *, event_id: int, ref: str) -> tuple[int
             r = client.post("/api/purchases/", json=body, headers={"Idempotency-Key": key})
             head = "" if r.status_code in (202, 409) else r.text[:300]
             return r.status_code, time.perf_counter() - started, head
-        except httpx.TransportError as exc:
+        except wire.TransportError as exc:
             if attempt == 2:
                 return -1, time.perf_counter() - started, f"{type(exc).__name__}: {exc}"
     raise AssertionError("unreachable")
@@ -52,7 +47,7 @@ def auth_headers(user_id: int) -> dict[str, str]:
 
 
 def start_purchase(
-    client: httpx.Client, body: dict, *, headers: dict | None = None
+    client: wire.Client, body: dict, *, headers: dict | None = None
 ) -> tuple[int, float, dict]:
     """One purchase start with ``body`` (named ``seats`` or a ``quantity``);
     (status, seconds, the answer's JSON for a 202 or a 409, else
@@ -69,7 +64,7 @@ def start_purchase(
             if r.status_code in (202, 409):
                 return r.status_code, secs, r.json()
             return r.status_code, secs, {"head": r.text[:300]}
-        except httpx.TransportError as exc:
+        except wire.TransportError as exc:
             if attempt == 2:
                 return -1, time.perf_counter() - started, {"head": f"{type(exc).__name__}: {exc}"}
     raise AssertionError("unreachable")
