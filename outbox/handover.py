@@ -4,7 +4,8 @@ Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
 
 - **on commit** (:func:`hand_over_on_commit`): a row due when it is written
   is published by the process that wrote it, right after its commit, with no
-  transaction of its own. The row was written due a grace later
+  transaction of its own (one ``LPUSH`` of the message Celery would send,
+  ``config/task_publish.py``). The row was written due a grace later
   (``OUTBOX_HAND_OVER_GRACE_SECONDS``): if its consumers have not all run by
   then (the process died between the commit and the publish, the broker
   refused it, the worker lost it), the relay hands it over as it would any
@@ -51,6 +52,7 @@ from django.utils import timezone
 
 from config import tracing
 from config.celery import app
+from config.task_publish import publish
 
 from . import sweeping
 from .delivery import message_deliver_leased
@@ -160,7 +162,7 @@ def hand_over_on_commit(message_id: int, topic: str) -> None:
         _wake_sweep(message_id, topic)
         return
     try:
-        deliver.apply_async(args=(message_id,), **_routing(queue_of(topic)))
+        publish(deliver, (message_id,), queue=queue_of(topic))
     except Exception:
         logger.exception(
             "outbox hand-off on commit failed; the relay takes the row",
@@ -176,7 +178,7 @@ def _wake_sweep(message_id: int, topic: str) -> None:
     try:
         woke = sweeping.wake(topic)
         if woke:
-            sweep.apply_async(args=(topic,), **_routing(queue_of(topic)))
+            publish(sweep, (topic,), queue=queue_of(topic))
     except Exception:
         logger.exception(
             "outbox sweep wake-up failed; the relay takes the row",

@@ -57,9 +57,12 @@ def _on(settings):
 def published(monkeypatch):
     """What the on-commit hand-over puts on the broker: (args, options)."""
     sent = []
-    monkeypatch.setattr(
-        handover.deliver, "apply_async", lambda args, **options: sent.append((args, options))
-    )
+
+    def publish(task, args, *, queue=None):
+        assert task is handover.deliver
+        sent.append((args, {"queue": queue} if queue else {}))
+
+    monkeypatch.setattr(handover, "publish", publish)
     return sent
 
 
@@ -138,7 +141,7 @@ def test_a_refused_publish_makes_the_row_due_at_once(monkeypatch):
     def refuse(*args, **kwargs):
         raise ConnectionError("the broker is down")
 
-    monkeypatch.setattr(handover.deliver, "apply_async", refuse)
+    monkeypatch.setattr(handover, "publish", refuse)
     row = _write()
 
     row.refresh_from_db()

@@ -51,16 +51,12 @@ def _swept(settings):
 def published(monkeypatch):
     """The sweeps and the single deliveries put on the broker: (task, args, options)."""
     sent = []
-    monkeypatch.setattr(
-        handover.sweep,
-        "apply_async",
-        lambda args, **options: sent.append(("sweep", args, options)),
-    )
-    monkeypatch.setattr(
-        handover.deliver,
-        "apply_async",
-        lambda args, **options: sent.append(("deliver", args, options)),
-    )
+    names = {handover.sweep: "sweep", handover.deliver: "deliver"}
+
+    def publish(task, args, *, queue=None):
+        sent.append((names[task], args, {"queue": queue} if queue else {}))
+
+    monkeypatch.setattr(handover, "publish", publish)
     return sent
 
 
@@ -151,7 +147,7 @@ def test_a_refused_publish_clears_the_flag_and_makes_the_row_the_relays_at_once(
     def refuse(*args, **kwargs):
         raise ConnectionError("the broker is down")
 
-    monkeypatch.setattr(handover.sweep, "apply_async", refuse)
+    monkeypatch.setattr(handover, "publish", refuse)
     row = _write()
     row.refresh_from_db()
 
