@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import socket
@@ -738,6 +739,47 @@ def test_attempts_share_one_tls_context_per_process(receiver, monkeypatch):
 
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert len(built) <= 1
+
+
+def test_attempts_to_one_receiver_ride_one_connection(receiver):
+    """A worker keeps the connection of an attempt answered for the next one
+    to the same checked target: no TCP (or TLS) set-up per attempt."""
+    target = url_safety.check_url(receiver.url())
+
+    answers = [post(target, headers={}, body=b"{}", timeout=2.0) for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert (len(receiver.requests), receiver.connections) == (3, 1)
+
+
+def test_a_kept_connection_serves_only_its_address_and_host_name(receiver):
+    """The same address under another name (another endpoint on one
+    server) is another connection: a connection is reused only where a new
+    one would have gone, with the same name sent."""
+    target = url_safety.check_url(receiver.url())
+    other = dataclasses.replace(target, host="localhost")
+
+    post(target, headers={}, body=b"{}", timeout=2.0)
+    post(other, headers={}, body=b"{}", timeout=2.0)
+    post(target, headers={}, body=b"{}", timeout=2.0)
+
+    assert [r.headers["host"] for r in receiver.requests] == [
+        target.host_header,
+        other.host_header,
+        target.host_header,
+    ]
+    assert receiver.connections == 2
+
+
+def test_an_attempt_without_an_answer_closes_its_connection(receiver):
+    receiver.script = [("hang", 5)]
+    target = url_safety.check_url(receiver.url())
+
+    timed_out = post(target, headers={}, body=b"{}", timeout=0.5)
+    answered = post(target, headers={}, body=b"{}", timeout=2.0)
+
+    assert (timed_out.status_code, answered.status_code) == (None, 200)
+    assert receiver.connections == 2  # the second attempt did not inherit the first's
 
 
 def test_an_attempt_logs_no_line_of_httpx_even_when_the_root_logs_info(receiver, caplog):

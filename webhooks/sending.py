@@ -6,6 +6,13 @@ as the server name the certificate is verified against (httpcore's
 ``sni_hostname``): nothing resolves the name a second time. No redirect is
 followed, no proxy from the environment is used (it would resolve the name
 itself), and only the start of the answer is read.
+
+A worker process keeps the connection of an attempt that got a whole answer
+for the next attempt to the same checked target (:class:`_Clients`): the
+key is the address that was checked, the port, the scheme and the names
+sent (``Host``, TLS server name), so a connection is reused only where a new
+one would have gone, and each attempt checks its URL again first. An
+attempt that fails or runs out of time closes its connection.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import functools
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import httpx
@@ -81,6 +89,57 @@ def build_request(target: Target, *, headers: dict[str, str], body: bytes) -> ht
     )
 
 
+# Receivers whose connections a worker process keeps (the least recently
+# used beyond it is closed); httpx closes a connection idle for 5 s itself.
+KEPT_TARGETS = 32
+
+
+class _Clients:
+    """One httpx client per checked target, each used by one attempt at a
+    time (taken, then given back), with one connection at most."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: OrderedDict[tuple, httpx.Client] = OrderedDict()
+
+    def take(self, target: Target) -> httpx.Client:
+        with self._lock:
+            client = self._idle.pop(_key(target), None)
+        if client is None:
+            client = httpx.Client(
+                follow_redirects=False,
+                trust_env=False,
+                verify=_tls(),
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            )
+        return client
+
+    def give_back(self, target: Target, client: httpx.Client) -> None:
+        closing = []
+        with self._lock:
+            if (other := self._idle.pop(_key(target), None)) is not None:
+                closing.append(other)  # two attempts to one target at once: keep one
+            self._idle[_key(target)] = client
+            while len(self._idle) > KEPT_TARGETS:
+                closing.append(self._idle.popitem(last=False)[1])
+        for spare in closing:
+            spare.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), OrderedDict()
+        for client in idle:
+            client.close()
+
+
+def _key(target: Target) -> tuple:
+    # The host name is both the Host header and the TLS server name.
+    return (target.scheme, target.address, target.port, target.host)
+
+
+_clients = _Clients()
+
+
 def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float) -> Answer:
     """POST ``body`` to ``target``; never raises for what the network or the
     receiver does.
@@ -92,8 +151,9 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     connection is then closed, which ends that thread at its next read."""
     assert_no_transaction("webhook POST")
     request = build_request(target, headers={**headers, "Accept-Encoding": "identity"}, body=body)
+    request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
     started = time.monotonic()
-    client = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False, verify=_tls())
+    client = _clients.take(target)
     outcome: list[Answer] = []
     exchange = threading.Thread(
         target=lambda: outcome.append(_exchange(client, request, started, timeout)),
@@ -103,7 +163,12 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     exchange.start()
     exchange.join(timeout + _DEADLINE_SLACK_SECONDS)
     if outcome:
-        client.close()
+        if outcome[0].status_code is not None:
+            # An answer: httpcore kept its connection only if it was read
+            # to its end, else closed it; either way the client is clean.
+            _clients.give_back(target, client)
+        else:
+            client.close()
         return outcome[0]
     client.close()  # the abandoned exchange fails at its next read and ends
     return Answer(

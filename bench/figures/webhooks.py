@@ -82,6 +82,10 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive, as a receiver behind any ordinary web server: the
+            # webhook pool keeps a connection per receiver.
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 kind = "hang" if self.path.startswith("/hang") else "ok"
