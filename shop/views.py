@@ -114,7 +114,7 @@ def _purchase_post(request, event_id: int):
     # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE): a page
     # and the API count one user's starts together.
     throttle = PurchaseStartThrottle()
-    if not throttle.allow_request(request, None):  # type: ignore[arg-type]  # its key needs no view
+    if not throttle.allow_request(request, None):  # its key needs no view
         wait = throttle.wait()
         retry_after = max(1, math.ceil(wait)) if wait is not None else None
         response = render(
