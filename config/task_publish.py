@@ -1,7 +1,9 @@
 """Publishing one task message straight to the Redis broker, as Celery would.
 
-A reserve hands its charge to Celery after its commit (``outbox.handover``).
-``apply_async`` gets there through Celery's router and options, kombu's
+A reserve hands its charge to Celery after its commit
+(``purchases/saga/start.py``), and a commit that writes an event due now hands
+it over the same way (``outbox/handover.py``). ``apply_async`` (or
+``send_task``) gets there through Celery's router and options, kombu's
 producer pool, the queue's declaration (a bound copy of the queue made on
 every publish) and its serializer registry: 0.33–0.37 ms of CPU per
 publish in-process, and 15 % of the web's CPU per reserve under ``make bench``'s
@@ -50,10 +52,18 @@ _templates: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
-def publish(task: Task, args: tuple, *, queue: str | None = None) -> None:
-    """Send ``task(*args)`` to ``queue`` (the default queue if None)."""
+def publish(task: Task | str, args: tuple, *, queue: str | None = None) -> None:
+    """Send ``task(*args)`` to ``queue`` (the default queue if None). A task
+    named is looked up in the app's registry (a name this process does not
+    know goes through ``send_task``, as before)."""
+    options: dict[str, Any] = {"queue": queue} if queue else {}
+    if isinstance(task, str):
+        found = app.tasks.get(task)
+        if found is None:
+            app.send_task(task, args=args, **options)
+            return
+        task = found
     if not direct(task):
-        options: dict[str, Any] = {"queue": queue} if queue else {}
         task.apply_async(args=args, **options)
         return
     queue = queue or app.conf.task_default_queue

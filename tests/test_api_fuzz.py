@@ -66,11 +66,11 @@ PAYMENT_METHODS = ["pm_card_visa", "pm_card_chargeDeclined", "pm_card_unreachabl
 def api_world(transactional_db, monkeypatch):
     """A user with a token and a purchase, someone else's purchase, an event
     with seats, and no broker. Returns the user's auth header."""
-    from config.celery import app
+    from purchases.saga import start as saga_start
     from purchases.services import purchase_start
 
     enqueued: list[str] = []
-    monkeypatch.setattr(app, "send_task", lambda name, args: enqueued.append(args[0]))
+    monkeypatch.setattr(saga_start, "publish", lambda name, args: enqueued.append(args[0]))
     user, other = UserFactory(username="fuzzer"), UserFactory(username="someone-else")
     token, _ = Token.objects.get_or_create(user=user)
     event = EventFactory(seats=SEATS)

@@ -63,10 +63,10 @@ def cache_of_this_test(settings):
 @pytest.fixture(autouse=True)
 def enqueued(monkeypatch) -> list:
     """The charges the purchases enqueue on commit, recorded instead of sent."""
-    from config.celery import app
+    from purchases.saga import start
 
     sent: list = []
-    monkeypatch.setattr(app, "send_task", lambda name, args: sent.append((name, args)))
+    monkeypatch.setattr(start, "publish", lambda name, args: sent.append((name, args)))
     return sent
 
 

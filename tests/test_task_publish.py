@@ -72,6 +72,22 @@ def test_the_message_is_the_one_apply_async_sends(queue, task, args):
     assert _per_message(ours) == _per_message(celerys)
 
 
+def test_the_charge_named_is_the_message_send_task_sends(queue):
+    # The reserve names its task (the saga does not import the task module).
+    app.send_task("purchases.charge", args=("saga-1",), queue=queue)
+    celerys = _pop(queue)
+    task_publish.publish("purchases.charge", ("saga-1",), queue=queue)
+    ours = _pop(queue)
+
+    assert ours["body"][0] == ["saga-1"]
+    assert _per_message(ours) == _per_message(celerys)
+
+
+def test_a_name_no_task_has_goes_through_send_task(queue):
+    task_publish.publish("nobody.has.this", (1,), queue=queue)
+    assert _pop(queue)["headers"]["task"] == "nobody.has.this"
+
+
 def test_each_message_has_ids_of_its_own(queue):
     task_publish.publish(deliver, (1,), queue=queue)
     task_publish.publish(deliver, (2,), queue=queue)

@@ -293,14 +293,14 @@ def test_a_charge_that_meets_an_intent_canceled_by_a_crashed_expiry_unwinds(alic
 def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
     alice_api, event, gateway, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from config.celery import app
+    from purchases.saga import start
 
     # The broker boundary, replaced by running the task body in-process.
-    def send_task(name, args):
+    def publish(name, args):
         assert name == "purchases.charge"
         saga_charge(saga_id=args[0])
 
-    monkeypatch.setattr(app, "send_task", send_task)
+    monkeypatch.setattr(start, "publish", publish)
     body = {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"}
     with django_capture_on_commit_callbacks(execute=True):
         first = alice_api.post("/api/purchases/", body, format="json", HTTP_IDEMPOTENCY_KEY="dup")

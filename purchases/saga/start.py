@@ -31,7 +31,7 @@ from django.db import connection, transaction
 from common import rows as rows_sql
 from common.time import iso_z
 from config import tracing
-from config.celery import app as celery_app
+from config.task_publish import publish
 from outbox.services import timer_schedule
 
 from .. import lock_objects
@@ -554,4 +554,5 @@ def _enqueue_charge(saga_id: str) -> None:
     # By name: the saga does not import the task module. If this fails
     # (broker down), the saga stays PENDING and the resumer drives it;
     # robust=True keeps the committed purchase's 202.
-    celery_app.send_task(CHARGE_TASK, args=[saga_id])
+    # One LPUSH of the message Celery would send (config/task_publish.py).
+    publish(CHARGE_TASK, (saga_id,))
