@@ -58,7 +58,7 @@ def publish(task: Task | str, args: tuple, *, queue: str | None = None) -> None:
     know goes through ``send_task``, as before)."""
     options: dict[str, Any] = {"queue": queue} if queue else {}
     if isinstance(task, str):
-        found = app.tasks.get(task)
+        found = registered(task)
         if found is None:
             app.send_task(task, args=args, **options)
             return
@@ -83,6 +83,15 @@ def publish(task: Task | str, args: tuple, *, queue: str | None = None) -> None:
         },
     }
     _client(app.conf.broker_url).lpush(queue, json.dumps(message))
+
+
+def registered(name: str) -> Task | None:
+    """The task of that name. A process that runs no worker (the web) has
+    not imported the apps' task modules: the first look-up imports them, as
+    a worker does at start (Celery's autodiscovery)."""
+    if name not in app.tasks:
+        app.loader.import_default_modules()
+    return app.tasks.get(name)
 
 
 def direct(task: Task) -> bool:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -72,15 +75,44 @@ def test_the_message_is_the_one_apply_async_sends(queue, task, args):
     assert _per_message(ours) == _per_message(celerys)
 
 
-def test_the_charge_named_is_the_message_send_task_sends(queue):
+def test_the_charge_named_is_the_message_its_apply_async_sends(queue, monkeypatch):
     # The reserve names its task (the saga does not import the task module).
-    app.send_task("purchases.charge", args=("saga-1",), queue=queue)
+    # (send_task by name says ignore_result false: it does not know the
+    # task; the worker keeps no result either way, there is no backend.)
+    charge = task_publish.registered("purchases.charge")
+    assert charge is not None
+    charge.apply_async(args=("saga-1",), queue=queue)
     celerys = _pop(queue)
+
+    def no(*args, **kwargs):
+        raise AssertionError("the charge went through send_task")
+
+    monkeypatch.setattr(app, "send_task", no)
     task_publish.publish("purchases.charge", ("saga-1",), queue=queue)
     ours = _pop(queue)
 
     assert ours["body"][0] == ["saga-1"]
     assert _per_message(ours) == _per_message(celerys)
+
+
+def test_a_process_that_runs_no_worker_finds_the_charge_by_name():
+    """The web imports no task module by itself: a look-up that missed the
+    charge would send every reserve's charge through send_task."""
+    code = (
+        "import django; django.setup(); from config.celery import app; "
+        "from config.task_publish import registered, direct; "
+        "before = 'purchases.charge' in app.tasks; task = registered('purchases.charge'); "
+        "print(before, task.name, direct(task))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out[-3:] == ["False", "purchases.charge", "True"]
 
 
 def test_a_name_no_task_has_goes_through_send_task(queue):
