@@ -167,6 +167,15 @@ class BrokerQueue:
 
 
 @pytest.fixture
+def tight_throttle(settings):
+    """Three purchase starts a minute per user, counted from an empty cache."""
+    settings.PURCHASE_THROTTLE_RATE = "3/min"
+    caches["default"].clear()
+    yield
+    caches["default"].clear()
+
+
+@pytest.fixture
 def broker_queue():
     queue = BrokerQueue()
     queue.purge()

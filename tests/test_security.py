@@ -141,14 +141,6 @@ def test_idempotency_keys_are_scoped_per_user(people):
 # --- throttling and limits ---------------------------------------------------------------
 
 
-@pytest.fixture
-def tight_throttle(settings):
-    settings.PURCHASE_THROTTLE_RATE = "3/min"
-    cache.clear()
-    yield
-    cache.clear()
-
-
 @pytest.mark.django_db
 def test_purchase_starts_are_throttled_per_user_with_retry_after(people, tight_throttle):
     event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])

@@ -8,20 +8,11 @@ import threading
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
-from django.core.cache import cache
 from rest_framework.test import APIRequestFactory
 
 from purchases.throttling import PurchaseStartThrottle
 from tests.conftest import cache_redis
 from tests.factories import UserFactory
-
-
-@pytest.fixture
-def three_a_minute(settings):
-    settings.PURCHASE_THROTTLE_RATE = "3/min"
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def _request(user):
@@ -39,7 +30,7 @@ def _start(user, at: float | None = None) -> tuple[bool, float | None]:
 
 
 @pytest.mark.django_db
-def test_the_window_slides_and_retry_after_is_drfs(three_a_minute):
+def test_the_window_slides_and_retry_after_is_drfs(tight_throttle):
     alice = UserFactory()
     t0 = 1_800_000_000.25
     assert [_start(alice, t0 + n)[0] for n in range(3)] == [True, True, True]
@@ -53,7 +44,7 @@ def test_the_window_slides_and_retry_after_is_drfs(three_a_minute):
 
 
 @pytest.mark.django_db
-def test_the_count_is_one_redis_list_per_user_that_expires(three_a_minute):
+def test_the_count_is_one_redis_list_per_user_that_expires(tight_throttle):
     alice, bob = UserFactory(), UserFactory()
     _start(alice)
     _start(alice)
@@ -66,12 +57,12 @@ def test_the_count_is_one_redis_list_per_user_that_expires(three_a_minute):
 
 
 @pytest.mark.django_db
-def test_an_anonymous_caller_is_counted_by_address(three_a_minute):
+def test_an_anonymous_caller_is_counted_by_address(tight_throttle):
     assert [_start(AnonymousUser())[0] for _ in range(4)] == [True, True, True, False]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_starts_at_once_from_many_threads_pass_exactly_the_rate(three_a_minute):
+def test_starts_at_once_from_many_threads_pass_exactly_the_rate(tight_throttle):
     """Each thread has a cache client and a connection of its own, as
     separate web processes do. DRF's read-then-write lets two starts that
     read the same history both pass; one atomic step cannot."""
