@@ -15,7 +15,8 @@ task and queue (``app.amqp.as_task_v2``: Celery decides the headers) and
 pushes it with one command: 0.15 ms (the ``LPUSH`` alone is 0.08). It does
 so only where the result is the message ``apply_async`` would send: the
 broker is ``config.kombu_redis`` with no transport options (no key prefix,
-no priority steps), the task's result is not kept, and nothing listens to
+no priority steps), the task's result is not kept, it has no options of its
+own and no route is configured, and nothing listens to
 Celery's publish signals (tracing's instrumentation does: it writes the
 trace into the headers). Otherwise it calls ``apply_async``. It takes
 arguments and a queue, nothing else (no countdown, no ETA).
@@ -96,9 +97,20 @@ def registered(name: str) -> Task | None:
 
 def direct(task: Task) -> bool:
     """Whether :func:`publish` writes ``task``'s message itself (see the
-    module)."""
+    module): also not for a task with options of its own (a queue, a
+    priority, time limits, an expiry...) nor when routes are configured,
+    which the template does not carry."""
     return (
         task.ignore_result
+        and not any(
+            value
+            for name, value in task._get_exec_options().items()  # type: ignore[attr-defined]
+            # (apply_async adds ignore_result to the cached options it is
+            # given; the template carries the task's own.)
+            if name not in ("serializer", "ignore_result")
+        )
+        and task.serializer == "json"
+        and not app.conf.task_routes
         and app.conf.broker_transport == _FAST_TRANSPORT
         and not app.conf.broker_transport_options
         and not signals.before_task_publish.receivers

@@ -138,6 +138,28 @@ def test_no_queue_is_the_default_queue_and_kombus_consumer_reads_it(broker_queue
     ]
 
 
+def test_a_task_with_options_of_its_own_or_a_route_gets_apply_async(monkeypatch):
+    # The template carries neither: Celery's own publish does.
+    def forget_options() -> None:
+        deliver._exec_options = None  # type: ignore[attr-defined]  # Celery caches them
+
+    monkeypatch.setattr(deliver, "time_limit", 30)
+    forget_options()
+    try:
+        assert not task_publish.direct(deliver)
+    finally:
+        monkeypatch.undo()
+        forget_options()
+    assert task_publish.direct(deliver)
+
+    app.conf.task_routes = {"outbox.deliver": {"queue": "elsewhere"}}
+    try:
+        assert not task_publish.direct(deliver)
+    finally:
+        app.conf.task_routes = None
+    assert task_publish.direct(deliver)
+
+
 def test_a_listener_on_celerys_publish_signals_gets_apply_async(queue):
     # Tracing's instrumentation listens there: it writes the trace into the
     # headers, which only Celery's own publish carries.
