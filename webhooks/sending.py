@@ -7,8 +7,8 @@ as the server name the certificate is verified against (httpcore's
 followed, no proxy from the environment is used (it would resolve the name
 itself), and only the start of the answer is read.
 
-A worker process keeps the connection of an attempt that got a whole answer
-for the next attempt to the same checked target (:class:`_Clients`): the
+A worker process keeps the connection of an attempt that got an answer for
+the next attempt to the same checked target (:class:`_Clients`): the
 key is the address that was checked, the port, the scheme and the names
 sent (``Host``, TLS server name), so a connection is reused only where a new
 one would have gone, and each attempt checks its URL again first. An
@@ -124,12 +124,6 @@ class _Clients:
                 closing.append(self._idle.popitem(last=False)[1])
         for spare in closing:
             spare.close()
-
-    def close_all(self) -> None:
-        with self._lock:
-            idle, self._idle = list(self._idle.values()), OrderedDict()
-        for client in idle:
-            client.close()
 
 
 def _key(target: Target) -> tuple:
