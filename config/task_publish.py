@@ -57,7 +57,7 @@ def publish(task: Task | str, args: tuple, *, queue: str | None = None) -> None:
     """Send ``task(*args)`` to ``queue`` (the default queue if None). A task
     named is looked up in the app's registry (a name this process does not
     know goes through ``send_task``, as before)."""
-    options: dict[str, Any] = {"queue": queue} if queue else {}
+    options = routing(queue)
     if isinstance(task, str):
         found = registered(task)
         if found is None:
@@ -84,6 +84,11 @@ def publish(task: Task | str, args: tuple, *, queue: str | None = None) -> None:
         },
     }
     _client(app.conf.broker_url).lpush(queue, json.dumps(message))
+
+
+def routing(queue: str | None) -> dict[str, Any]:
+    """Celery's publish options for a queue (none: the default queue)."""
+    return {"queue": queue} if queue else {}
 
 
 def registered(name: str) -> Task | None:

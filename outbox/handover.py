@@ -44,7 +44,6 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -52,7 +51,7 @@ from django.utils import timezone
 
 from config import tracing
 from config.celery import app
-from config.task_publish import publish
+from config.task_publish import publish, routing
 
 from . import sweeping
 from .delivery import message_deliver_leased
@@ -92,11 +91,6 @@ def queue_of(topic: str) -> str | None:
     return settings.OUTBOX_TOPIC_QUEUES.get(topic)
 
 
-def _routing(queue: str | None) -> dict[str, Any]:
-    """``apply_async``'s options for a queue (none: the default queue)."""
-    return {"queue": queue} if queue else {}
-
-
 def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:
     """``ids`` grouped by the queue their topic goes to, each group in order."""
     groups: dict[str | None, list[int]] = {}
@@ -118,13 +112,13 @@ def celery_hand_over(ids: list[int], topics: dict[int, str]) -> tuple[list[int],
     try:
         with app.producer_or_acquire() as producer:
             for queue, chunk in groups:
-                routing = _routing(queue)
+                options = routing(queue)
                 try:
                     if len(chunk) == 1:
                         with tracing.use_context(parents.get(chunk[0], "")):
-                            deliver.apply_async(args=(chunk[0],), producer=producer, **routing)
+                            deliver.apply_async(args=(chunk[0],), producer=producer, **options)
                     else:
-                        deliver_many.apply_async(args=(chunk,), producer=producer, **routing)
+                        deliver_many.apply_async(args=(chunk,), producer=producer, **options)
                 except Exception:
                     logger.exception("outbox hand-off failed", extra={"count": len(chunk)})
                     failed.extend(chunk)
