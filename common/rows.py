@@ -173,3 +173,42 @@ def update_fields(obj: models.Model, names: Sequence[str]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params + [model._meta.pk.get_db_prep_value(obj.pk, connection)])
         return cursor.rowcount
+
+
+def update_fields_many(objs: Sequence[models.Model], names: Sequence[str]) -> int:
+    """:func:`update_fields` of several rows of one model, in one statement
+    on PostgreSQL (``UPDATE … FROM (VALUES …)``, each value cast to its
+    column's type, so that a column NULL in every row still has one); one
+    statement per row elsewhere. Returns the rows updated."""
+    if not objs:
+        return 0
+    model = type(objs[0])
+    connection = connections[model._default_manager.db]
+    if connection.vendor != "postgresql" or len(objs) == 1:
+        return sum(update_fields(obj, names) for obj in objs)
+    by_name = {field.name: field for field in model._meta.concrete_fields}
+    fields = [model._meta.pk, *(by_name[name] for name in names)]
+    params = [
+        field.get_db_prep_save(getattr(obj, field.attname), connection)
+        for obj in objs
+        for field in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_update_many_sql(model, tuple(names), len(objs), connection.alias), params)
+        return cursor.rowcount
+
+
+@functools.lru_cache(maxsize=256)  # keyed by model, fields and row count
+def _update_many_sql(model: type[models.Model], names: tuple[str, ...], rows: int, db: str) -> str:
+    connection = connections[db]
+    by_name = {field.name: field for field in model._meta.concrete_fields}
+    pk = model._meta.pk
+    fields = [pk, *(by_name[name] for name in names)]
+    row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in fields) + ")"
+    aliases = ", ".join(f'"{field.column}"' for field in fields)
+    assignments = ", ".join(f'"{field.column}" = v."{field.column}"' for field in fields[1:])
+    table = model._meta.db_table
+    return (
+        f"UPDATE {table} SET {assignments} FROM (VALUES {', '.join([row] * rows)})"
+        f' AS v ({aliases}) WHERE {table}."{pk.column}" = v."{pk.column}"'
+    )

@@ -23,7 +23,11 @@ A delivery is two commits whatever the consumers: one statement that takes
 the lease and reads the message with what already ran (and stamps
 ``fired_at`` on a row handed over on commit, which no relay marked), and the
 closing transaction. A row delivered in place by its writer was leased in
-the commit that wrote it: its delivery is the closing transaction alone.
+the commit that wrote it: its delivery is the closing transaction alone. The
+rows a sweep claimed together (``outbox.sweeping``) share one closing
+transaction (:func:`messages_deliver_claimed`); an inside half may say how to
+run with others of its kind in one go (its ``together``: a webhook attempt's
+record).
 A delivery that fails says why on the row (``last_error``), in the commit
 that gives the row back; the relay hands it over again when it is due
 (``outbox.handover``, ``OUTBOX_REDELIVER_SECONDS``). A dead letter is not
@@ -36,6 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -203,23 +208,33 @@ def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessag
     return sorted((_leased(row) for row in found), key=lambda m: (m.due_at, m.pk))
 
 
-def _record(message: OutboxMessage, names: list[str]) -> None:
-    """The inbox entries of the consumers that ran (one statement; an entry
-    a transactional consumer claimed itself is left as it is)."""
+def _record(entries: list[tuple[OutboxMessage, list[str]]]) -> None:
+    """The inbox entries of the consumers that ran, of one message or of
+    several (one statement; an entry a transactional consumer claimed
+    itself is left as it is)."""
     at = timezone.now()
     rows.insert(
         [
             InboxEntry(consumer=name, message=message, event_id=message.event_id, processed_at=at)
+            for message, names in entries
             for name in names
         ],
         ignore_conflicts=True,
     )
 
 
-def _complete(message: OutboxMessage) -> None:
-    """The row settled (one ``UPDATE`` by its key, ``common.rows.update_fields``)."""
-    message.completed_at, message.due_at, message.processing_until = timezone.now(), None, None
-    rows.update_fields(message, ["completed_at", "due_at", "processing_until"])
+def _complete(messages: list[OutboxMessage]) -> None:
+    """The rows settled, in one ``UPDATE`` (one row: by its key,
+    ``common.rows.update_fields``)."""
+    at = timezone.now()
+    for message in messages:
+        message.completed_at, message.due_at, message.processing_until = at, None, None
+    if len(messages) == 1:
+        rows.update_fields(messages[0], ["completed_at", "due_at", "processing_until"])
+    else:
+        OutboxMessage.objects.filter(pk__in=[m.pk for m in messages]).update(
+            completed_at=at, due_at=None, processing_until=None
+        )
 
 
 def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
@@ -244,7 +259,52 @@ def message_deliver_claimed(message: OutboxMessage) -> str:
     # The trace of whoever wrote the row, from the row itself: a redelivery,
     # a relay's hand-over or a lost message's replacement continues it.
     with _delivery_span(message):
-        return _run_consumers(message)
+        opened = _open(message)
+        _close_or_fail(opened)
+    return "delivered"
+
+
+def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
+    """Deliver rows leased already (a sweep's claim); returns how many were
+    delivered and how many failed. Never raises for a row.
+
+    Each row's ordinary consumers run in turn, as for a row alone; then one
+    closing transaction settles every row that got that far: their inside
+    halves (those of one kind together, when the kind says how:
+    ``together``), their transactional consumers, their inbox entries and
+    their completion, each in one statement where it can (docs/performance.md,
+    "The webhooks' sweep"). If that transaction fails, each row is closed
+    alone, as :func:`message_deliver_claimed` does, so that one row's fault
+    is said on that row and the others still settle."""
+    opened: list[_Opened] = []
+    failed = 0
+    for message in messages:
+        try:
+            with _delivery_span(message):
+                opened.append(_open(message))
+        except Exception:
+            failed += 1  # said on the row and logged by _open
+    if len(opened) > 1:
+        try:
+            _close(opened)
+        except Exception:
+            logger.warning(
+                "outbox: closing %s deliveries together failed; closing each alone",
+                len(opened),
+                exc_info=True,
+                extra={"message_ids": [o.message.pk for o in opened]},
+            )
+        else:
+            return len(opened), failed
+    delivered = 0
+    for one in opened:
+        try:
+            _close_or_fail(one)
+        except Exception:
+            failed += 1
+        else:
+            delivered += 1
+    return delivered, failed
 
 
 def _delivery_span(message: OutboxMessage):
@@ -267,60 +327,104 @@ def _delivery_span(message: OutboxMessage):
     )
 
 
-def _run_consumers(message: OutboxMessage) -> str:
-    ran: list[str] = []
-    running = ""  # who failed, for last_error
-    finishing: list[tuple[str, Callable]] = []  # the inside halves of ordinary consumers
+@dataclass
+class _Opened:
+    """A message whose ordinary consumers ran: what its closing transaction
+    owes (their inside halves, the transactional consumers), and who ran
+    last, for ``last_error``."""
+
+    message: OutboxMessage
+    ran: list[str] = field(default_factory=list)
+    finishing: list[tuple[str, Callable]] = field(default_factory=list)
+    inside: list[tuple[str, Callable]] = field(default_factory=list)
+    running: str = ""
+
+
+def _open(message: OutboxMessage) -> _Opened:
+    """Run the message's ordinary consumers that are owed, outside any
+    transaction. One that fails: what ran is recorded, the row is given back
+    with the reason (:func:`_fail`), and the error raised."""
+    opened = _Opened(message)
     try:
         pending = []
-        for running in consumers_owed(
+        for opened.running in consumers_owed(
             message.topic, already_ran=message.already_ran, only=message.only_consumers
         ):
-            pending.append((running, import_string(running)))  # a routing typo fails here
-        outside = [(name, handle) for name, handle in pending if not _is_transactional(handle)]
-        inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
-        for name, handle in outside:
-            running = name
+            # A routing typo fails here.
+            pending.append((opened.running, import_string(opened.running)))
+        opened.inside = [(name, handle) for name, handle in pending if _is_transactional(handle)]
+        for name, handle in pending:
+            if _is_transactional(handle):
+                continue
+            opened.running = name
             with tracing.span(name):
                 rest = handle(message)
-            ran.append(name)
+            opened.ran.append(name)
             if rest is not None:
-                finishing.append((name, rest))
-        with transaction.atomic(durable=True):
-            for name, rest in finishing:
-                running = name
-                rest()
-            for name, handle in inside:
-                running = name
-                with tracing.span(name):
-                    handle(message)
-            running = "(closing the delivery)"
-            _record(message, ran + [name for name, _ in inside])
-            _complete(message)
+                opened.finishing.append((name, rest))
     except Exception as exc:
-        # What ran did happen: record it, so a redelivery does not run it
-        # again (but a consumer whose inside half did not commit: it has not
-        # finished), say why the rest failed, and give the message back at
-        # once instead of at lease end.
-        error = _error_text(running, exc)
-        unfinished = {name for name, _ in finishing}
-        with transaction.atomic(durable=True):
-            _record(message, [name for name in ran if name not in unfinished])
-            OutboxMessage.objects.filter(pk=message.pk).update(
-                processing_until=None, last_error=error, last_error_at=timezone.now()
-            )
-        logger.warning(
-            "outbox delivery failed: %s",
-            error,
-            extra={
-                "message_id": message.pk,
-                "topic": message.topic,
-                "consumer": running,
-                "saga_id": str(message.saga_id) if message.saga_id else None,
-            },
-        )
+        _fail(opened, exc)
         raise
-    return "delivered"
+    return opened
+
+
+def _close(opened: list[_Opened]) -> None:
+    """The closing transaction of one message or of several: the inside
+    halves (grouped by their ``together``, when they have one), the
+    transactional consumers, the inbox entries, the completions."""
+    with transaction.atomic(durable=True):
+        together: dict[Callable, list[Callable]] = {}
+        for one in opened:
+            for name, rest in one.finishing:
+                one.running = name
+                group = getattr(rest, "together", None)
+                if group is None or len(opened) == 1:
+                    rest()
+                else:
+                    together.setdefault(group, []).append(rest)
+        for group, rests in together.items():
+            group(rests)
+        for one in opened:
+            for name, handle in one.inside:
+                one.running = name
+                with tracing.span(name):
+                    handle(one.message)
+            one.running = "(closing the delivery)"
+        _record([(one.message, one.ran + [name for name, _ in one.inside]) for one in opened])
+        _complete([one.message for one in opened])
+
+
+def _close_or_fail(opened: _Opened) -> None:
+    try:
+        _close([opened])
+    except Exception as exc:
+        _fail(opened, exc)
+        raise
+
+
+def _fail(opened: _Opened, exc: BaseException) -> None:
+    """What ran did happen: record it, so a redelivery does not run it again
+    (but a consumer whose inside half did not commit: it has not finished),
+    say why the rest failed, and give the message back at once instead of at
+    lease end."""
+    message = opened.message
+    error = _error_text(opened.running, exc)
+    unfinished = {name for name, _ in opened.finishing}
+    with transaction.atomic(durable=True):
+        _record([(message, [name for name in opened.ran if name not in unfinished])])
+        OutboxMessage.objects.filter(pk=message.pk).update(
+            processing_until=None, last_error=error, last_error_at=timezone.now()
+        )
+    logger.warning(
+        "outbox delivery failed: %s",
+        error,
+        extra={
+            "message_id": message.pk,
+            "topic": message.topic,
+            "consumer": opened.running,
+            "saga_id": str(message.saga_id) if message.saga_id else None,
+        },
+    )
 
 
 def _error_text(consumer: str, exc: BaseException) -> str:

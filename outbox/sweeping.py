@@ -6,8 +6,10 @@ row sets the topic's wake flag in the shared cache, and publishes one
 ``outbox.sweep`` task only if the flag was clear; rows written while it is
 set ride that task. The sweep waits ``OUTBOX_SWEEP_GATHER_SECONDS`` for more
 rows to gather, clears the flag, then claims the rows due and never fired,
-a few at a time (:func:`outbox.delivery.claim_unfired`), and delivers each as
-a task of its own would. It stops at a claim that comes back short.
+a few at a time (:func:`outbox.delivery.claim_unfired`), and delivers them as
+a task of its own would each, but with one closing transaction for the
+claim's rows (:func:`outbox.delivery.messages_deliver_claimed`). It stops at
+a claim that comes back short.
 
 Why no row is left behind:
 
@@ -39,7 +41,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from .delivery import claim_unfired, message_deliver_claimed
+from .delivery import claim_unfired, messages_deliver_claimed
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +84,10 @@ def outbox_sweep(*, topic: str, gather: float | None = None) -> str:
     delivered = failed = 0
     while True:
         claimed = claim_unfired(topic=topic, limit=limit, now=timezone.now())
-        for message in claimed:
-            try:
-                message_deliver_claimed(message)
-            except Exception:
-                # Said on the row and logged by the delivery; the relay's at
-                # its due time.
-                failed += 1
-            else:
-                delivered += 1
+        # One closing transaction for the claim's rows; a row that fails is
+        # said on the row and logged by the delivery, and is the relay's at
+        # its due time.
+        done, lost = messages_deliver_claimed(claimed)
+        delivered, failed = delivered + done, failed + lost
         if len(claimed) < limit:
             return f"delivered={delivered} failed={failed}"

@@ -4,6 +4,7 @@ message each; whatever goes wrong, the relay still takes every row
 
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from outbox import handover, sweeping
 from outbox.delivery import claim_unfired
-from outbox.models import OutboxMessage
+from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_tick
 from outbox.services import outbox_publish, timer_schedule
 from outbox.sweeping import outbox_sweep
@@ -29,6 +30,33 @@ def count_consumer(message):
     RUNS[message.pk] += 1
 
 
+# The inside halves a consumer returns, and how they ran: one by one, or
+# several together (the list of their messages' ids, per call).
+CLOSED: list[list[int]] = []
+BROKEN_RECORDS: set[int] = set()
+
+
+@dataclass(frozen=True)
+class Record:
+    message_id: int
+
+    def __call__(self):
+        Record.together([self])
+
+    @staticmethod
+    def together(records):
+        ids = [r.message_id for r in records]
+        OutboxMessage.objects.filter(pk__in=ids).update(last_error="recorded")
+        if BROKEN_RECORDS & set(ids):
+            raise RuntimeError("this record cannot be written")
+        CLOSED.append(ids)
+
+
+def recording_consumer(message):
+    RUNS[message.pk] += 1
+    return Record(message.pk)
+
+
 @pytest.fixture(autouse=True)
 def _swept(settings):
     settings.OUTBOX_HAND_OVER_ON_COMMIT = True
@@ -36,12 +64,15 @@ def _swept(settings):
     settings.OUTBOX_CONSUMERS = {
         "test.swept": [f"{HERE}.count_consumer"],
         "test.other": [f"{HERE}.count_consumer"],
+        "test.recorded": [f"{HERE}.recording_consumer"],
     }
     settings.OUTBOX_TOPIC_QUEUES = {"test.swept": "hooks"}
-    settings.OUTBOX_SWEPT_TOPICS = ["test.swept"]
+    settings.OUTBOX_SWEPT_TOPICS = ["test.swept", "test.recorded"]
     settings.OUTBOX_SWEEP_BATCH = 2
     RUNS.clear()
     FAILS.clear()
+    CLOSED.clear()
+    BROKEN_RECORDS.clear()
     cache.delete(sweeping.wake_key("test.swept"))
     yield
     cache.delete(sweeping.wake_key("test.swept"))
@@ -251,3 +282,40 @@ def test_a_sweep_whose_cache_fails_still_delivers_every_row(published, monkeypat
         patched.setattr(sweeping.cache, "delete", broken)
         assert outbox_sweep(topic="test.swept", gather=0) == "delivered=3 failed=0"
     assert RUNS == Counter({row.pk: 1 for row in rows})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claims_rows_close_in_one_transaction_their_records_together(published):
+    rows = [_write(topic="test.recorded") for _ in range(3)]
+
+    assert outbox_sweep(topic="test.recorded", gather=0) == "delivered=3 failed=0"
+
+    # Batches of 2: the first claim's two records in one call, the last alone.
+    assert CLOSED == [[rows[0].pk, rows[1].pk], [rows[2].pk]]
+    done = [OutboxMessage.objects.get(pk=row.pk) for row in rows]
+    assert all(m.completed_at is not None and m.last_error == "recorded" for m in done)
+    # One closing transaction per claim: the first two settled by one statement.
+    assert done[0].completed_at == done[1].completed_at != done[2].completed_at
+    assert {e.message_id for e in InboxEntry.objects.all()} == {row.pk for row in rows}
+    assert _relay_after_grace() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_whose_record_fails_fails_alone_and_its_neighbour_still_settles(published):
+    good, bad = _write(topic="test.recorded"), _write(topic="test.recorded")
+    BROKEN_RECORDS.add(bad.pk)
+
+    assert outbox_sweep(topic="test.recorded", gather=0) == "delivered=1 failed=1"
+
+    # Together first (rolled back), then each alone.
+    assert CLOSED == [[good.pk]]
+    good.refresh_from_db()
+    bad.refresh_from_db()
+    assert good.completed_at is not None and good.last_error == "recorded"
+    assert bad.completed_at is None and bad.processing_until is None
+    assert "this record cannot be written" in bad.last_error
+    # Its consumer ran but its record did not commit: it has not finished.
+    assert not InboxEntry.objects.filter(message_id=bad.pk).exists()
+    assert InboxEntry.objects.filter(message_id=good.pk).count() == 1
+    BROKEN_RECORDS.clear()
+    assert _relay_after_grace() == [bad.pk]

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from common import rows
@@ -23,7 +24,7 @@ from purchases.saga.states import SagaState
 from purchases.saga.transition import By, move
 from webhooks import lock_objects as webhook_locks
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from webhooks.services import _record_attempt_once, webhook_endpoint_create, webhook_publish
+from webhooks.services import _record_attempts_once, webhook_endpoint_create, webhook_publish
 
 from .conftest import start_purchase
 
@@ -189,7 +190,7 @@ def _attempt(delivery, number: int, **overrides) -> bool:
         "error": "HTTP 500",
         "response_excerpt": "oops",
     }
-    return _record_attempt_once(**(columns | overrides))
+    return bool(_record_attempts_once([WebhookAttempt(**(columns | overrides))]))
 
 
 def _made(delivery, attempt: int) -> bool:
@@ -238,6 +239,63 @@ def test_a_deliverys_lock_holds_it_and_leaves_its_endpoint_free(delivery):
                 [delivery.endpoint_id],
             )
     assert webhook_locks.delivery_for_update(delivery_id=delivery.pk + 999) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_several_deliveries_are_locked_in_one_statement_as_the_orm_reads_them(delivery):
+    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
+    with transaction.atomic():
+        [second] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=delivery.saga_id,
+            event_id=delivery.event_id,
+            data={"id": str(delivery.saga_id)},
+            now=timezone.now(),
+        )
+    expected = WebhookDelivery.objects.select_related("endpoint").in_bulk([delivery.pk, second.pk])
+
+    with _other_connection() as other, transaction.atomic():
+        locked = webhook_locks.deliveries_for_update(
+            delivery_ids=[second.pk, delivery.pk, second.pk, delivery.pk + 999]
+        )
+        assert list(locked) == [delivery.pk, second.pk]  # in the order of their ids
+        for pk, read in locked.items():
+            assert _fields(read) == _fields(expected[pk])
+            assert _fields(read.endpoint) == _fields(expected[pk].endpoint)
+        for pk in (delivery.pk, second.pk):
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(
+                    "SELECT 1 FROM webhooks_webhookdelivery WHERE id = %s FOR UPDATE NOWAIT", [pk]
+                )
+    assert webhook_locks.deliveries_for_update(delivery_ids=[delivery.pk + 999]) == {}
+
+
+@pytest.mark.django_db
+def test_several_rows_updated_in_one_statement_hold_what_the_orms_save_writes(delivery):
+    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
+    with transaction.atomic():
+        [second] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=delivery.saga_id,
+            event_id=delivery.event_id,
+            data={"id": str(delivery.saga_id)},
+            now=timezone.now(),
+        )
+    names = ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
+    at = timezone.now().replace(microsecond=654321)
+    ours = [WebhookDelivery.objects.get(pk=pk) for pk in (delivery.pk, second.pk)]
+    ours[0].status, ours[0].delivered_at, ours[0].next_attempt_at = "delivered", at, None
+    ours[1].armed_attempt, ours[1].next_attempt_at = 2, at + timedelta(seconds=5)
+    # failed_at is NULL in every row: its values still have the column's type.
+
+    with CaptureQueriesContext(connection) as sent:
+        assert rows.update_fields_many(ours, names) == 2
+    assert len(sent.captured_queries) == 1
+    for obj in ours:
+        by_orm = WebhookDelivery.objects.get(pk=obj.pk)
+        assert {n: getattr(by_orm, n) for n in names} == {n: getattr(obj, n) for n in names}
+    assert WebhookDelivery.objects.get(pk=second.pk).status == "pending"
+    assert rows.update_fields_many([], names) == 0
 
 
 @pytest.mark.django_db

@@ -26,12 +26,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from freezegun import freeze_time
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from config.metrics import ALERTS
 from outbox.models import OutboxMessage
+from outbox.sweeping import outbox_sweep
 from purchases import lock_objects
 from purchases.models import PurchaseSaga
 from purchases.services import confirm, purchase_refund, raise_operator_alert, saga_charge
@@ -364,6 +366,47 @@ def test_resend_makes_a_new_attempt_with_the_same_webhook_id(
         (3, 200, True),
     ]
     assert [m.key for m in _webhook_rows()] == [f"webhook:{delivery.pk}:{n}" for n in (1, 2, 3)]
+
+
+@pytest.mark.django_db
+def test_a_sweep_records_its_attempts_together_each_with_its_own_outcome(
+    alice, event, gateway, receiver
+):
+    """A sweep's claim closes in one transaction (outbox/sweeping.py): its
+    deliveries locked, their attempts written, the deliveries updated, the
+    inbox entries and the rows' completion each in one statement."""
+    endpoints = [_endpoint(receiver, path=f"/{name}") for name in ("a", "b", "c")]
+    receiver.script = [500]  # the first POST only: its retry is armed
+
+    with freeze_time(T0):
+        _confirmed(alice, event)
+        assert len(_webhook_rows()) == 3
+        with CaptureQueriesContext(connection) as sent:
+            assert outbox_sweep(topic=TOPIC, gather=0) == "delivered=3 failed=0"
+
+    assert [r.path for r in receiver.requests] == ["/a", "/b", "/c"]
+    first, *rest = (_deliveries(endpoint=e)[0] for e in endpoints)
+    assert (first.status, first.armed_attempt) == ("pending", 2)
+    assert first.next_attempt_at == datetime.fromisoformat(T0).replace(tzinfo=UTC) + timedelta(
+        seconds=5
+    )
+    assert [(d.status, d.armed_attempt) for d in rest] == [("delivered", 1)] * 2
+    assert [[(a.number, a.status_code) for a in _attempts(d)] for d in (first, *rest)] == [
+        [(1, 500)],
+        [(1, 200)],
+        [(1, 200)],
+    ]
+    assert [m.key for m in _webhook_rows()][-1] == f"webhook:{first.pk}:2"
+    statements = [q["sql"].replace('"', "").lower() for q in sent.captured_queries]
+
+    def count(start: str) -> int:
+        return sum(1 for sql in statements if sql.startswith(start))
+
+    assert count("insert into webhooks_webhookattempt") == 1
+    assert count("update webhooks_webhookdelivery") == 1
+    assert count("insert into outbox_inboxentry") == 1
+    assert sum(1 for sql in statements if sql.endswith("for update of d")) == 1
+    assert all(m.completed_at == _webhook_rows()[0].completed_at for m in _webhook_rows()[:3])
 
 
 @pytest.mark.django_db

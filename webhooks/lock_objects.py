@@ -59,6 +59,32 @@ def delivery_for_update(*, delivery_id: int) -> WebhookDelivery | None:
     return found[0] if found else None
 
 
+def deliveries_for_update(*, delivery_ids: list[int]) -> dict[int, WebhookDelivery]:
+    """The deliveries found of ``delivery_ids``, locked in the order of their
+    ids (two workers locking overlapping sets wait for one another, never in
+    a cycle), each with its endpoint (not locked), by id: the records of the
+    attempts a sweep closes together."""
+    ids = sorted(set(delivery_ids))
+    if connection.vendor != "postgresql":
+        return {
+            delivery.pk: delivery
+            for delivery in WebhookDelivery.objects.select_related("endpoint")
+            .select_for_update(of=("self",))
+            .filter(pk__in=ids)
+            .order_by("pk")
+        }
+    with connection.cursor() as cursor:
+        cursor.execute(_delivery_sql(lock=True, made=False, many=True), [ids])
+        found = cursor.fetchall()
+    out = {}
+    for row in found:
+        delivery, delivery.endpoint = rows.split(
+            row, WebhookDelivery, WebhookEndpoint, db=connection.alias
+        )
+        out[delivery.pk] = delivery
+    return out
+
+
 def delivery_with_attempt_made(
     *, delivery_id: int, attempt: int
 ) -> tuple[WebhookDelivery, bool] | None:
@@ -82,7 +108,7 @@ def delivery_with_attempt_made(
 # The endpoint is a reference table, joined by its key.
 _DELIVERY_SQL = (
     "SELECT {columns}{made} FROM {delivery} d JOIN {endpoint} e ON e.id = d.endpoint_id"
-    " WHERE d.id = %s{lock}"
+    " WHERE {where}{lock}"
 )
 _ATTEMPT_MADE_SQL = (
     ", EXISTS (SELECT 1 FROM {attempt} a WHERE a.delivery_id = d.id"
@@ -91,12 +117,14 @@ _ATTEMPT_MADE_SQL = (
 
 
 @functools.cache
-def _delivery_sql(*, lock: bool, made: bool) -> str:
+def _delivery_sql(*, lock: bool, made: bool, many: bool = False) -> str:
     return _DELIVERY_SQL.format(
         columns=", ".join(rows.columns(WebhookDelivery, "d") + rows.columns(WebhookEndpoint, "e")),
         made=_ATTEMPT_MADE_SQL.format(attempt=WebhookAttempt._meta.db_table) if made else "",
         delivery=WebhookDelivery._meta.db_table,
         endpoint=WebhookEndpoint._meta.db_table,
+        # Several: locked in the order of their ids.
+        where="d.id = ANY(%s) ORDER BY d.id" if many else "d.id = %s",
         lock=" FOR UPDATE OF d" if lock else "",
     )
 

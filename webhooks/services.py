@@ -27,12 +27,12 @@
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 import secrets
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -422,8 +422,7 @@ def webhook_attempt_send(
         # to it, and a delivery left owing fails now (no alert; a resend once
         # it is enabled again), rather than waiting with nothing to wake it.
         answer, final = Answer(error="endpoint disabled: not sent"), True
-    return functools.partial(
-        _record,
+    return AttemptRecord(
         delivery_id=delivery_id,
         attempt=attempt,
         resend=resend,
@@ -457,73 +456,121 @@ def _send(delivery: WebhookDelivery, endpoint: WebhookEndpoint, *, at: datetime)
     )
 
 
-def _record(
-    *,
-    delivery_id: int,
-    attempt: int,
-    resend: bool,
-    at: datetime,
-    answer: Answer,
-    final: bool,
-    now: datetime | None,
-) -> str:
-    """Inside the caller's transaction: the attempt, and what the delivery
-    owes next; the log line (and any alert) is the last thing before the
-    commit, so only a commit that then fails repeats it, when the attempt is
-    made again."""
-    done_at = now or timezone.now()
+@dataclass(frozen=True)
+class AttemptRecord:
+    """The half of an attempt that runs inside a transaction: the attempt's
+    row and what its delivery owes next. Called alone, or with others
+    (``together``: the attempts a sweep closes in one transaction,
+    ``outbox.delivery``)."""
+
+    delivery_id: int
+    attempt: int
+    resend: bool
+    at: datetime
+    answer: Answer
+    final: bool
+    now: datetime | None
+
+    def __call__(self) -> str:
+        return record_attempts([self])[0]
+
+    @staticmethod
+    def together(records: list[AttemptRecord]) -> list[str]:
+        return record_attempts(records)
+
+
+def record_attempts(records: list[AttemptRecord]) -> list[str]:
+    """Inside the caller's transaction: each attempt, and what its delivery
+    owes next; a verdict per record. The deliveries are locked in one
+    statement, the attempts written in one (``ON CONFLICT DO NOTHING``: one
+    recorded already is not written again, and its record says so) and the
+    deliveries updated in one (docs/performance.md, "The webhooks' sweep").
+    Records of one delivery are taken in the order given. The log lines (and
+    any alert) are the last thing before the commit, so only a commit that
+    then fails repeats them, when the attempt is made again."""
     schedule = settings.WEBHOOK_RETRY_SECONDS
-    delivery = lock_objects.delivery_for_update(delivery_id=delivery_id)
-    if delivery is None:
-        return "skipped: no such delivery (its endpoint was deleted)"
-    recorded = _record_attempt_once(
-        delivery_id=delivery.pk,
-        event_id=delivery.event_id,
-        number=attempt,
-        resend=resend,
-        at=at,
-        status_code=answer.status_code,
-        latency_ms=answer.latency_ms,
-        error=answer.error[:500],
-        response_excerpt=answer.excerpt[:500],
+    deliveries = lock_objects.deliveries_for_update(
+        delivery_ids=[record.delivery_id for record in records]
     )
-    if not recorded:
-        return "skipped: this attempt was recorded by another worker"
-    alert = False
-    if delivery.status != PENDING or delivery.armed_attempt != attempt:
-        verdict = "recorded"  # evidence only: the delivery moved meanwhile
-    elif answer.ok:
-        verdict = "delivered"
-        delivery.status, delivery.delivered_at = DELIVERED, done_at
-        delivery.next_attempt_at = None
-    elif final or attempt > len(schedule):
-        verdict = "failed"
-        delivery.status, delivery.failed_at = FAILED, done_at
-        delivery.next_attempt_at = None
-        alert = not final  # the schedule ran out: someone must look
-    else:
-        verdict = "retry"
-        due = done_at + timedelta(seconds=schedule[attempt - 1])
-        delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
-        # if_absent: a second arming of the same attempt is the same row.
-        _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
+    rows: dict[tuple[int, int], WebhookAttempt] = {}
+    for record in records:
+        delivery = deliveries.get(record.delivery_id)
+        if delivery is not None:
+            answer = record.answer
+            rows.setdefault(
+                (delivery.pk, record.attempt),
+                WebhookAttempt(
+                    delivery_id=delivery.pk,
+                    event_id=delivery.event_id,
+                    number=record.attempt,
+                    resend=record.resend,
+                    at=record.at,
+                    status_code=answer.status_code,
+                    latency_ms=answer.latency_ms,
+                    error=answer.error[:500],
+                    response_excerpt=answer.excerpt[:500],
+                ),
+            )
+    written = _record_attempts_once(list(rows.values()))
+    verdicts: list[str] = []
+    changed: dict[int, WebhookDelivery] = {}
+    logged: list[tuple[WebhookDelivery, AttemptRecord, str, bool]] = []
+    for record in records:
+        delivery = deliveries.get(record.delivery_id)
+        if delivery is None:
+            verdicts.append("skipped: no such delivery (its endpoint was deleted)")
+            continue
+        if (delivery.pk, record.attempt) not in written:
+            verdicts.append("skipped: this attempt was recorded by another worker")
+            continue
+        written.discard((delivery.pk, record.attempt))  # a second record of it here: taken
+        done_at = record.now or timezone.now()
+        attempt, answer = record.attempt, record.answer
+        alert = False
+        if delivery.status != PENDING or delivery.armed_attempt != attempt:
+            verdict = "recorded"  # evidence only: the delivery moved meanwhile
+        elif answer.ok:
+            verdict = "delivered"
+            delivery.status, delivery.delivered_at = DELIVERED, done_at
+            delivery.next_attempt_at = None
+        elif record.final or attempt > len(schedule):
+            verdict = "failed"
+            delivery.status, delivery.failed_at = FAILED, done_at
+            delivery.next_attempt_at = None
+            alert = not record.final  # the schedule ran out: someone must look
+        else:
+            verdict = "retry"
+            due = done_at + timedelta(seconds=schedule[attempt - 1])
+            delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
+            # if_absent: a second arming of the same attempt is the same row.
+            _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
+        changed[delivery.pk] = delivery
+        verdicts.append(verdict)
+        logged.append((delivery, record, verdict, alert))
     # Written once (docs/performance.md, "Statements written once"): the
     # ORM's save(update_fields=...) was a tenth of the webhook pool's time.
-    rows_sql.update_fields(
-        delivery, ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
+    rows_sql.update_fields_many(
+        list(changed.values()),
+        ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"],
     )
-    _log_attempt(delivery, attempt=attempt, verdict=verdict, answer=answer, alert=alert)
-    return verdict
+    for delivery, record, verdict, alert in logged:
+        _log_attempt(
+            delivery, attempt=record.attempt, verdict=verdict, answer=record.answer, alert=alert
+        )
+    return verdicts
 
 
-def _record_attempt_once(**columns) -> bool:
-    """Write the attempt's row unless that attempt of that delivery is
-    recorded already; True when this call wrote it. One statement,
-    ``INSERT … ON CONFLICT DO NOTHING`` (``common.rows.insert``; written
-    once: docs/performance.md, "Statements written once"); the delivery's
-    lock, held by the caller, orders two recorders of the same attempt
-    anyway."""
-    return rows_sql.insert([WebhookAttempt(**columns)], ignore_conflicts=True) == 1
+def _record_attempts_once(rows: list[WebhookAttempt]) -> set[tuple[int, int]]:
+    """Write the attempts' rows but those recorded already; the (delivery,
+    number) of those this call wrote. One statement on PostgreSQL,
+    ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (written once:
+    docs/performance.md, "Statements written once"); the deliveries' locks,
+    held by the caller, order two recorders of the same attempt anyway."""
+    if connection.vendor == "postgresql":
+        written = rows_sql.insert_returning(rows, ignore_conflicts=True)
+    else:
+        written = [row for row in rows if rows_sql.insert([row], ignore_conflicts=True) == 1]
+    return {(row.delivery_id, row.number) for row in written}
 
 
 def _log_attempt(
