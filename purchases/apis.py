@@ -46,6 +46,7 @@ from .serializers import (
     PurchaseSummarySerializer,
     SeatSerializer,
     TokenSerializer,
+    plain_purchase_request,
 )
 from .throttling import PurchaseStartThrottle, TokenThrottle
 
@@ -341,9 +342,11 @@ class PurchaseListCreateApi(APIView):
         problem = _key_problem(request.headers.get("Idempotency-Key"))
         if problem is not None:
             return problem
-        payload = PurchaseRequestSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        data = payload.validated_data
+        data = plain_purchase_request(request.data)
+        if data is None:
+            payload = PurchaseRequestSerializer(data=request.data)
+            payload.is_valid(raise_exception=True)
+            data = payload.validated_data
         try:
             started = services.purchase_start(
                 user=request.user,
