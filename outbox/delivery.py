@@ -231,10 +231,21 @@ def _complete(messages: list[OutboxMessage]) -> None:
         message.completed_at, message.due_at, message.processing_until = at, None, None
     if len(messages) == 1:
         rows.update_fields(messages[0], ["completed_at", "due_at", "processing_until"])
+    elif connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_written(_COMPLETE_SQL), [at, [m.pk for m in messages]])
     else:
         OutboxMessage.objects.filter(pk__in=[m.pk for m in messages]).update(
             completed_at=at, due_at=None, processing_until=None
         )
+
+
+# Several rows settled at once (a sweep's claim); written once: built by the
+# ORM it was a twentieth of the webhook pool's time.
+_COMPLETE_SQL = (
+    "UPDATE {outbox} SET completed_at = %s, due_at = NULL, processing_until = NULL"
+    " WHERE id = ANY(%s)"
+)
 
 
 def message_deliver(*, message_id: int, now: datetime | None = None) -> str:
@@ -278,6 +289,7 @@ def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
     is said on that row and the others still settle."""
     opened: list[_Opened] = []
     failed = 0
+    _prepare(messages)
     for message in messages:
         try:
             with _delivery_span(message):
@@ -305,6 +317,33 @@ def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
         else:
             delivered += 1
     return delivered, failed
+
+
+def _prepare(messages: list[OutboxMessage]) -> None:
+    """Let each consumer that says how (its ``prepare``) read what it needs
+    for several of these messages in one go, before any of them is
+    delivered. A prepare that fails is logged: each delivery then reads for
+    itself."""
+    owed: dict[str, list[OutboxMessage]] = {}
+    for message in messages:
+        for name in consumers_owed(
+            message.topic, already_ran=message.already_ran, only=message.only_consumers
+        ):
+            owed.setdefault(name, []).append(message)
+    for name, its in owed.items():
+        if len(its) < 2:
+            continue
+        try:
+            prepare = getattr(import_string(name), "prepare", None)
+            if prepare is not None:
+                prepare(its)
+        except Exception:
+            logger.warning(
+                "outbox: %s could not prepare %s deliveries; each reads for itself",
+                name,
+                len(its),
+                exc_info=True,
+            )
 
 
 def _delivery_span(message: OutboxMessage):

@@ -241,6 +241,33 @@ def test_a_deliverys_lock_holds_it_and_leaves_its_endpoint_free(delivery):
     assert webhook_locks.delivery_for_update(delivery_id=delivery.pk + 999) is None
 
 
+@pytest.mark.django_db
+def test_several_attempts_are_read_in_one_statement_as_each_alone_is(delivery):
+    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
+    with transaction.atomic():
+        [second] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=delivery.saga_id,
+            event_id=delivery.event_id,
+            data={"id": str(delivery.saga_id)},
+            now=timezone.now(),
+        )
+    _attempt(delivery, 1)
+    pairs = [(delivery.pk, 1), (delivery.pk, 2), (second.pk, 1), (second.pk + 999, 1)]
+
+    with CaptureQueriesContext(connection) as sent:
+        read = webhook_locks.deliveries_with_attempt_made(pairs)
+    assert len(sent.captured_queries) == 1
+
+    assert sorted(read) == sorted(pairs[:3])  # the unknown delivery left out
+    for (pk, attempt), (found, made) in read.items():
+        alone = webhook_locks.delivery_with_attempt_made(delivery_id=pk, attempt=attempt)
+        assert alone is not None
+        assert made is alone[1] and made is (pk == delivery.pk and attempt == 1)
+        assert _fields(found) == _fields(alone[0])
+        assert _fields(found.endpoint) == _fields(alone[0].endpoint)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_several_deliveries_are_locked_in_one_statement_as_the_orm_reads_them(delivery):
     webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])

@@ -405,8 +405,65 @@ def test_a_sweep_records_its_attempts_together_each_with_its_own_outcome(
     assert count("insert into webhooks_webhookattempt") == 1
     assert count("update webhooks_webhookdelivery") == 1
     assert count("insert into outbox_inboxentry") == 1
+    assert count("update outbox_outboxmessage set completed_at") == 1
     assert sum(1 for sql in statements if sql.endswith("for update of d")) == 1
+    # Read before the POSTs: the three deliveries in one statement.
+    reads = [sql for sql in statements if "webhooks_webhookdelivery d " in sql]
+    assert len(reads) == 2 and "unnest" in reads[0] and reads[1].endswith("for update of d")
     assert all(m.completed_at == _webhook_rows()[0].completed_at for m in _webhook_rows()[:3])
+
+
+@pytest.mark.django_db
+def test_a_sweeps_read_goes_stale_and_each_attempt_then_reads_its_own(
+    alice, event, gateway, receiver, monkeypatch
+):
+    """After a slow receiver, a change of the endpoint counts for the next
+    attempts of the sweep: they read their delivery again."""
+    from webhooks import consumers, services
+
+    endpoints = [_endpoint(receiver, path=f"/{name}") for name in ("a", "b")]
+    monkeypatch.setattr(consumers, "READ_FRESH_SECONDS", 0.0)
+    _confirmed(alice, event)
+    real_post = services.post
+
+    def post_then_disable_the_second(target, **kwargs):
+        answer = real_post(target, **kwargs)
+        WebhookEndpoint.objects.filter(pk=endpoints[1].pk).update(enabled=False)
+        return answer
+
+    monkeypatch.setattr(services, "post", post_then_disable_the_second)
+    with CaptureQueriesContext(connection) as sent:
+        assert outbox_sweep(topic=TOPIC, gather=0) == "delivered=2 failed=0"
+
+    assert [r.path for r in receiver.requests] == ["/a"]
+    [second] = _deliveries(endpoint=endpoints[1])
+    assert second.status == "failed"
+    assert _attempts(second)[0].error == "endpoint disabled: not sent"
+    statements = [q["sql"].replace('"', "") for q in sent.captured_queries]
+    reads = [sql for sql in statements if "webhooks_webhookdelivery d " in sql]
+    assert sum(1 for sql in reads if "unnest" in sql) == 1  # the sweep's, gone stale
+    assert sum(1 for sql in reads if "unnest" not in sql and "FOR UPDATE" not in sql) == 2
+
+
+@pytest.mark.django_db
+def test_a_sweep_whose_read_fails_still_makes_every_attempt(
+    alice, event, gateway, receiver, monkeypatch, caplog
+):
+    from webhooks import lock_objects as webhook_locks
+
+    def broken(pairs):
+        raise RuntimeError("the read broke")
+
+    for name in ("a", "b"):
+        _endpoint(receiver, path=f"/{name}")
+    monkeypatch.setattr(webhook_locks, "deliveries_with_attempt_made", broken)
+    _confirmed(alice, event)
+
+    assert outbox_sweep(topic=TOPIC, gather=0) == "delivered=2 failed=0"
+
+    assert sorted(r.path for r in receiver.requests) == ["/a", "/b"]
+    assert {d.status for d in _deliveries()} == {"delivered"}
+    assert any("could not prepare 2 deliveries" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.django_db

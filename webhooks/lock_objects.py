@@ -146,6 +146,51 @@ def _delivery_with_endpoint(
     return delivery, bool(row[-1]) if attempt is not None else False
 
 
+# Several attempts' reads in one statement (a sweep's claim): the pairs
+# (delivery, attempt) as two arrays, each delivery by its key.
+_DELIVERIES_MADE_SQL = (
+    "SELECT {columns}, EXISTS (SELECT 1 FROM {attempt} a WHERE a.delivery_id = d.id"
+    " AND a.event_id = d.event_id AND a.number = w.number), w.number"
+    " FROM unnest(%s::bigint[], %s::integer[]) AS w (id, number)"
+    " JOIN {delivery} d ON d.id = w.id JOIN {endpoint} e ON e.id = d.endpoint_id"
+)
+
+
+@functools.cache
+def _deliveries_made_sql() -> str:
+    return _DELIVERIES_MADE_SQL.format(
+        columns=", ".join(rows.columns(WebhookDelivery, "d") + rows.columns(WebhookEndpoint, "e")),
+        attempt=WebhookAttempt._meta.db_table,
+        delivery=WebhookDelivery._meta.db_table,
+        endpoint=WebhookEndpoint._meta.db_table,
+    )
+
+
+def deliveries_with_attempt_made(
+    attempts: list[tuple[int, int]],
+) -> dict[tuple[int, int], tuple[WebhookDelivery, bool]]:
+    """:func:`delivery_with_attempt_made` of several (delivery, attempt)
+    pairs, by pair; a delivery not found is not among them. One statement
+    on PostgreSQL, one per pair elsewhere."""
+    if connection.vendor != "postgresql":
+        out = {}
+        for delivery_id, attempt in attempts:
+            found = delivery_with_attempt_made(delivery_id=delivery_id, attempt=attempt)
+            if found is not None:
+                out[(delivery_id, attempt)] = found
+        return out
+    with connection.cursor() as cursor:
+        cursor.execute(_deliveries_made_sql(), [[d for d, _ in attempts], [a for _, a in attempts]])
+        found = cursor.fetchall()
+    out = {}
+    for row in found:
+        delivery, delivery.endpoint = rows.split(
+            row, WebhookDelivery, WebhookEndpoint, db=connection.alias
+        )
+        out[(delivery.pk, row[-1])] = (delivery, bool(row[-2]))
+    return out
+
+
 def endpoint_for_update(*, endpoint_id: int, delete: bool = False) -> WebhookEndpoint | None:
     """``FOR NO KEY UPDATE`` for a change, ``FOR UPDATE`` for a delete."""
     return (

@@ -382,7 +382,12 @@ def webhook_attempt(
 
 
 def webhook_attempt_send(
-    *, delivery_id: int, attempt: int, resend: bool = False, now: datetime | None = None
+    *,
+    delivery_id: int,
+    attempt: int,
+    resend: bool = False,
+    now: datetime | None = None,
+    found: tuple[WebhookDelivery, bool] | None = None,
 ) -> str | Callable[[], str]:
     """The half of an attempt that calls out: read the delivery, POST it
     (outside any transaction). Returns the other half, the record of the
@@ -394,8 +399,12 @@ def webhook_attempt_send(
     record sends the attempt again when the outbox redelivers it (same
     ``webhook-id``). Once recorded, a redelivered attempt sends nothing and
     arms nothing.
+
+    ``found``: the delivery and whether the attempt was made, when the
+    caller read them a moment ago (``webhooks.consumers.prepare``).
     """
-    found = lock_objects.delivery_with_attempt_made(delivery_id=delivery_id, attempt=attempt)
+    if found is None:
+        found = lock_objects.delivery_with_attempt_made(delivery_id=delivery_id, attempt=attempt)
     if found is None:
         return "skipped: no such delivery (its endpoint was deleted)"
     delivery, attempt_made = found
