@@ -456,7 +456,8 @@ def main() -> int:
         "--e2e-purchases",
         type=int,
         default=0,
-        help="purchases per end-to-end run, figures 2, 9 and 11 (default 300, --full 2000)",
+        help="purchases per end-to-end run, figures 2, 9 and 11 (default 300, figure 9 1000, "
+        "--full 2000)",
     )
     parser.add_argument(
         "--duration",
