@@ -112,3 +112,40 @@ def test_a_connection_dropped_without_an_answer_is_a_transport_error_then_recove
 def test_only_plain_http_to_a_host():
     with pytest.raises(ValueError):
         wire.Client("https://example.com")
+
+
+# --- figure 9's receiver (bench/figures/webhooks.py) ---------------------------------
+
+
+def test_the_webhook_receiver_answers_each_request_on_a_kept_connection():
+    import httpx
+
+    from bench.figures.webhooks import Receiver
+
+    receiver = Receiver(hang_s=5)
+    try:
+        with httpx.Client() as client:
+            # Bodies of several sizes, one split across reads: each request whole.
+            for body in (b"{}", b"x" * 70000, b'{"type":"purchase.confirmed"}'):
+                answer = client.post(receiver.url("ok"), content=body)
+                assert answer.status_code == 204
+        assert receiver.count("ok") == 3 and receiver.count("hang") == 0
+        assert receiver.connections == 1
+
+        started = threading.Event()
+        answers: list[int] = []
+
+        def hanging():
+            started.set()
+            answers.append(httpx.post(receiver.url("hang"), content=b"{}", timeout=10).status_code)
+
+        thread = threading.Thread(target=hanging)
+        thread.start()
+        assert started.wait(5)
+        thread.join(0.5)
+        assert answers == [] and thread.is_alive()  # no answer while it hangs
+        receiver.release.set()
+        thread.join(5)
+        assert answers == [204] and receiver.count("hang") == 1
+    finally:
+        receiver.stop()
