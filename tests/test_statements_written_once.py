@@ -193,6 +193,20 @@ def _attempt(delivery, number: int, **overrides) -> bool:
     return bool(_record_attempts_once([WebhookAttempt(**(columns | overrides))]))
 
 
+def _second_delivery(delivery) -> WebhookDelivery:
+    """Another endpoint's delivery of the same saga's confirmation."""
+    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
+    with transaction.atomic():
+        [second] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=delivery.saga_id,
+            event_id=delivery.event_id,
+            data={"id": str(delivery.saga_id)},
+            now=timezone.now(),
+        )
+    return second
+
+
 def _made(delivery, attempt: int) -> bool:
     found = webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk, attempt=attempt)
     assert found is not None
@@ -243,15 +257,7 @@ def test_a_deliverys_lock_holds_it_and_leaves_its_endpoint_free(delivery):
 
 @pytest.mark.django_db
 def test_several_attempts_are_read_in_one_statement_as_each_alone_is(delivery):
-    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
-    with transaction.atomic():
-        [second] = webhook_publish(
-            event_type="purchase.confirmed",
-            saga_id=delivery.saga_id,
-            event_id=delivery.event_id,
-            data={"id": str(delivery.saga_id)},
-            now=timezone.now(),
-        )
+    second = _second_delivery(delivery)
     _attempt(delivery, 1)
     pairs = [(delivery.pk, 1), (delivery.pk, 2), (second.pk, 1), (second.pk + 999, 1)]
 
@@ -270,15 +276,7 @@ def test_several_attempts_are_read_in_one_statement_as_each_alone_is(delivery):
 
 @pytest.mark.django_db(transaction=True)
 def test_several_deliveries_are_locked_in_one_statement_as_the_orm_reads_them(delivery):
-    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
-    with transaction.atomic():
-        [second] = webhook_publish(
-            event_type="purchase.confirmed",
-            saga_id=delivery.saga_id,
-            event_id=delivery.event_id,
-            data={"id": str(delivery.saga_id)},
-            now=timezone.now(),
-        )
+    second = _second_delivery(delivery)
     expected = WebhookDelivery.objects.select_related("endpoint").in_bulk([delivery.pk, second.pk])
 
     with _other_connection() as other, transaction.atomic():
@@ -299,15 +297,7 @@ def test_several_deliveries_are_locked_in_one_statement_as_the_orm_reads_them(de
 
 @pytest.mark.django_db
 def test_several_rows_updated_in_one_statement_hold_what_the_orms_save_writes(delivery):
-    webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
-    with transaction.atomic():
-        [second] = webhook_publish(
-            event_type="purchase.confirmed",
-            saga_id=delivery.saga_id,
-            event_id=delivery.event_id,
-            data={"id": str(delivery.saga_id)},
-            now=timezone.now(),
-        )
+    second = _second_delivery(delivery)
     names = ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"]
     at = timezone.now().replace(microsecond=654321)
     ours = [WebhookDelivery.objects.get(pk=pk) for pk in (delivery.pk, second.pk)]
