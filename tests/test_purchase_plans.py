@@ -19,7 +19,10 @@ from freezegun import freeze_time
 
 from outbox.delivery import claim_unfired
 from outbox.services import outbox_publish
+from outbox.sweeping import outbox_sweep
 from purchases.services import purchase_refund, saga_charge
+from webhooks import lock_objects as webhook_locks
+from webhooks.models import WebhookDelivery
 from webhooks.services import webhook_endpoint_create
 
 from .conftest import drain_outbox, start_purchase
@@ -112,26 +115,26 @@ def _plan(sql: str) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
-def _scans(sql: str) -> list[str]:
+def _scans(sql: str, tables: tuple[str, ...] = LARGE) -> list[str]:
     """The sequential scans of the large tables in the statement's plan, its
     bitmap ANDs (the planner's way of combining two conditions it could not
     tell apart: a reservation's links AND every live link), and the rows
     looked for by id but read through another index."""
     plan = _plan(sql)
-    scans = [t for t in re.findall(r"Seq Scan on (\w+)", plan) if t in LARGE]
+    scans = [t for t in re.findall(r"Seq Scan on (\w+)", plan) if t in tables]
     # A row named by its id but found by another index, the id a filter on
     # what that index returned (the delivery's lease read every row owed).
     by_other = re.findall(r"Filter: .*\(id = \d+\)", plan)
     return scans + ["BitmapAnd"] * plan.count("BitmapAnd") + ["id as a filter"] * len(by_other)
 
 
-def _planned_by_guess(captured) -> list[str]:
+def _planned_by_guess(captured, tables: tuple[str, ...] = LARGE) -> list[str]:
     bad = []
     for query in captured:
         sql = query["sql"]
         if not re.match(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", sql, re.IGNORECASE):
             continue
-        if scans := _scans(sql):
+        if scans := _scans(sql, tables):
             bad.append(f"{', '.join(scans)}: {sql[:300]}\n{_plan(sql)}")
     return bad
 
@@ -188,6 +191,52 @@ def test_the_reconcile_and_the_hold_expiry_read_by_index_without_statistics(
     lost.refresh_from_db()
     assert (found.state, lost.state) == ("CONFIRMED", "COMPENSATED")
     bad = _planned_by_guess(ctx.captured_queries)
+    assert bad == [], "\n\n".join(bad)
+
+
+# A webhook endpoint's history: a delivery of every sale and its attempt.
+_FILL_WEBHOOKS = [
+    """INSERT INTO webhooks_webhookdelivery (endpoint_id, message_id, event_type, saga_id,
+           event_id, body, status, armed_attempt, next_attempt_at, created_at, delivered_at,
+           failed_at)
+       SELECT %(endpoint)s, 'msg_' || replace(s.id::text, '-', ''), 'purchase.confirmed', s.id,
+           s.event_id,
+           '{}', 'delivered', 1, NULL, now(), now(), NULL
+       FROM purchases_purchasesaga s WHERE s.event_id = %(event)s""",
+    """INSERT INTO webhooks_webhookattempt (delivery_id, event_id, number, resend, at,
+           status_code, latency_ms, error, response_excerpt)
+       SELECT d.id, d.event_id, 1, false, now(), 204, 1.0, '', ''
+       FROM webhooks_webhookdelivery d WHERE d.event_id = %(event)s""",
+]
+WEBHOOK_TABLES = ("webhooks_webhookdelivery", "webhooks_webhookattempt")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweeps_webhook_attempts_read_by_index_without_statistics(
+    crowded, alice, gateway, receiver, settings
+):
+    """Sixty thousand deliveries and attempts of another event, never
+    analyzed: the sweep's read of its claim (whether each attempt was made),
+    its lock and its record, and an attempt read alone, each by index."""
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    endpoints = [
+        webhook_endpoint_create(url=receiver.url(f"/{n}"), events=["purchase.confirmed"])
+        for n in ("a", "b")
+    ]
+    with connection.cursor() as cursor:
+        for sql in _FILL_WEBHOOKS:
+            cursor.execute(sql, {"event": crowded.pk, "endpoint": endpoints[0].pk})
+    event = EventFactory(seats=["A1"])
+    saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert outbox_sweep(topic="webhook.delivery", gather=0) == "delivered=2 failed=0"
+        delivery = WebhookDelivery.objects.filter(endpoint=endpoints[0], event_id=event.pk).get()
+        found = webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk, attempt=1)
+
+    assert found is not None and found[1] is True
+    assert sorted(r.path for r in receiver.requests) == ["/a", "/b"]
+    bad = _planned_by_guess(ctx.captured_queries, tables=LARGE + WEBHOOK_TABLES)
     assert bad == [], "\n\n".join(bad)
 
 

@@ -106,13 +106,18 @@ def delivery_with_attempt_made(
 # Both written once (docs/performance.md, "Statements written once"): each
 # webhook attempt reads its delivery before the POST and locks it after.
 # The endpoint is a reference table, joined by its key.
+#
+# Whether an attempt was made is a LATERAL probe of its unique key, not an
+# EXISTS: on an attempts table never analyzed, the planner made the EXISTS
+# a hashed subplan over every attempt (tests/test_purchase_plans.py;
+# docs/performance.md, "Plans that do not depend on statistics").
 _DELIVERY_SQL = (
     "SELECT {columns}{made} FROM {delivery} d JOIN {endpoint} e ON e.id = d.endpoint_id"
-    " WHERE {where}{lock}"
+    "{probe} WHERE {where}{lock}"
 )
-_ATTEMPT_MADE_SQL = (
-    ", EXISTS (SELECT 1 FROM {attempt} a WHERE a.delivery_id = d.id"
-    " AND a.event_id = d.event_id AND a.number = %s)"
+_ATTEMPT_PROBE_SQL = (
+    " LEFT JOIN LATERAL (SELECT 1 AS made FROM {attempt} a WHERE a.delivery_id = d.id"
+    " AND a.number = {number} AND a.event_id = d.event_id LIMIT 1) m ON true"
 )
 
 
@@ -120,7 +125,8 @@ _ATTEMPT_MADE_SQL = (
 def _delivery_sql(*, lock: bool, made: bool, many: bool = False) -> str:
     return _DELIVERY_SQL.format(
         columns=", ".join(rows.columns(WebhookDelivery, "d") + rows.columns(WebhookEndpoint, "e")),
-        made=_ATTEMPT_MADE_SQL.format(attempt=WebhookAttempt._meta.db_table) if made else "",
+        made=", m.made IS NOT NULL" if made else "",
+        probe=_attempt_probe("%s") if made else "",
         delivery=WebhookDelivery._meta.db_table,
         endpoint=WebhookEndpoint._meta.db_table,
         # Several: locked in the order of their ids.
@@ -142,17 +148,20 @@ def _delivery_with_endpoint(
     delivery, delivery.endpoint = rows.split(
         row, WebhookDelivery, WebhookEndpoint, db=connection.alias
     )
-    # The EXISTS, when asked, is the last column.
+    # Whether the attempt was made, when asked, is the last column.
     return delivery, bool(row[-1]) if attempt is not None else False
+
+
+def _attempt_probe(number: str) -> str:
+    return _ATTEMPT_PROBE_SQL.format(attempt=WebhookAttempt._meta.db_table, number=number)
 
 
 # Several attempts' reads in one statement (a sweep's claim): the pairs
 # (delivery, attempt) as two arrays, each delivery by its key.
 _DELIVERIES_MADE_SQL = (
-    "SELECT {columns}, EXISTS (SELECT 1 FROM {attempt} a WHERE a.delivery_id = d.id"
-    " AND a.event_id = d.event_id AND a.number = w.number), w.number"
+    "SELECT {columns}, m.made IS NOT NULL, w.number"
     " FROM unnest(%s::bigint[], %s::integer[]) AS w (id, number)"
-    " JOIN {delivery} d ON d.id = w.id JOIN {endpoint} e ON e.id = d.endpoint_id"
+    " JOIN {delivery} d ON d.id = w.id JOIN {endpoint} e ON e.id = d.endpoint_id{probe}"
 )
 
 
@@ -160,9 +169,9 @@ _DELIVERIES_MADE_SQL = (
 def _deliveries_made_sql() -> str:
     return _DELIVERIES_MADE_SQL.format(
         columns=", ".join(rows.columns(WebhookDelivery, "d") + rows.columns(WebhookEndpoint, "e")),
-        attempt=WebhookAttempt._meta.db_table,
         delivery=WebhookDelivery._meta.db_table,
         endpoint=WebhookEndpoint._meta.db_table,
+        probe=_attempt_probe("w.number"),
     )
 
 
