@@ -42,8 +42,8 @@ def prepare(messages: list[OutboxMessage]) -> None:
     """Read the deliveries of ``messages`` (their attempts' rows) in one
     statement, and keep each one's on its message for :func:`deliver`."""
     pairs = [(m.payload["delivery_id"], m.payload["attempt"]) for m in messages]
+    at = time.monotonic()  # before the read: its age counts from its start
     found = lock_objects.deliveries_with_attempt_made(pairs)
-    at = time.monotonic()
     for message, pair in zip(messages, pairs, strict=True):
         # Not found: the delivery is gone; deliver reads again and says so.
         message.webhook_read = (at, found.get(pair))  # type: ignore[attr-defined]
