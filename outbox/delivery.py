@@ -224,24 +224,22 @@ def _record(entries: list[tuple[OutboxMessage, list[str]]]) -> None:
 
 
 def _complete(messages: list[OutboxMessage]) -> None:
-    """The rows settled, in one ``UPDATE`` (one row: by its key,
-    ``common.rows.update_fields``)."""
+    """The rows settled, one message or several, in one ``UPDATE``."""
     at = timezone.now()
     for message in messages:
         message.completed_at, message.due_at, message.processing_until = at, None, None
-    if len(messages) == 1:
-        rows.update_fields(messages[0], ["completed_at", "due_at", "processing_until"])
-    elif connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_written(_COMPLETE_SQL), [at, [m.pk for m in messages]])
-    else:
-        OutboxMessage.objects.filter(pk__in=[m.pk for m in messages]).update(
+    ids = [m.pk for m in messages]
+    if connection.vendor != "postgresql":
+        OutboxMessage.objects.filter(pk__in=ids).update(
             completed_at=at, due_at=None, processing_until=None
         )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_written(_COMPLETE_SQL), [at, ids])
 
 
-# Several rows settled at once (a sweep's claim); written once: built by the
-# ORM it was a twentieth of the webhook pool's time.
+# Written once: built by the ORM, settling a sweep's claim was a twentieth
+# of the webhook pool's time.
 _COMPLETE_SQL = (
     "UPDATE {outbox} SET completed_at = %s, due_at = NULL, processing_until = NULL"
     " WHERE id = ANY(%s)"
@@ -417,7 +415,7 @@ def _close(opened: list[_Opened]) -> None:
             for name, rest in one.finishing:
                 one.running = name
                 group = getattr(rest, "together", None)
-                if group is None or len(opened) == 1:
+                if group is None:
                     rest()
                 else:
                     together.setdefault(group, []).append(rest)
