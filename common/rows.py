@@ -165,8 +165,7 @@ def update_fields(obj: models.Model, names: Sequence[str]) -> int:
     named fields of the row with ``obj``'s key; returns the rows updated."""
     model = type(obj)
     connection = connections[model._default_manager.db]
-    by_name = {field.name: field for field in model._meta.concrete_fields}
-    fields = [by_name[name] for name in names]
+    fields = _named(model, names)
     assignments = ", ".join(f'"{field.column}" = %s' for field in fields)
     params = [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields]
     sql = f'UPDATE {model._meta.db_table} SET {assignments} WHERE "{model._meta.pk.column}" = %s'
@@ -186,8 +185,7 @@ def update_fields_many(objs: Sequence[models.Model], names: Sequence[str]) -> in
     connection = connections[model._default_manager.db]
     if connection.vendor != "postgresql" or len(objs) == 1:
         return sum(update_fields(obj, names) for obj in objs)
-    by_name = {field.name: field for field in model._meta.concrete_fields}
-    fields = [model._meta.pk, *(by_name[name] for name in names)]
+    fields = [model._meta.pk, *_named(model, names)]
     params = [
         field.get_db_prep_save(getattr(obj, field.attname), connection)
         for obj in objs
@@ -201,9 +199,8 @@ def update_fields_many(objs: Sequence[models.Model], names: Sequence[str]) -> in
 @functools.lru_cache(maxsize=256)  # keyed by model, fields and row count
 def _update_many_sql(model: type[models.Model], names: tuple[str, ...], rows: int, db: str) -> str:
     connection = connections[db]
-    by_name = {field.name: field for field in model._meta.concrete_fields}
     pk = model._meta.pk
-    fields = [pk, *(by_name[name] for name in names)]
+    fields = [pk, *_named(model, names)]
     row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in fields) + ")"
     aliases = ", ".join(f'"{field.column}"' for field in fields)
     assignments = ", ".join(f'"{field.column}" = v."{field.column}"' for field in fields[1:])
@@ -212,3 +209,9 @@ def _update_many_sql(model: type[models.Model], names: tuple[str, ...], rows: in
         f"UPDATE {table} SET {assignments} FROM (VALUES {', '.join([row] * rows)})"
         f' AS v ({aliases}) WHERE {table}."{pk.column}" = v."{pk.column}"'
     )
+
+
+def _named(model: type[models.Model], names: Sequence[str]) -> list:
+    """The model's concrete fields of those names, in the order named."""
+    by_name = {field.name: field for field in model._meta.concrete_fields}
+    return [by_name[name] for name in names]
