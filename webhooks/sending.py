@@ -7,8 +7,13 @@ as the server name the certificate is verified against (httpcore's
 followed, no proxy from the environment is used (it would resolve the name
 itself), and only the start of the answer is read.
 
+The request is handed to an httpx transport (the connection pool) rather
+than a client: a client's cookies, authentication, redirects and event hooks
+are nothing a webhook uses, and they were a quarter of the send's CPU
+(a profile of make bench's figure 9).
+
 A worker process keeps the connection of an attempt that got an answer for
-the next attempt to the same checked target (:class:`_Clients`): the
+the next attempt to the same checked target (:class:`_Transports`): the
 key is the address that was checked, the port, the scheme and the names
 sent (``Host``, TLS server name), so a connection is reused only where a new
 one would have gone, and each attempt checks its URL again first. An
@@ -70,7 +75,7 @@ class Answer:
 @functools.cache
 def _tls() -> ssl.SSLContext:
     """httpx's default TLS settings (certifi's roots), built once per process:
-    building them is most of what a new client costs (about 20 ms of CPU,
+    building them is most of what a new transport costs (about 20 ms of CPU,
     measured by make bench's figure 9), and a context is safe to share."""
     return httpx.create_ssl_context()
 
@@ -94,32 +99,32 @@ def build_request(target: Target, *, headers: dict[str, str], body: bytes) -> ht
 KEPT_TARGETS = 32
 
 
-class _Clients:
-    """One httpx client per checked target, each used by one attempt at a
-    time (taken, then given back), with one connection at most."""
+class _Transports:
+    """One httpx transport per checked target, each used by one attempt at a
+    time (taken, then given back), with one connection at most. A transport
+    follows no redirect and reads no proxy from the environment: it sends
+    the request it is given, to the address in its URL."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: OrderedDict[tuple, httpx.Client] = OrderedDict()
+        self._idle: OrderedDict[tuple, httpx.HTTPTransport] = OrderedDict()
 
-    def take(self, target: Target) -> httpx.Client:
+    def take(self, target: Target) -> httpx.HTTPTransport:
         with self._lock:
-            client = self._idle.pop(_key(target), None)
-        if client is None:
-            client = httpx.Client(
-                follow_redirects=False,
-                trust_env=False,
+            transport = self._idle.pop(_key(target), None)
+        if transport is None:
+            transport = httpx.HTTPTransport(
                 verify=_tls(),
                 limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
             )
-        return client
+        return transport
 
-    def give_back(self, target: Target, client: httpx.Client) -> None:
+    def give_back(self, target: Target, transport: httpx.HTTPTransport) -> None:
         closing = []
         with self._lock:
             if (other := self._idle.pop(_key(target), None)) is not None:
                 closing.append(other)  # two attempts to one target at once: keep one
-            self._idle[_key(target)] = client
+            self._idle[_key(target)] = transport
             while len(self._idle) > KEPT_TARGETS:
                 closing.append(self._idle.popitem(last=False)[1])
         for spare in closing:
@@ -131,7 +136,7 @@ def _key(target: Target) -> tuple:
     return (target.scheme, target.address, target.port, target.host)
 
 
-_clients = _Clients()
+_transports = _Transports()
 
 
 def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float) -> Answer:
@@ -147,10 +152,10 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     request = build_request(target, headers={**headers, "Accept-Encoding": "identity"}, body=body)
     request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
     started = time.monotonic()
-    client = _clients.take(target)
+    transport = _transports.take(target)
     outcome: list[Answer] = []
     exchange = threading.Thread(
-        target=lambda: outcome.append(_exchange(client, request, started, timeout)),
+        target=lambda: outcome.append(_exchange(transport, request, started, timeout)),
         name="webhook-post",
         daemon=True,
     )
@@ -159,22 +164,22 @@ def post(target: Target, *, headers: dict[str, str], body: bytes, timeout: float
     if outcome:
         if outcome[0].status_code is not None:
             # An answer: httpcore kept its connection only if it was read
-            # to its end, else closed it; either way the client is clean.
-            _clients.give_back(target, client)
+            # to its end, else closed it; either way the transport is clean.
+            _transports.give_back(target, transport)
         else:
-            client.close()
+            transport.close()
         return outcome[0]
-    client.close()  # the abandoned exchange fails at its next read and ends
+    transport.close()  # the abandoned exchange fails at its next read and ends
     return Answer(
         latency_ms=_ms_since(started), error=f"timeout after {timeout:g}s (no complete answer)"
     )
 
 
 def _exchange(
-    client: httpx.Client, request: httpx.Request, started: float, timeout: float
+    transport: httpx.HTTPTransport, request: httpx.Request, started: float, timeout: float
 ) -> Answer:
     try:
-        response = client.send(request, stream=True)
+        response = transport.handle_request(request)
         try:
             latency = _ms_since(started)
             head = b""
