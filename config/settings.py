@@ -467,19 +467,23 @@ OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
 # every process (Redis, or the embedded file cache).
 OUTBOX_SWEPT_TOPICS = [WEBHOOK_DELIVERY]
 # How long a sweep waits for rows to gather before it claims: what it adds to
-# a webhook's lag at most, and what makes one task carry several rows.
-OUTBOX_SWEEP_GATHER_SECONDS = env.float("OUTBOX_SWEEP_GATHER_SECONDS", default=0.1)
-# Rows one claim of a sweep leases: their deliveries, one after another, must
-# end within the lease even if every receiver hangs for the whole timeout.
-OUTBOX_SWEEP_BATCH = env.int(
-    "OUTBOX_SWEEP_BATCH",
-    default=max(1, int(OUTBOX_CLAIM_LEASE_SECONDS // (WEBHOOK_TIMEOUT_SECONDS + 1))),
+# a webhook's lag at most, and what makes one task carry several rows (under
+# make bench's load a dozen: docs/performance.md, "The webhooks' sweep").
+OUTBOX_SWEEP_GATHER_SECONDS = env.float("OUTBOX_SWEEP_GATHER_SECONDS", default=0.25)
+# Rows one claim of a sweep leases at most, and the longest one row's
+# delivery may take (a webhook's POST: its timeout and the deadline's slack).
+# The rows of a claim are delivered one after another; one is started only
+# while that much still fits in the claim's lease, the rest are given back.
+OUTBOX_SWEEP_BATCH = env.int("OUTBOX_SWEEP_BATCH", default=50)
+OUTBOX_SWEEP_ROW_SECONDS = env.float(
+    "OUTBOX_SWEEP_ROW_SECONDS", default=WEBHOOK_TIMEOUT_SECONDS + 1
 )
-if OUTBOX_SWEEP_GATHER_SECONDS < 0 or OUTBOX_SWEEP_BATCH < 1:
+if OUTBOX_SWEEP_GATHER_SECONDS < 0 or OUTBOX_SWEEP_BATCH < 1 or OUTBOX_SWEEP_ROW_SECONDS <= 0:
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(
-        "OUTBOX_SWEEP_GATHER_SECONDS takes 0 or more seconds, OUTBOX_SWEEP_BATCH 1 or more rows"
+        "OUTBOX_SWEEP_GATHER_SECONDS takes 0 or more seconds, OUTBOX_SWEEP_BATCH 1 or more"
+        " rows, OUTBOX_SWEEP_ROW_SECONDS more than 0 seconds"
     )
 
 # --- periodic sweeps (Celery beat) -----------------------------------------------

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -208,6 +209,30 @@ def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessag
     return sorted((_leased(row) for row in found), key=lambda m: (m.due_at, m.pk))
 
 
+_UNCLAIM_SQL = """
+UPDATE {outbox} SET processing_until = NULL, fired_at = NULL
+ WHERE id = ANY(%s) AND processing_until = %s AND completed_at IS NULL
+"""
+
+
+def unclaim(messages: list[OutboxMessage]) -> int:
+    """Give rows of one claim that were never started back as they were
+    before it (free, never fired): the next claim takes them, oldest first.
+    Only rows still held by that claim's lease are touched (a row whose
+    lease ran out may be someone else's by now); returns how many."""
+    if not messages:
+        return 0
+    lease = messages[0].processing_until
+    ids = [m.pk for m in messages]
+    if connection.vendor != "postgresql":
+        return OutboxMessage.objects.filter(
+            pk__in=ids, processing_until=lease, completed_at__isnull=True
+        ).update(processing_until=None, fired_at=None)
+    with connection.cursor() as cursor:
+        cursor.execute(_written(_UNCLAIM_SQL), [ids, lease])
+        return cursor.rowcount
+
+
 def _record(entries: list[tuple[OutboxMessage, list[str]]]) -> None:
     """The inbox entries of the consumers that ran, of one message or of
     several (one statement; an entry a transactional consumer claimed
@@ -273,9 +298,18 @@ def message_deliver_claimed(message: OutboxMessage) -> str:
     return "delivered"
 
 
-def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
+def messages_deliver_claimed(
+    messages: list[OutboxMessage], *, until: float | None = None, row_seconds: float = 0.0
+) -> tuple[int, int, list[OutboxMessage]]:
     """Deliver rows leased already (a sweep's claim); returns how many were
-    delivered and how many failed. Never raises for a row.
+    delivered, how many failed, and the rows not started. Never raises for
+    a row.
+
+    With ``until`` (a ``time.monotonic()`` no later than the claim's lease
+    ends), a row after the first is started only if ``row_seconds`` (the
+    longest one row's consumers may take) still fit before it: behind slow
+    receivers, the rows left are returned for the caller to give back
+    (:func:`unclaim`) rather than delivered after their lease ran out.
 
     Each row's ordinary consumers run in turn, as for a row alone; then one
     closing transaction settles every row that got that far: their inside
@@ -287,8 +321,12 @@ def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
     is said on that row and the others still settle."""
     opened: list[_Opened] = []
     failed = 0
+    left: list[OutboxMessage] = []
     _prepare(messages)
-    for message in messages:
+    for at, message in enumerate(messages):
+        if at and until is not None and time.monotonic() + row_seconds > until:
+            left = messages[at:]
+            break
         try:
             with _delivery_span(message):
                 opened.append(_open(message))
@@ -305,7 +343,7 @@ def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
                 extra={"message_ids": [o.message.pk for o in opened]},
             )
         else:
-            return len(opened), failed
+            return len(opened), failed, left
     delivered = 0
     for one in opened:
         try:
@@ -314,7 +352,7 @@ def messages_deliver_claimed(messages: list[OutboxMessage]) -> tuple[int, int]:
             failed += 1
         else:
             delivered += 1
-    return delivered, failed
+    return delivered, failed, left
 
 
 def _prepare(messages: list[OutboxMessage]) -> None:

@@ -6,10 +6,14 @@ row sets the topic's wake flag in the shared cache, and publishes one
 ``outbox.sweep`` task only if the flag was clear; rows written while it is
 set ride that task. The sweep waits ``OUTBOX_SWEEP_GATHER_SECONDS`` for more
 rows to gather, clears the flag, then claims the rows due and never fired,
-a few at a time (:func:`outbox.delivery.claim_unfired`), and delivers them as
-a task of its own would each, but with one closing transaction for the
-claim's rows (:func:`outbox.delivery.messages_deliver_claimed`). It stops at
-a claim that comes back short.
+up to ``OUTBOX_SWEEP_BATCH`` at a time (:func:`outbox.delivery.claim_unfired`),
+and delivers them as a task of its own would each, but with one closing
+transaction for the claim's rows (:func:`outbox.delivery.messages_deliver_claimed`).
+The rows are delivered one after another, so a row is started only while
+its longest delivery (``OUTBOX_SWEEP_ROW_SECONDS``) still ends within the
+claim's lease; behind slow receivers the rest are given back unfired
+(:func:`outbox.delivery.unclaim`) and claimed again at once. It stops at a
+claim that comes back short with nothing given back.
 
 Why no row is left behind:
 
@@ -17,8 +21,10 @@ Why no row is left behind:
   *after* its commit. A row committed before the clear is seen by the claim;
   a row committed after it finds the flag clear (or set by another writer
   who came after the clear) and so has a sweep of its own to come;
-- a claim that comes back full is followed by another, so the last claim of a
-  sweep saw every row it could take;
+- a claim that comes back full, or that gave rows back, is followed by
+  another, so the last claim of a sweep saw every row it could take;
+- a row is given back only if it is still the claim's (its lease as the
+  claim set it) and was never started: it is as it was before the claim;
 - the flag expires (``WAKE_SECONDS``): a sweep task lost with the flag still
   set holds the topic's wake-ups back that long at most, after which the
   next commit publishes a sweep that takes every row still unfired;
@@ -41,7 +47,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from .delivery import claim_unfired, messages_deliver_claimed
+from .delivery import claim_unfired, messages_deliver_claimed, unclaim
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +89,17 @@ def outbox_sweep(*, topic: str, gather: float | None = None) -> str:
     limit = settings.OUTBOX_SWEEP_BATCH
     delivered = failed = 0
     while True:
+        # Read before the claim: its lease ends later than this.
+        until = time.monotonic() + settings.OUTBOX_CLAIM_LEASE_SECONDS
         claimed = claim_unfired(topic=topic, limit=limit, now=timezone.now())
         # One closing transaction for the claim's rows; a row that fails is
         # said on the row and logged by the delivery, and is the relay's at
-        # its due time.
-        done, lost = messages_deliver_claimed(claimed)
+        # its due time. Rows that no longer fit in the lease are given back.
+        done, lost, left = messages_deliver_claimed(
+            claimed, until=until, row_seconds=settings.OUTBOX_SWEEP_ROW_SECONDS
+        )
         delivered, failed = delivered + done, failed + lost
-        if len(claimed) < limit:
+        if left:
+            unclaim(left)  # the next claim takes them first
+        elif len(claimed) < limit:
             return f"delivered={delivered} failed={failed}"

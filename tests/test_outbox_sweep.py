@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import handover, sweeping
-from outbox.delivery import claim_unfired
+from outbox.delivery import claim_unfired, unclaim
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_tick
 from outbox.services import outbox_publish, timer_schedule
@@ -319,3 +319,88 @@ def test_a_row_whose_record_fails_fails_alone_and_its_neighbour_still_settles(pu
     assert InboxEntry.objects.filter(message_id=good.pk).count() == 1
     BROKEN_RECORDS.clear()
     assert _relay_after_grace() == [bad.pk]
+
+
+class _Clock:
+    """time.monotonic for the sweep and the delivery: each consumer's run
+    takes ``step`` seconds of it."""
+
+    def __init__(self, step: float):
+        self.at, self.step = 1000.0, step
+
+    def monotonic(self) -> float:
+        return self.at
+
+    def sleep(self, seconds: float) -> None:
+        self.at += seconds
+
+
+CLOCK = _Clock(step=0)
+
+
+def slow_recording_consumer(message):
+    CLOCK.at += CLOCK.step
+    return recording_consumer(message)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_that_no_longer_fit_in_the_claims_lease_are_given_back_and_claimed_again(
+    published, settings, monkeypatch
+):
+    """Lease 30 s, a row may take 10 s, each takes 12: the first row of a
+    claim always runs, the second starts at 12 s (ends by 22), the third
+    would start at 24 s and could end past the lease: given back."""
+    settings.OUTBOX_SWEEP_BATCH = 10
+    settings.OUTBOX_CLAIM_LEASE_SECONDS = 30
+    settings.OUTBOX_SWEEP_ROW_SECONDS = 10
+    clock = _Clock(step=12)
+    monkeypatch.setattr(sweeping, "time", clock)
+    monkeypatch.setattr("outbox.delivery.time", clock)
+    claims: list[list[int]] = []
+    real_claim = sweeping.claim_unfired
+
+    def claim(**kwargs):
+        claimed = real_claim(**kwargs)
+        claims.append([m.pk for m in claimed])
+        return claimed
+
+    monkeypatch.setattr(sweeping, "claim_unfired", claim)
+
+    monkeypatch.setattr(f"{HERE}.CLOCK", clock)
+    settings.OUTBOX_CONSUMERS = {"test.recorded": [f"{HERE}.slow_recording_consumer"]}
+    rows = [_write(topic="test.recorded").pk for _ in range(5)]
+
+    assert outbox_sweep(topic="test.recorded", gather=0) == "delivered=5 failed=0"
+
+    # Each claim took what was left, oldest first; two rows ran per lease.
+    assert claims == [rows, rows[2:], rows[4:]]
+    assert CLOSED == [rows[:2], rows[2:4], rows[4:]]
+    assert RUNS == Counter({pk: 1 for pk in rows})
+    done = OutboxMessage.objects.filter(pk__in=rows)
+    assert all(m.completed_at is not None and m.fired_at is not None for m in done)
+    assert _relay_after_grace() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unclaim_gives_back_only_the_rows_its_claim_still_holds(published):
+    mine, expired, settled = _write(), _write(), _write()
+    claimed = claim_unfired(topic="test.swept", limit=10, now=timezone.now())
+    assert [m.pk for m in claimed] == [mine.pk, expired.pk, settled.pk]
+    # Its lease ran out and someone else leased it; another one was settled.
+    later = timezone.now() + timedelta(minutes=5)
+    OutboxMessage.objects.filter(pk=expired.pk).update(processing_until=later)
+    OutboxMessage.objects.filter(pk=settled.pk).update(completed_at=timezone.now())
+
+    assert unclaim(claimed) == 1
+
+    states = {
+        m.pk: (m.fired_at is None, m.processing_until)
+        for m in OutboxMessage.objects.filter(pk__in=[mine.pk, expired.pk, settled.pk])
+    }
+    assert states[mine.pk] == (True, None)
+    assert states[expired.pk] == (False, later)
+    assert states[settled.pk][0] is False and states[settled.pk][1] is not None
+    # Free and never fired again: the next claim takes it.
+    assert [m.pk for m in claim_unfired(topic="test.swept", limit=10, now=timezone.now())] == [
+        mine.pk
+    ]
