@@ -14,11 +14,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import http.server
 import json
 import logging
 import re
+import shutil
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import uuid
@@ -38,7 +41,7 @@ from outbox.sweeping import outbox_sweep
 from purchases import lock_objects
 from purchases.models import PurchaseSaga
 from purchases.services import confirm, purchase_refund, raise_operator_alert, saga_charge
-from webhooks import url_safety
+from webhooks import sending, url_safety
 from webhooks.consumers import deliver
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.sending import build_request, post
@@ -898,6 +901,89 @@ def test_an_attempt_logs_no_line_of_httpx_even_when_the_root_logs_info(receiver,
     assert answer.status_code == 200
     assert len(receiver.requests) == 1
     assert [r.getMessage() for r in caplog.records if r.name.startswith("httpx")] == []
+
+
+class _TLSReceiver:
+    """An HTTPS server on 127.0.0.1 with a certificate for ``name`` from a
+    CA of its own (made by the openssl command line); it keeps the TLS server
+    names it was asked for and the Host header of each request."""
+
+    def __init__(self, workdir, name: str):
+        if shutil.which("openssl") is None:
+            pytest.fail("no openssl command for the TLS test: install Debian's package openssl")
+
+        def openssl(*args):
+            subprocess.run(["openssl", *args], cwd=workdir, check=True, capture_output=True)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"]
+        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=test CA")
+        openssl("req", *ec[:-2], "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", f"/CN={name}")
+        (workdir / "san.ext").write_text(f"subjectAltName=DNS:{name}\n")
+        openssl(
+            "x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "leaf.pem", "-days", "2", "-extfile", "san.ext",
+        )  # fmt: skip
+        self.ca = str(workdir / "ca.pem")
+        self.server_names: list[str | None] = []
+        self.hosts: list[str] = []
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(workdir / "leaf.pem", workdir / "leaf.key")
+        tls.sni_callback = lambda _sock, server_name, _ctx: self.server_names.append(server_name)
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.hosts.append(self.headers["Host"])
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # a client that refuses the certificate
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_https_attempt_goes_to_the_checked_address_and_verifies_the_name(tmp_path, monkeypatch):
+    """The POST connects to the address that was checked, asks TLS for the
+    endpoint's host name and verifies the certificate against it: the name
+    is never resolved again, and a certificate for another name is refused."""
+    server = _TLSReceiver(tmp_path, "hooks.example.test")
+    monkeypatch.setattr(sending, "_tls", lambda: ssl.create_default_context(cafile=server.ca))
+    target = url_safety.Target(
+        scheme="https", host="hooks.example.test", port=server.port, address="127.0.0.1", path="/"
+    )
+    try:
+        answer = post(target, headers={}, body=b"{}", timeout=2.0)
+        refused = post(
+            dataclasses.replace(target, host="elsewhere.example.test"),
+            headers={},
+            body=b"{}",
+            timeout=2.0,
+        )
+    finally:
+        server.close()
+
+    assert (answer.status_code, answer.error, answer.excerpt) == (200, "", "ok")
+    assert server.hosts == [f"hooks.example.test:{server.port}"]
+    assert server.server_names == ["hooks.example.test", "elsewhere.example.test"]
+    assert refused.status_code is None
+    assert "CERTIFICATE_VERIFY_FAILED" in refused.error, refused.error
 
 
 def test_an_https_request_is_pinned_to_the_checked_address_with_the_name_for_tls():
