@@ -3,9 +3,10 @@ with the currency's own number of decimals, the same in the emails and in the
 admin (``common.money``)."""
 
 from datetime import timedelta
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 import pytest
+from babel.numbers import format_decimal, list_currencies
 from django.contrib.admin.utils import quote
 from django.core import mail
 from django.utils import timezone
@@ -94,6 +95,23 @@ def test_to_decimal_is_exact(amount, currency, decimal):
 )
 def test_format_money(amount, currency, shown):
     assert format_money(amount, currency) == shown
+
+
+def test_format_money_writes_what_babel_writes_in_english_for_every_currency():
+    """The formatter writes CLDR's "en" format with Python's format spec;
+    Babel, which it replaced there, is the reference: every currency Babel
+    knows, amounts of every size and sign, all their minor units shown."""
+    amounts = [0, 1, -1, 5, 99, 100, -100, 1_000, 12_345, 1_234_567, -98_765_432, 10**30 + 7]
+    codes = sorted(list_currencies())
+    assert len(codes) > 250
+    for code in codes:
+        exponent = minor_units_exponent(code)
+        pattern = "#,##0" + ("." + "0" * exponent if exponent else "")
+        for amount in amounts:
+            with localcontext() as context:
+                context.prec = 60  # Babel quantizes in the context: every digit
+                expected = format_decimal(to_decimal(amount, code), format=pattern, locale="en")
+            assert format_money(amount, code) == f"{expected} {code}", (amount, code)
 
 
 @pytest.mark.parametrize(
