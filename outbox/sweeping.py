@@ -100,6 +100,13 @@ def outbox_sweep(*, topic: str, gather: float | None = None) -> str:
         )
         delivered, failed = delivered + done, failed + lost
         if left:
-            unclaim(left)  # the next claim takes them first
+            given = unclaim(left)  # the next claim takes them first
+            logger.info(
+                "outbox sweep: %s of %s claimed rows given back, their lease too short"
+                " after slow deliveries",
+                given,
+                len(claimed),
+                extra={"topic": topic, "message_ids": [m.pk for m in left]},
+            )
         elif len(claimed) < limit:
             return f"delivered={delivered} failed={failed}"

@@ -2,6 +2,7 @@
 message each; whatever goes wrong, the relay still takes every row
 (outbox/sweeping.py)."""
 
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -345,7 +346,7 @@ def slow_recording_consumer(message):
 
 @pytest.mark.django_db(transaction=True)
 def test_rows_that_no_longer_fit_in_the_claims_lease_are_given_back_and_claimed_again(
-    published, settings, monkeypatch
+    published, settings, monkeypatch, caplog
 ):
     """Lease 30 s, a row may take 10 s, each takes 12: the first row of a
     claim always runs, the second starts at 12 s (ends by 22), the third
@@ -370,9 +371,15 @@ def test_rows_that_no_longer_fit_in_the_claims_lease_are_given_back_and_claimed_
     settings.OUTBOX_CONSUMERS = {"test.recorded": [f"{HERE}.slow_recording_consumer"]}
     rows = [_write(topic="test.recorded").pk for _ in range(5)]
 
-    assert outbox_sweep(topic="test.recorded", gather=0) == "delivered=5 failed=0"
+    with caplog.at_level(logging.INFO, logger="outbox.sweeping"):
+        assert outbox_sweep(topic="test.recorded", gather=0) == "delivered=5 failed=0"
 
     # Each claim took what was left, oldest first; two rows ran per lease.
+    said = "claimed rows given back, their lease too short after slow deliveries"
+    assert [(r.getMessage(), r.message_ids) for r in caplog.records if "given" in r.msg] == [
+        (f"outbox sweep: 3 of 5 {said}", rows[2:]),
+        (f"outbox sweep: 1 of 3 {said}", rows[4:]),
+    ]
     assert claims == [rows, rows[2:], rows[4:]]
     assert CLOSED == [rows[:2], rows[2:4], rows[4:]]
     assert RUNS == Counter({pk: 1 for pk in rows})
