@@ -41,7 +41,7 @@ from outbox.sweeping import outbox_sweep
 from purchases import lock_objects
 from purchases.models import PurchaseSaga
 from purchases.services import confirm, purchase_refund, raise_operator_alert, saga_charge
-from webhooks import sending, url_safety
+from webhooks import consumers, sending, url_safety
 from webhooks.consumers import deliver
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.sending import build_request, post
@@ -418,12 +418,51 @@ def test_a_sweep_records_its_attempts_together_each_with_its_own_outcome(
 
 
 @pytest.mark.django_db
+def test_a_sweep_behind_a_hanging_receiver_gives_back_what_its_lease_cannot_cover(
+    alice, event, gateway, receiver, settings, caplog, monkeypatch
+):
+    """Real time, a real receiver that never answers: each attempt takes the
+    whole timeout (0.5 s), a claim's lease is 1.2 s and a row may take 0.6 s,
+    so a claim of three starts at most two; the row left is given back and
+    the next claim takes it. Each row is attempted once, none after the
+    claim that started it lost its lease."""
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.5
+    settings.OUTBOX_CLAIM_LEASE_SECONDS = 1.2
+    settings.OUTBOX_SWEEP_ROW_SECONDS = 0.6
+    for name in ("a", "b", "c"):
+        _endpoint(receiver, path=f"/{name}")
+    receiver.script = [("hang", 5)] * 3
+    _confirmed(alice, event)
+    started: list[tuple[float, datetime]] = []  # (when, the lease it ran under)
+
+    def deliver_noting_the_lease(message):
+        started.append((time.time(), message.processing_until))
+        return deliver(message)
+
+    deliver_noting_the_lease.prepare = deliver.prepare  # type: ignore[attr-defined]
+    monkeypatch.setattr(consumers, "deliver", deliver_noting_the_lease)
+    try:
+        with caplog.at_level(logging.INFO, logger="outbox.sweeping"):
+            assert outbox_sweep(topic=TOPIC, gather=0) == "delivered=3 failed=0"
+    finally:
+        receiver.release.set()
+
+    assert sorted(r.path for r in receiver.requests) == ["/a", "/b", "/c"]
+    assert [a.number for d in _deliveries() for a in _attempts(d)] == [1, 1, 1]
+    assert all("timeout" in a.error for d in _deliveries() for a in _attempts(d))
+    assert any("given back" in r.getMessage() for r in caplog.records)
+    # Each row started with at least a row's time left in its lease.
+    assert all(lease.timestamp() - at >= 0.6 for at, lease in started), started
+    assert all(m.completed_at is not None for m in _webhook_rows()[:3])
+
+
+@pytest.mark.django_db
 def test_a_sweeps_read_goes_stale_and_each_attempt_then_reads_its_own(
     alice, event, gateway, receiver, monkeypatch
 ):
     """After a slow receiver, a change of the endpoint counts for the next
     attempts of the sweep: they read their delivery again."""
-    from webhooks import consumers, services
+    from webhooks import services
 
     endpoints = [_endpoint(receiver, path=f"/{name}") for name in ("a", "b")]
     monkeypatch.setattr(consumers, "READ_FRESH_SECONDS", 0.0)
