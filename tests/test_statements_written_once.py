@@ -167,12 +167,17 @@ def delivery(alice, event, settings):
         url="http://127.0.0.1:9/hook", events=["purchase.confirmed", "purchase.failed"]
     )
     saga = start_purchase(alice, event)
+    return _confirmation(saga.pk, saga.event_id)
+
+
+def _confirmation(saga_id, event_id) -> WebhookDelivery:
+    """The one delivery of the saga's confirmation written now."""
     with transaction.atomic():
         [written] = webhook_publish(
             event_type="purchase.confirmed",
-            saga_id=saga.pk,
-            event_id=saga.event_id,
-            data={"id": str(saga.pk)},
+            saga_id=saga_id,
+            event_id=event_id,
+            data={"id": str(saga_id)},
             now=timezone.now(),
         )
     return written
@@ -196,15 +201,7 @@ def _attempt(delivery, number: int, **overrides) -> bool:
 def _second_delivery(delivery) -> WebhookDelivery:
     """Another endpoint's delivery of the same saga's confirmation."""
     webhook_endpoint_create(url="http://127.0.0.1:9/other", events=["purchase.confirmed"])
-    with transaction.atomic():
-        [second] = webhook_publish(
-            event_type="purchase.confirmed",
-            saga_id=delivery.saga_id,
-            event_id=delivery.event_id,
-            data={"id": str(delivery.saga_id)},
-            now=timezone.now(),
-        )
-    return second
+    return _confirmation(delivery.saga_id, delivery.event_id)
 
 
 def _made(delivery, attempt: int) -> bool:
