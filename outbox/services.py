@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
+from functools import cache, partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -164,6 +164,11 @@ _CANCEL_SQL = (
 )
 
 
+@cache
+def _cancel_sql() -> str:
+    return _CANCEL_SQL.format(outbox=OutboxMessage._meta.db_table)
+
+
 def timer_cancel(*, key: str, now: datetime | None = None) -> TimerCancelResult:
     """Cancel the timer named ``key``; the answer is never ambiguous.
 
@@ -178,7 +183,7 @@ def timer_cancel(*, key: str, now: datetime | None = None) -> TimerCancelResult:
         # Written once (docs/performance.md, "Statements written once"):
         # every confirmation cancels its hold timer.
         with connection.cursor() as cursor:
-            cursor.execute(_CANCEL_SQL.format(outbox=OutboxMessage._meta.db_table), [now, key])
+            cursor.execute(_cancel_sql(), [now, key])
             updated = cursor.rowcount
     else:
         # SQLite (the embedded mode): the ORM writes the time as it stores it.

@@ -4,6 +4,7 @@ answer, a look-up, the hold expiry's refused cancel, an operator)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime
 from typing import NamedTuple
@@ -75,8 +76,7 @@ def confirm(
         raise IllegalTransition(saga.state, "CONFIRMED with seats not held")
     availability_changed(saga.event_id)
     _execute(
-        _RESERVATION_SQL.format(reservation=Reservation._meta.db_table),
-        [ReservationStatus.CONFIRMED.value, saga.reservation_id, saga.event_id],
+        _reservation_sql(), [ReservationStatus.CONFIRMED.value, saga.reservation_id, saga.event_id]
     )
     cancel = timer_cancel(key=saga.hold_timer_key, now=at)
     logger.info("hold timer %s", cancel.status, **log_extra(saga))
@@ -178,26 +178,42 @@ def _execute(sql: str, params: list) -> int:
         return cursor.rowcount
 
 
-def _sell(event_id: int, seat_ids: list[int]) -> int:
-    """The seats still held among ``seat_ids`` sold; how many."""
-    if not seat_ids:
-        return 0
-    sql = _SELL_SQL.format(seat=Seat._meta.db_table, ids=", ".join(["%s"] * len(seat_ids)))
-    return _execute(sql, [SeatStatus.SOLD.value, event_id, SeatStatus.HELD.value, *seat_ids])
+@functools.lru_cache(maxsize=64)  # by the number of seats
+def _sell_sql(seats: int) -> str:
+    return _SELL_SQL.format(seat=Seat._meta.db_table, ids=", ".join(["%s"] * seats))
 
 
-def _buyer(buyer_id: int) -> dict:
-    """The buyer's username and e-mail address, as the e-mails need them."""
+@functools.cache
+def _reservation_sql() -> str:
+    return _RESERVATION_SQL.format(reservation=Reservation._meta.db_table)
+
+
+@functools.cache
+def _buyer_sql() -> str:
     user = get_user_model()
-    sql = _BUYER_SQL.format(
+    return _BUYER_SQL.format(
         user=user._meta.db_table,
         pk=user._meta.pk.column,
         username=user._meta.get_field("username").column,
         email=user._meta.get_field("email").column,
     )
+
+
+def _sell(event_id: int, seat_ids: list[int]) -> int:
+    """The seats still held among ``seat_ids`` sold; how many."""
+    if not seat_ids:
+        return 0
+    return _execute(
+        _sell_sql(len(seat_ids)),
+        [SeatStatus.SOLD.value, event_id, SeatStatus.HELD.value, *seat_ids],
+    )
+
+
+def _buyer(buyer_id: int) -> dict:
+    """The buyer's username and e-mail address, as the e-mails need them."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [buyer_id])
+        cursor.execute(_buyer_sql(), [buyer_id])
         row = cursor.fetchone()
     if row is None:
-        raise user.DoesNotExist(f"no user {buyer_id}")
+        raise get_user_model().DoesNotExist(f"no user {buyer_id}")
     return {"username": row[0], "email": row[1]}
