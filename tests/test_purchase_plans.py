@@ -9,6 +9,7 @@ planned from guesses there; make bench measured such a join (the seats of a
 confirmation) as a scan of every seat, 24 ms per purchase at 180,000 seats.
 """
 
+import json
 import re
 
 import pytest
@@ -22,6 +23,7 @@ from outbox.services import outbox_publish
 from outbox.sweeping import outbox_sweep
 from purchases.services import purchase_refund, saga_charge
 from webhooks import lock_objects as webhook_locks
+from webhooks import selectors as webhook_selectors
 from webhooks.models import WebhookDelivery
 from webhooks.services import webhook_endpoint_create
 
@@ -128,6 +130,31 @@ def _scans(sql: str, tables: tuple[str, ...] = LARGE) -> list[str]:
     return scans + ["BitmapAnd"] * plan.count("BitmapAnd") + ["id as a filter"] * len(by_other)
 
 
+def _leading_columns(sql: str, table: str) -> list[str]:
+    """The first column of each index of ``table`` the statement's plan reads."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+        plan = plan if isinstance(plan, list) else json.loads(plan)
+        names = []
+
+        def walk(node):
+            if "Index Name" in node:
+                names.append(node["Index Name"])
+            for child in node.get("Plans", []):
+                walk(child)
+
+        walk(plan[0]["Plan"])
+        cursor.execute(
+            "SELECT a.attname FROM unnest(%s::text[]) AS n (name)"
+            " JOIN pg_class c ON c.relname = n.name JOIN pg_index i ON i.indexrelid = c.oid"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+            " WHERE i.indrelid = %s::regclass",
+            [names, table],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def _planned_by_guess(captured, tables: tuple[str, ...] = LARGE) -> list[str]:
     bad = []
     for query in captured:
@@ -217,7 +244,10 @@ def test_a_sweeps_webhook_attempts_read_by_index_without_statistics(
 ):
     """Sixty thousand deliveries and attempts of another event, never
     analyzed: the sweep's read of its claim (whether each attempt was made),
-    its lock and its record, and an attempt read alone, each by index."""
+    its lock and its record, an attempt read alone, and a saga's and an
+    endpoint's deliveries with their attempts (the admin, the API), each by
+    index (the deliveries have no index of their own on the saga or the
+    endpoint: webhooks/migrations/0004_fewer_indexes.py)."""
     settings.WEBHOOK_ALLOW_LOCAL_URLS = True
     endpoints = [
         webhook_endpoint_create(url=receiver.url(f"/{n}"), events=["purchase.confirmed"])
@@ -233,8 +263,21 @@ def test_a_sweeps_webhook_attempts_read_by_index_without_statistics(
         assert outbox_sweep(topic="webhook.delivery", gather=0) == "delivered=2 failed=0"
         delivery = WebhookDelivery.objects.filter(endpoint=endpoints[0], event_id=event.pk).get()
         found = webhook_locks.delivery_with_attempt_made(delivery_id=delivery.pk, attempt=1)
+        of_saga = webhook_selectors.deliveries_for_saga(saga_id=delivery.saga_id)
+        of_endpoint = list(webhook_selectors.endpoint_deliveries(endpoint_id=endpoints[1].pk)[:20])
 
     assert found is not None and found[1] is True
+    assert sorted(d.endpoint_id for d in of_saga) == sorted(e.pk for e in endpoints)
+    assert [len(d.attempts.all()) for d in of_saga] == [1, 1]
+    assert [d.saga_id for d in of_endpoint] == [delivery.saga_id]
+    # Read through an index that leads with the saga, not a walk of a whole
+    # index that holds it second (which no Seq Scan would show).
+    saga_read = next(
+        q["sql"]
+        for q in ctx.captured_queries
+        if 'FROM "webhooks_webhookdelivery"' in q["sql"] and '."saga_id" =' in q["sql"]
+    )
+    assert _leading_columns(saga_read, "webhooks_webhookdelivery") == ["saga_id"]
     assert sorted(r.path for r in receiver.requests) == ["/a", "/b"]
     bad = _planned_by_guess(ctx.captured_queries, tables=LARGE + WEBHOOK_TABLES)
     assert bad == [], "\n\n".join(bad)

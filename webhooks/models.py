@@ -48,15 +48,19 @@ class DeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(models.Model):
+    # No index of its own: the indexes below lead with it (docs/performance.md,
+    # "The webhooks' sweep": every index is written again by the delivered
+    # update).
     endpoint = models.ForeignKey(
-        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries", db_index=False
     )
     # The webhook-id header: the same for every attempt of this delivery.
     # Unique per event in the database (``Meta``); a random UUID's hex, so
     # unique everywhere.
     message_id = models.CharField(max_length=40)
     event_type = models.CharField(max_length=40, choices=WebhookEvent.choices)
-    saga_id = models.UUIDField(db_index=True)
+    # Read by the once-per-type constraint, which leads with it (a saga's page).
+    saga_id = models.UUIDField()
     # The purchase's event (the catalog's), like the outbox rows: the shard key,
     # never NULL (NO_EVENT for a delivery of no event).
     event_id = models.BigIntegerField(default=NO_EVENT)
@@ -80,8 +84,8 @@ class WebhookDelivery(models.Model):
             # Each type is sent at most once per saga per endpoint, whatever
             # the redeliveries (docs/api.md).
             models.UniqueConstraint(
-                fields=["endpoint", "saga_id", "event_type", "event_id"],
-                name="webhook_once_per_endpoint_saga_type",
+                fields=["saga_id", "endpoint", "event_type", "event_id"],
+                name="webhook_once_per_saga_endpoint_type",
             ),
             models.UniqueConstraint(
                 fields=["message_id", "event_id"], name="webhook_message_id_once_per_event"
@@ -107,8 +111,13 @@ class WebhookDelivery(models.Model):
 class WebhookAttempt(models.Model):
     # The database's key is (event_id, delivery_id) -> the delivery's
     # (event_id, id) (webhooks/migrations/0003_citus_distribution.py).
+    # No index of its own: webhook_attempt_once leads with it.
     delivery = models.ForeignKey(
-        WebhookDelivery, on_delete=models.CASCADE, related_name="attempts", db_constraint=False
+        WebhookDelivery,
+        on_delete=models.CASCADE,
+        related_name="attempts",
+        db_constraint=False,
+        db_index=False,
     )
     # The delivery's event: the attempt lives on the delivery's shard.
     event_id = models.BigIntegerField()
