@@ -468,8 +468,8 @@ OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
 OUTBOX_SWEPT_TOPICS = [WEBHOOK_DELIVERY]
 # How long a sweep waits for rows to gather before it claims: what it adds to
 # a webhook's lag at most, and what makes one task carry several rows (under
-# make bench's load about twenty: docs/performance.md, "The webhooks' sweep").
-OUTBOX_SWEEP_GATHER_SECONDS = env.float("OUTBOX_SWEEP_GATHER_SECONDS", default=0.25)
+# make bench's load about forty: docs/performance.md, "The webhooks' sweep").
+OUTBOX_SWEEP_GATHER_SECONDS = env.float("OUTBOX_SWEEP_GATHER_SECONDS", default=0.5)
 # Rows one claim of a sweep leases at most, and the longest one row's
 # delivery may take (a webhook's POST: its timeout and the deadline's slack).
 # The rows of a claim are delivered one after another; one is started only
