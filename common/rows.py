@@ -215,3 +215,30 @@ def _named(model: type[models.Model], names: Sequence[str]) -> list:
     """The model's concrete fields of those names, in the order named."""
     by_name = {field.name: field for field in model._meta.concrete_fields}
     return [by_name[name] for name in names]
+
+
+def insert_select(
+    template: models.Model, *, source: str, exprs: dict[str, str]
+) -> tuple[str, list]:
+    """``INSERT … SELECT`` of rows of the template's model, one per row of
+    ``source`` (a table or a CTE of the caller's statement): every column
+    takes the template's value, prepared by its field as :func:`insert` does,
+    but those named in ``exprs`` (by attname), which take that SQL over
+    ``source``'s columns. The statement's text and its parameters, in order;
+    the caller adds ``RETURNING`` and runs it (PostgreSQL)."""
+    model = type(template)
+    connection = connections[model._default_manager.db]
+    fields = _inserted_fields(model)
+    unknown = set(exprs) - {field.attname for field in fields}
+    if unknown:
+        raise ValueError(f"{model.__name__} has no column {', '.join(sorted(unknown))}")
+    values, params = [], []
+    for field in fields:
+        if field.attname in exprs:
+            values.append(exprs[field.attname])
+        else:
+            values.append("%s")
+            params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
+    names = ", ".join(f'"{field.column}"' for field in fields)
+    sql = f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(values)} FROM {source}"
+    return sql, params

@@ -15,7 +15,7 @@ import enum
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -69,7 +69,43 @@ def outbox_publish(
     wrote it (empty with tracing off): its delivery continues that trace.
     """
     _require_atomic("outbox_publish")
-    now = now or timezone.now()
+    message, how = _message(
+        topic=topic,
+        payload=payload,
+        key=key,
+        available_at=available_at,
+        event_id=event_id,
+        saga_id=saga_id,
+        now=now or timezone.now(),
+    )
+    # Written once (docs/performance.md, "Statements written once"): every
+    # purchase writes several of these rows.
+    rows_sql.create(message)
+    if how is _HowSent.IN_PLACE:
+        transaction.on_commit(partial(owe_here, message), robust=True)
+    else:
+        _hand_over([message.pk], topic, how)
+    return message
+
+
+class _HowSent(enum.Enum):
+    IN_PLACE = "delivered in place by its writer"
+    ON_COMMIT = "handed over on commit"
+    TIMER = "a timer, the relay's"
+    DUE_NOW = "due now, the relay's"
+
+
+def _message(
+    *,
+    topic: str,
+    payload: dict | None,
+    key: str | None,
+    available_at: datetime | None,
+    event_id: int | None,
+    saga_id,
+    now: datetime,
+) -> tuple[OutboxMessage, _HowSent]:
+    """The row :func:`outbox_publish` writes, not saved, and how it is sent."""
     available_at = available_at or now
     on_commit = settings.OUTBOX_HAND_OVER_ON_COMMIT and available_at <= now
     in_place = on_commit and delivers_here(topic)
@@ -80,33 +116,64 @@ def outbox_publish(
         # lease runs out undelivered (outbox.handover, "in place").
         due_at += timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
         leased = {"processing_until": due_at, "fired_at": now}
+        how = _HowSent.IN_PLACE
     elif on_commit:
         due_at += timedelta(seconds=settings.OUTBOX_HAND_OVER_GRACE_SECONDS)
-    # Written once (docs/performance.md, "Statements written once"): every
-    # purchase writes several of these rows.
-    message = rows_sql.create(
-        OutboxMessage(
-            topic=topic,
-            payload=payload,
-            key=key,
-            # Never NULL, the shard key (config/distribution.py); the product
-            # always names the event (tests/test_citus_rules.py).
-            event_id=NO_EVENT if event_id is None else event_id,
-            saga_id=saga_id,
-            created_at=now,
-            available_at=available_at,
-            due_at=due_at,
-            trace_context=tracing.traceparent(),
-            **leased,
-        )
+        how = _HowSent.ON_COMMIT
+    else:
+        how = _HowSent.DUE_NOW if available_at <= now else _HowSent.TIMER
+    message = OutboxMessage(
+        topic=topic,
+        payload=payload,
+        key=key,
+        # Never NULL, the shard key (config/distribution.py); the product
+        # always names the event (tests/test_citus_rules.py).
+        event_id=NO_EVENT if event_id is None else event_id,
+        saga_id=saga_id,
+        created_at=now,
+        available_at=available_at,
+        due_at=due_at,
+        trace_context=tracing.traceparent(),
+        **leased,
     )
-    if in_place:
-        transaction.on_commit(partial(owe_here, message), robust=True)
-    elif on_commit:
-        transaction.on_commit(partial(hand_over_on_commit, message.pk, topic), robust=True)
-    elif available_at <= now:
+    return message, how
+
+
+def _hand_over(ids: list[int], topic: str, how: _HowSent) -> None:
+    if how is _HowSent.ON_COMMIT:
+        for message_id in ids:
+            transaction.on_commit(partial(hand_over_on_commit, message_id, topic), robust=True)
+    elif how is _HowSent.DUE_NOW and ids:
         notify_relays()
-    return message
+
+
+def outbox_publish_from(
+    *, source: str, topic: str, exprs: dict[str, str], now: datetime
+) -> tuple[str, list, Callable[[list[int]], None]] | None:
+    """:func:`outbox_publish` of a message due now for each row of
+    ``source`` (a CTE of the caller's statement, PostgreSQL), in that
+    statement: ``exprs`` gives the columns that differ from row to row
+    (``payload``, ``key``, ``event_id``, ``saga_id``) as SQL over
+    ``source``'s columns. Returns the ``INSERT … SELECT`` (its text and its
+    parameters; the caller adds ``RETURNING "id"`` and runs it, inside its
+    transaction) and what to call with the ids it wrote, which sends them on
+    after the commit as ``outbox_publish`` does. None for a topic delivered
+    in place by its writer here (inside ``delivered_here``, for the default
+    queue): its writer keeps each row, so it publishes them one by one."""
+    _require_atomic("outbox_publish_from")
+    template, how = _message(
+        topic=topic,
+        payload=None,
+        key=None,
+        available_at=now,
+        event_id=None,
+        saga_id=None,
+        now=now,
+    )
+    if how is _HowSent.IN_PLACE:
+        return None
+    sql, params = rows_sql.insert_select(template, source=source, exprs=exprs)
+    return sql, params, partial(_hand_over, topic=topic, how=how)
 
 
 def timer_schedule(

@@ -5,6 +5,8 @@ delivery's read, lock and attempt record (webhooks/lock_objects.py,
 webhooks/services.py). They read and write exactly what the ORM's versions
 did, lock what those locked, and refuse what those refused."""
 
+import re
+import uuid
 from datetime import timedelta
 
 import psycopg
@@ -440,3 +442,104 @@ def test_the_seats_named_in_a_purchase_are_read_as_the_orm_reads_them(event):
 
     assert [tuple(getattr(s, f) for f in fields) for s in read] == expected and len(read) == 3
     assert [s.ref for s in _seats_by_ref(event.pk + 999, refs)] == []
+
+
+@pytest.mark.django_db
+def test_a_moves_deliveries_written_in_one_statement_hold_what_row_by_row_writes(
+    event, settings, django_capture_on_commit_callbacks
+):
+    """With its data in hand, a move's webhooks are one statement on
+    PostgreSQL (the subscribed endpoints key-share locked, the deliveries,
+    their first attempts' outbox rows): the same rows, and the same hand-over
+    after the commit, as the statements one by one (the path a move whose
+    data is still to read takes)."""
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    settings.OUTBOX_HAND_OVER_ON_COMMIT = True
+    listening = webhook_endpoint_create(url="http://127.0.0.1:9/a", events=["purchase.confirmed"])
+    webhook_endpoint_create(url="http://127.0.0.1:9/b", events=["purchase.failed"])
+    now = timezone.now()
+    data = {"purchase": {"id": "p", "status": "CONFIRMED"}, "version": 3}
+
+    def publish(saga_id, data):
+        with transaction.atomic():
+            return webhook_publish(
+                event_type="purchase.confirmed",
+                saga_id=saga_id,
+                event_id=event.pk,
+                data=data,
+                now=now,
+            )
+
+    with (
+        CaptureQueriesContext(connection) as statements,
+        django_capture_on_commit_callbacks(execute=False) as at_once_after,
+    ):
+        [at_once] = publish(uuid.uuid4(), data)
+    with django_capture_on_commit_callbacks(execute=False) as one_by_one_after:
+        [one_by_one] = publish(uuid.uuid4(), lambda: data)
+
+    written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(written) == 1, written
+    assert at_once.endpoint_id == one_by_one.endpoint_id == listening.pk
+    assert _fields(at_once) == _fields(WebhookDelivery.objects.get(pk=at_once.pk))
+    assert re.fullmatch(r"msg_[0-9a-f]{32}", at_once.message_id)
+    assert at_once.message_id != one_by_one.message_id
+
+    def alike(obj) -> dict:
+        return _fields(obj) | {"id": None, "saga_id": None, "message_id": None}
+
+    assert alike(at_once) == alike(WebhookDelivery.objects.get(pk=one_by_one.pk))
+    rows_of = {
+        d.pk: OutboxMessage.objects.get(key=f"webhook:{d.pk}:1") for d in (at_once, one_by_one)
+    }
+    first, second = rows_of[at_once.pk], rows_of[one_by_one.pk]
+    assert first.payload == {"delivery_id": at_once.pk, "attempt": 1}
+    assert (first.saga_id, first.event_id) == (at_once.saga_id, event.pk)
+    ignored = {"id": None, "key": None, "payload": None, "saga_id": None}
+    assert _fields(first) | ignored == _fields(second) | ignored
+
+    # Each row handed over after the commit, as outbox_publish arranges it.
+    def handed(callbacks) -> list:
+        return [(c.func.__name__, c.args) for c in callbacks]
+
+    assert handed(at_once_after) == [("hand_over_on_commit", (first.pk, "webhook.delivery"))]
+    assert handed(one_by_one_after) == [("hand_over_on_commit", (second.pk, "webhook.delivery"))]
+    # A second publish of the type for the saga writes nothing.
+    with django_capture_on_commit_callbacks(execute=False) as again:
+        assert publish(at_once.saga_id, data) == []
+    assert again == [] and WebhookDelivery.objects.filter(saga_id=at_once.saga_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_moves_one_statement_key_share_locks_the_endpoints_it_writes_for(event, settings):
+    """As the row-by-row read does (the test above it): a delete of an
+    endpoint the move writes for waits for the move's commit, a change does
+    not; an endpoint not subscribed to the type is not locked."""
+    settings.WEBHOOK_ALLOW_LOCAL_URLS = True
+    listening = webhook_endpoint_create(url="http://127.0.0.1:9/a", events=["purchase.confirmed"])
+    deaf = webhook_endpoint_create(url="http://127.0.0.1:9/b", events=["purchase.failed"])
+
+    with _other_connection() as other, transaction.atomic():
+        [written] = webhook_publish(
+            event_type="purchase.confirmed",
+            saga_id=uuid.uuid4(),
+            event_id=event.pk,
+            data={"purchase": {}},
+            now=timezone.now(),
+        )
+        assert written.endpoint_id == listening.pk
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT",
+                [listening.pk],
+            )
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
+                [listening.pk],
+            )
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
+                [deaf.pk],
+            )

@@ -3,7 +3,8 @@
 A delivery is locked alone (its attempt's record, a resend), and an endpoint
 alone (a change, a rotation, a delete): never both, and never with a saga's
 lock. The saga's commit that writes deliveries reads the enabled endpoints
-under ``FOR KEY SHARE`` (after the saga's own lock): sagas never block one
+(on PostgreSQL, with the saga's data in hand, only those subscribed to the
+type) under ``FOR KEY SHARE`` (after the saga's own lock): sagas never block one
 another there, a change or a rotation (``FOR NO KEY UPDATE``) never waits
 for them, and a delete (``FOR UPDATE``) waits for the commits in flight, so
 it cannot remove an endpoint under a delivery about to commit (PostgreSQL
@@ -38,6 +39,15 @@ def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
             (pk, json.loads(events) if isinstance(events, str) else events)
             for pk, events in cursor.fetchall()
         ]
+
+
+# The enabled endpoints subscribed to a type (its parameter: the type in a
+# JSON list), key-share locked as above: the first step of the one statement
+# that writes a move's deliveries (webhooks.services._publish_at_once).
+SUBSCRIBED_ENDPOINTS_KEY_SHARE_SQL = (
+    f'SELECT "id" FROM {WebhookEndpoint._meta.db_table}'
+    ' WHERE "enabled" AND "events" @> %s::jsonb ORDER BY "id" FOR KEY SHARE'
+)
 
 
 @functools.cache

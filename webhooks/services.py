@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import secrets
@@ -46,7 +47,7 @@ from common.time import iso_z
 from config import metrics, tracing
 from config.distribution import NO_EVENT
 from config.transactions import in_transaction
-from outbox.services import timer_schedule
+from outbox.services import outbox_publish_from, timer_schedule
 
 from . import lock_objects
 from .errors import (
@@ -279,7 +280,9 @@ def webhook_publish(
 
     ``data`` may be a function that returns it: it is called only when an
     endpoint is subscribed, so that a saga's commit pays one query when no
-    one listens."""
+    one listens. Given as a dict on PostgreSQL, the endpoints' read, the
+    deliveries and their first attempts' rows are one statement
+    (:func:`_publish_at_once`)."""
     if not in_transaction():
         raise WebhookOutsideTransaction(
             "webhook_publish must run inside the commit of the move it announces"
@@ -287,6 +290,19 @@ def webhook_publish(
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown webhook event type {event_type!r}")
     now = now or timezone.now()
+    # Never NULL, the shard key (config/distribution.py); the product always
+    # names the event (tests/test_citus_rules.py).
+    event_id = NO_EVENT if event_id is None else event_id
+    if connection.vendor == "postgresql" and not callable(data):
+        at_once = _publish_at_once(
+            event_type=event_type,
+            saga_id=saga_id,
+            event_id=event_id,
+            body=_body(event_type, data, now),
+            now=now,
+        )
+        if at_once is not None:
+            return at_once
     # A handful of endpoints: filtered here, so that SQLite (the embedded
     # mode, no JSON containment) reads them the same way.
     endpoint_ids = [
@@ -294,17 +310,7 @@ def webhook_publish(
     ]
     if not endpoint_ids:
         return []
-    body = json.dumps(
-        {
-            "type": str(event_type),
-            "timestamp": iso_z(now),
-            "data": data() if callable(data) else data,
-        },
-        separators=(",", ":"),
-    )
-    # Never NULL, the shard key (config/distribution.py); the product always
-    # names the event (tests/test_citus_rules.py).
-    event_id = NO_EVENT if event_id is None else event_id
+    body = _body(event_type, data() if callable(data) else data, now)
     rows = [
         WebhookDelivery(
             endpoint_id=pk,
@@ -326,6 +332,81 @@ def webhook_publish(
     for delivery in written:
         _arm(delivery, attempt=1, due_at=now, now=now)
     return written
+
+
+def _body(event_type: str, data: dict, now: datetime) -> str:
+    return json.dumps(
+        {"type": str(event_type), "timestamp": iso_z(now), "data": data},
+        separators=(",", ":"),
+    )
+
+
+def _publish_at_once(
+    *, event_type: str, saga_id, event_id: int, body: str, now: datetime
+) -> list[WebhookDelivery] | None:
+    """:func:`webhook_publish` in one statement (PostgreSQL): the enabled
+    endpoints subscribed to the type, key-share locked
+    (``webhooks.lock_objects``); a delivery for each but those that have
+    this type for this saga already; the first attempt's outbox row of each
+    delivery written, as ``_arm`` writes it. Every saga's commit that
+    announces a move runs it, endpoints or none: three statements were a
+    fifth of what an endpoint cost the saga's worker (docs/performance.md,
+    "The webhooks' sweep"). None, having done nothing, when the attempts'
+    rows are delivered in place here (``outbox_publish_from``)."""
+    template = WebhookDelivery(
+        endpoint_id=0,
+        message_id="",
+        event_type=event_type,
+        saga_id=saga_id,
+        event_id=event_id,
+        body=body,
+        status=PENDING,
+        armed_attempt=1,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    deliveries, delivery_params = rows_sql.insert_select(
+        template,
+        source="e",
+        exprs={
+            "endpoint_id": "e.id",
+            # new_message_id()'s form: "msg_" and a random UUID's hex.
+            "message_id": "'msg_' || replace(gen_random_uuid()::text, '-', '')",
+        },
+    )
+    outbox = outbox_publish_from(
+        source="d",
+        topic=DELIVERY,
+        exprs={
+            "payload": "jsonb_build_object('delivery_id', d.id, 'attempt', 1)",
+            "key": "'webhook:' || d.id || ':1'",  # _arm's key
+            "event_id": "d.event_id",
+            "saga_id": "d.saga_id",
+        },
+        now=now,
+    )
+    if outbox is None:
+        return None
+    first_attempts, attempt_params, hand_over = outbox
+    sql = (
+        f"WITH e AS ({lock_objects.SUBSCRIBED_ENDPOINTS_KEY_SHARE_SQL}),"
+        f" d AS ({deliveries} ON CONFLICT DO NOTHING"
+        f" RETURNING {_delivery_columns()}),"
+        f' o AS ({first_attempts} RETURNING "id")'
+        ' SELECT d.*, (SELECT array_agg(o."id") FROM o) FROM d ORDER BY d."id"'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [json.dumps([str(event_type)]), *delivery_params, *attempt_params])
+        found = cursor.fetchall()
+    if not found:
+        return []
+    hand_over(sorted(found[0][-1]))
+    return [rows_sql.instance(WebhookDelivery, row[:-1], connection.alias) for row in found]
+
+
+@functools.cache
+def _delivery_columns() -> str:
+    return ", ".join(rows_sql.columns(WebhookDelivery, WebhookDelivery._meta.db_table))
 
 
 def _write_new(rows: list[WebhookDelivery]) -> list[WebhookDelivery]:

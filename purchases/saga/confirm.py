@@ -103,8 +103,12 @@ def announce(
         saga_id=saga.pk,
         event_id=saga.event_id,
         now=at,
-        data=lambda: purchase_data(
-            facts or purchase_facts(saga), status=saga.state, version=saga.version
+        data=(
+            purchase_data(facts, status=saga.state, version=saga.version)
+            if facts is not None
+            else lambda: purchase_data(
+                purchase_facts(saga), status=saga.state, version=saga.version
+            )
         ),
     )
 
