@@ -5,9 +5,9 @@ retried or failed), and that update changes an indexed column (``status``),
 so every index of the table is written again. Three were covered by others
 that lead with the same column: ``endpoint_id`` (the by-endpoint, by-status
 and once-per-type indexes), ``saga_id`` (the once-per-type constraint, which
-now leads with the saga: a saga"s page and the auditor read by it) and the
-attempts" ``delivery_id`` (``webhook_attempt_once``). docs/performance.md,
-"The webhooks" sweep".
+now leads with the saga: a saga's page and the auditor read by it) and the
+attempts' ``delivery_id`` (``webhook_attempt_once``). docs/performance.md,
+"The webhooks' sweep".
 """
 
 import django.db.models.deletion
