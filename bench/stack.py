@@ -16,6 +16,7 @@ from bench.common import PhaseFailed, log
 from bench.db import BenchDB
 from devtools.processes import (
     ProcessGroup,
+    background_env,
     celery_worker_argv,
     gunicorn_argv,
     poll,
@@ -107,7 +108,7 @@ class Stack(ProcessGroup):
                 hostname=self.hostname,
                 extra=["--include=bench.tasks"],
             ),
-            self.base_env,
+            background_env(self.base_env),
         )
 
     def start_webhook_worker(self) -> None:
@@ -118,11 +119,11 @@ class Stack(ProcessGroup):
             celery_worker_argv(
                 queue=f"{self.queue}-webhooks", concurrency=2, hostname=f"webhooks-{self.hostname}"
             ),
-            self.base_env,
+            background_env(self.base_env),
         )
 
     def start_relay(self) -> None:
-        self._start("relay", relay_argv(), self.base_env)
+        self._start("relay", relay_argv(), background_env(self.base_env))
 
     def start_worker2(self) -> None:
         """A second pool like the first, on the same queue (figure 11)."""
@@ -134,12 +135,12 @@ class Stack(ProcessGroup):
                 hostname=self.hostname2,
                 extra=["--include=bench.tasks"],
             ),
-            self.base_env,
+            background_env(self.base_env),
         )
 
     def start_relay2(self) -> None:
         """A second relay (figure 11): relays share the work by SKIP LOCKED claims."""
-        self._start("relay2", relay_argv(), self.base_env)
+        self._start("relay2", relay_argv(), background_env(self.base_env))
 
     def scale_out(self, app) -> None:
         """Figure 11: the second pool and the second relay, ready."""

@@ -120,8 +120,12 @@ else:
     # psycopg 3's protocol mode (make bench measures both, docs/performance.md):
     # parameters bound by the client into the SQL text (Django's default), or
     # sent apart and bound by the server, with statements prepared after
-    # DB_PREPARE_THRESHOLD executions on a connection.
-    if env.bool("DB_SERVER_SIDE_BINDING", default=False):
+    # DB_PREPARE_THRESHOLD executions on a connection. PostgreSQL's alone:
+    # SQLite (a probe's or the embedded mode's) has no protocol to choose.
+    if (
+        env.bool("DB_SERVER_SIDE_BINDING", default=False)
+        and DATABASES["default"]["ENGINE"] == "config.postgresql"
+    ):
         DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
         DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
             "DB_PREPARE_THRESHOLD", default=5

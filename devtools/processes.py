@@ -161,6 +161,20 @@ def gunicorn_argv(
     ]
 
 
+# What the background processes (Celery workers, the relay, beat) run with,
+# as docker-compose.yml's x-background-env does: parameters bound by the
+# server and statements prepared, which made a purchase's background work
+# cheaper for PostgreSQL and the workers alike; the web keeps the client-side
+# binding, as fast there (docs/performance.md, "Protocol modes").
+BACKGROUND_ENV = {"DB_SERVER_SIDE_BINDING": "true"}
+
+
+def background_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a background process: :data:`BACKGROUND_ENV`, unless
+    ``env`` says otherwise (a bench run comparing the modes)."""
+    return {**BACKGROUND_ENV, **env}
+
+
 def celery_worker_argv(
     *, queue: str, concurrency: int, hostname: str, extra: Iterable[str] = ()
 ) -> list[str]:
@@ -220,6 +234,7 @@ class ProcessGroup:
         self.tail_chars = tail_chars
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str]] = {}  # each one's, to start it again alike
 
     def start(
         self,
@@ -230,8 +245,9 @@ class ProcessGroup:
         header: str | None = None,
     ) -> subprocess.Popen:
         self.argv[name] = argv
+        self.envs[name] = env or self.env
         self.procs[name] = spawn(
-            argv, log=self.logdir / f"{name}.log", env=env or self.env, header=header
+            argv, log=self.logdir / f"{name}.log", env=self.envs[name], header=header
         )
         return self.procs[name]
 

@@ -47,6 +47,7 @@ from standardwebhooks import Webhook
 from devtools.processes import (
     ROOT,
     ProcessGroup,
+    background_env,
     celery_worker_argv,
     children,
     die_with_parent,
@@ -564,6 +565,7 @@ class ChaosStack(ProcessGroup):
         self.start(
             name,
             celery_worker_argv(queue=self.queue, concurrency=concurrency, hostname=f"{name}@%h"),
+            env=background_env(self.env),
         )
 
     def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
@@ -573,13 +575,16 @@ class ChaosStack(ProcessGroup):
             celery_worker_argv(
                 queue=self.webhook_queue, concurrency=concurrency, hostname=f"{name}@%h"
             ),
+            env=background_env(self.env),
         )
 
     def start_relay(self) -> None:
-        self.start("relay", relay_argv(poll=0.5))
+        self.start("relay", relay_argv(poll=0.5), env=background_env(self.env))
 
     def start_beat(self) -> None:
-        self.start("beat", [sys.executable, "-m", "tests.chaos", "beat"])
+        self.start(
+            "beat", [sys.executable, "-m", "tests.chaos", "beat"], env=background_env(self.env)
+        )
 
     def wait_ready(self, timeout: float = 60) -> None:
         import httpx
@@ -611,6 +616,7 @@ class ChaosStack(ProcessGroup):
             self.start(
                 name,
                 self.argv[name],
+                env=self.envs[name],
                 header=f"\n=== exited with {code}; restarted by the harness ===\n",
             )
             restarted.append(name)

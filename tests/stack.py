@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection
 
 from config.celery import app
-from devtools.processes import ProcessGroup, celery_worker_argv, relay_argv
+from devtools.processes import ProcessGroup, background_env, celery_worker_argv, relay_argv
 
 
 class Stack(ProcessGroup):
@@ -81,6 +81,7 @@ class Stack(ProcessGroup):
                 concurrency=concurrency,
                 hostname=f"{name}@%h",
             ),
+            env=background_env(self.env),
         )
 
     def start_webhook_worker(self, name: str = "webhooks", concurrency: int = 2) -> None:
@@ -90,10 +91,11 @@ class Stack(ProcessGroup):
             celery_worker_argv(
                 queue=settings.CELERY_WEBHOOK_QUEUE, concurrency=concurrency, hostname=f"{name}@%h"
             ),
+            env=background_env(self.env),
         )
 
     def start_relay(self, name: str = "relay") -> None:
-        self.start(name, relay_argv(poll=0.2))
+        self.start(name, relay_argv(poll=0.2), env=background_env(self.env))
 
     def wait_ready(self, timeout: float = 30) -> None:
         self.wait_ping(app, timeout=timeout)
