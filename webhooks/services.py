@@ -312,17 +312,14 @@ def webhook_publish(
         return []
     body = _body(event_type, data() if callable(data) else data, now)
     rows = [
-        WebhookDelivery(
-            endpoint_id=pk,
-            message_id=new_message_id(),
+        _new_delivery(
+            pk,
+            new_message_id(),
             event_type=event_type,
             saga_id=saga_id,
             event_id=event_id,
             body=body,
-            status=PENDING,
-            armed_attempt=1,
-            next_attempt_at=now,
-            created_at=now,
+            now=now,
         )
         for pk in endpoint_ids
     ]
@@ -332,6 +329,31 @@ def webhook_publish(
     for delivery in written:
         _arm(delivery, attempt=1, due_at=now, now=now)
     return written
+
+
+def _new_delivery(
+    endpoint_id: int,
+    message_id: str,
+    *,
+    event_type: str,
+    saga_id,
+    event_id: int,
+    body: str,
+    now: datetime,
+) -> WebhookDelivery:
+    """A delivery as a move writes it: pending, its first attempt due now."""
+    return WebhookDelivery(
+        endpoint_id=endpoint_id,
+        message_id=message_id,
+        event_type=event_type,
+        saga_id=saga_id,
+        event_id=event_id,
+        body=body,
+        status=PENDING,
+        armed_attempt=1,
+        next_attempt_at=now,
+        created_at=now,
+    )
 
 
 def _body(event_type: str, data: dict, now: datetime) -> str:
@@ -349,21 +371,13 @@ def _publish_at_once(
     (``webhooks.lock_objects``); a delivery for each but those that have
     this type for this saga already; the first attempt's outbox row of each
     delivery written, as ``_arm`` writes it. Every saga's commit that
-    announces a move runs it, endpoints or none: three statements were a
-    fifth of what an endpoint cost the saga's worker (docs/performance.md,
+    announces a move runs it, endpoints or none: as three statements they
+    were half of what an endpoint cost the saga's worker (docs/performance.md,
     "The webhooks' sweep"). None, having done nothing, when the attempts'
     rows are delivered in place here (``outbox_publish_from``)."""
-    template = WebhookDelivery(
-        endpoint_id=0,
-        message_id="",
-        event_type=event_type,
-        saga_id=saga_id,
-        event_id=event_id,
-        body=body,
-        status=PENDING,
-        armed_attempt=1,
-        next_attempt_at=now,
-        created_at=now,
+    # Its endpoint and message id are the statement's (exprs below).
+    template = _new_delivery(
+        0, "", event_type=event_type, saga_id=saga_id, event_id=event_id, body=body, now=now
     )
     deliveries, delivery_params = rows_sql.insert_select(
         template,
