@@ -362,6 +362,25 @@ def test_deliveries_are_inserted_once_and_returned_as_the_database_holds_them(de
     assert WebhookDelivery.objects.filter(saga_id=delivery.saga_id).count() == 2
 
 
+def _assert_key_share_locked(other: psycopg.Connection, *, locked: int, free: int) -> None:
+    """Seen from ``other`` while a saga's commit is open: endpoint ``locked``
+    is key-share locked (a change waits for no saga's commit; a delete,
+    FOR UPDATE, does), endpoint ``free`` is not locked at all."""
+    with other.transaction():
+        other.execute(
+            "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT",
+            [locked],
+        )
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        other.execute(
+            "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT", [locked]
+        )
+    with other.transaction():
+        other.execute(
+            "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT", [free]
+        )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_enabled_endpoints_are_read_as_the_orm_reads_them_and_key_share_locked(settings):
     settings.WEBHOOK_ALLOW_LOCAL_URLS = True
@@ -377,22 +396,7 @@ def test_the_enabled_endpoints_are_read_as_the_orm_reads_them_and_key_share_lock
         read = webhook_locks.enabled_endpoints_key_share()
         assert read == expected and len(read) == 2  # JSON decoded, the disabled one left out
 
-        # A change waits for no saga's commit; a delete (FOR UPDATE) does.
-        with other.transaction():
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT",
-                [first.pk],
-            )
-        with pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
-                [first.pk],
-            )
-        with other.transaction():
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
-                [off.pk],
-            )
+        _assert_key_share_locked(other, locked=first.pk, free=off.pk)
 
 
 @pytest.mark.django_db
@@ -528,18 +532,4 @@ def test_a_moves_one_statement_key_share_locks_the_endpoints_it_writes_for(event
             now=timezone.now(),
         )
         assert written.endpoint_id == listening.pk
-        with other.transaction():
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT",
-                [listening.pk],
-            )
-        with pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
-                [listening.pk],
-            )
-        with other.transaction():
-            other.execute(
-                "SELECT 1 FROM webhooks_webhookendpoint WHERE id = %s FOR UPDATE NOWAIT",
-                [deaf.pk],
-            )
+        _assert_key_share_locked(other, locked=listening.pk, free=deaf.pk)
