@@ -224,21 +224,29 @@ def insert_select(
     ``source`` (a table or a CTE of the caller's statement): every column
     takes the template's value, prepared by its field as :func:`insert` does,
     but those named in ``exprs`` (by attname), which take that SQL over
-    ``source``'s columns. The statement's text and its parameters, in order;
-    the caller adds ``RETURNING`` and runs it (PostgreSQL)."""
+    ``source``'s columns. The statement's text (written once per model,
+    source and expressions, as :func:`insert`'s) and its parameters, in
+    order; the caller adds ``RETURNING`` and runs it (PostgreSQL)."""
     model = type(template)
     connection = connections[model._default_manager.db]
+    sql = _insert_select_sql(model, source, tuple(exprs.items()))
+    params = [
+        field.get_db_prep_save(getattr(template, field.attname), connection)
+        for field in _inserted_fields(model)
+        if field.attname not in exprs
+    ]
+    return sql, params
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_select_sql(
+    model: type[models.Model], source: str, exprs: tuple[tuple[str, str], ...]
+) -> str:
     fields = _inserted_fields(model)
-    unknown = set(exprs) - {field.attname for field in fields}
+    by_attname = dict(exprs)
+    unknown = set(by_attname) - {field.attname for field in fields}
     if unknown:
         raise ValueError(f"{model.__name__} has no column {', '.join(sorted(unknown))}")
-    values, params = [], []
-    for field in fields:
-        if field.attname in exprs:
-            values.append(exprs[field.attname])
-        else:
-            values.append("%s")
-            params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
+    values = [by_attname.get(field.attname, "%s") for field in fields]
     names = ", ".join(f'"{field.column}"' for field in fields)
-    sql = f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(values)} FROM {source}"
-    return sql, params
+    return f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(values)} FROM {source}"
