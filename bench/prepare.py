@@ -49,7 +49,15 @@ def stack_env(
     # database, as in production (not the checkout's var/cache files, which
     # make run shares).
     base_env["CACHE_URL"] = broker_url.replace("redis://", "rediscache://", 1)
-    return base_env, {**base_env, "DATABASE_URL": pg.url(GATEWAY_DB)}
+    # The fake gateway as Compose runs it: its own URLs only, its statements
+    # prepared (docs/performance.md, "The fake processor").
+    gateway_env = {
+        **base_env,
+        "DATABASE_URL": pg.url(GATEWAY_DB),
+        "ROOT_URLCONF": "payments.fake_gateway.standalone_urls",
+        "DB_SERVER_SIDE_BINDING": "true",
+    }
+    return base_env, gateway_env
 
 
 def create_databases(

@@ -160,6 +160,29 @@ def _insert_sql(model: type[models.Model], rows: int, ignore_conflicts: bool) ->
     )
 
 
+def insert_or_lock(obj: M) -> M:
+    """The row with ``obj``'s key, locked by this transaction: inserted from
+    ``obj`` if there is none, read as it is otherwise (``obj``'s other values
+    are then ignored). One statement, ``INSERT … ON CONFLICT (key) DO UPDATE
+    … RETURNING``: the update sets the key to itself, so it changes nothing
+    but takes the row's lock, and a concurrent insert of the same key makes it
+    wait for that transaction's end instead of failing. Callers set what
+    ``save()`` would fill in (``auto_now`` fields). PostgreSQL and SQLite
+    (3.35 and later) alike."""
+    model = type(obj)
+    sql, params, connection = _insert([obj], ignore_conflicts=False)
+    with connection.cursor() as cursor:
+        cursor.execute(sql + _or_lock_sql(model), params)
+        return instance(model, cursor.fetchone(), connection.alias)
+
+
+@functools.lru_cache(maxsize=64)
+def _or_lock_sql(model: type[models.Model]) -> str:
+    key = f'"{model._meta.pk.column}"'
+    returning = ", ".join(columns(model, model._meta.db_table))
+    return f" ON CONFLICT ({key}) DO UPDATE SET {key} = EXCLUDED.{key} RETURNING {returning}"
+
+
 def update_fields(obj: models.Model, names: Sequence[str]) -> int:
     """``obj.save(update_fields=names)`` as one statement written here: the
     named fields of the row with ``obj``'s key; returns the rows updated."""

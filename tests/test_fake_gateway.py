@@ -10,6 +10,7 @@ import uuid
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from payments.fake_gateway import services
 from payments.fake_gateway.models import (
@@ -434,3 +435,77 @@ def test_concurrent_charges_with_different_keys_make_one_charge(intent_id):
 
     assert sorted(a.status_code for a in answers) == [200] + [409] * (threads_count - 1)
     assert FakeCharge.objects.filter(intent_id=intent_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_charges_with_one_key_on_different_intents_make_one_charge():
+    # The intents' locks do not serialise these: the key's unique constraint
+    # does, and each loser's whole transaction rolls back before it replays.
+    threads_count = 8
+    key = f"key-{uuid.uuid4().hex}"
+    intents = [f"pi_{uuid.uuid4().hex}" for _ in range(threads_count)]
+    barrier = threading.Barrier(threads_count)
+    answers: list[services.Answer] = []
+    errors: list[BaseException] = []
+
+    def attempt(intent):
+        try:
+            barrier.wait()
+            answers.append(
+                services.intent_charge(
+                    intent_id=intent,
+                    idempotency_key=key,
+                    amount=2500,
+                    currency="EUR",
+                    payment_method="pm_card_visa",
+                )
+            )
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=attempt, args=(intent,)) for intent in intents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert len(answers) == threads_count
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.body["charge_id"] for a in answers}) == 1
+    (winner,) = FakeCharge.objects.filter(intent_id__in=intents)
+    assert winner.id == answers[0].body["charge_id"]
+    # A loser's charge rolled back with its transaction; its intent, if one
+    # got as far as the replay under its lock, is left unpaid. Every request
+    # is on the log, the winner's and the replays.
+    assert set(FakeIntent.objects.filter(pk__in=intents).values_list("pk", "status")) - {
+        (winner.intent_id, FakeIntent.Status.SUCCEEDED)
+    } <= {(intent, FakeIntent.Status.REQUIRES_PAYMENT) for intent in intents}
+    assert FakeIdempotentAnswer.objects.filter(idempotency_key=key).count() == 1
+    assert FakeRequest.objects.filter(idempotency_key=key, status_code=200).count() == threads_count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_first_charge_is_seven_statements_and_no_savepoint(intent_id):
+    # The fake's hot path, one charge per purchase (docs/performance.md,
+    # "The fake processor"): the key's answer, the intent inserted or locked,
+    # the answer again under the lock, the charge, the intent's new state, the
+    # answer stored, the request logged.
+    with CaptureQueriesContext(connection) as queries:
+        answer = services.intent_charge(
+            intent_id=intent_id,
+            idempotency_key=intent_id,
+            amount=2500,
+            currency="EUR",
+            payment_method="pm_card_visa",
+        )
+
+    assert answer.status_code == 200 and answer.body["status"] == "succeeded"
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    expected = ["BEGIN", "SELECT", "INSERT", "SELECT", "INSERT", "UPDATE", "INSERT", "INSERT"]
+    assert statements == [*expected, "COMMIT"]
+    assert "ON CONFLICT" in queries.captured_queries[2]["sql"]
+    assert FakeCharge.objects.get(intent_id=intent_id).id == answer.body["charge_id"]
+    assert FakeIntent.objects.get(pk=intent_id).status == FakeIntent.Status.SUCCEEDED

@@ -533,3 +533,47 @@ def test_a_moves_one_statement_key_share_locks_the_endpoints_it_writes_for(event
         )
         assert written.endpoint_id == listening.pk
         _assert_key_share_locked(other, locked=listening.pk, free=deaf.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_or_lock_inserts_a_new_row_and_locks_an_existing_one_as_it_is():
+    from payments.fake_gateway.models import FakeIntent
+
+    at = timezone.now()
+    intent_id = f"pi_{uuid.uuid4().hex}"
+
+    def attempt(status: str, amount: int) -> FakeIntent:
+        return rows.insert_or_lock(
+            FakeIntent(
+                intent_id=intent_id,
+                status=status,
+                amount=amount,
+                currency="EUR",
+                payment_method="pm_card_visa",
+                created=at,
+                updated=at,
+            )
+        )
+
+    with _other_connection() as other:
+        with transaction.atomic():
+            made = attempt("requires_payment", 2500)
+            assert _fields(made) == _fields(FakeIntent.objects.get(pk=intent_id))
+
+        with transaction.atomic():
+            # The row as it is, not as the second attempt would have written it.
+            again = attempt("canceled", 9)
+            assert (again.status, again.amount) == ("requires_payment", 2500)
+            assert _fields(again) == _fields(made)
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(
+                    "SELECT 1 FROM fake_gateway_fakeintent WHERE intent_id = %s FOR UPDATE NOWAIT",
+                    [intent_id],
+                )
+        # Released with the commit.
+        with other.transaction():
+            other.execute(
+                "SELECT 1 FROM fake_gateway_fakeintent WHERE intent_id = %s FOR UPDATE NOWAIT",
+                [intent_id],
+            )
+    assert FakeIntent.objects.filter(pk=intent_id).count() == 1

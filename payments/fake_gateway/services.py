@@ -11,10 +11,15 @@ Idempotency follows card processors: the first answer for a key (errors
 included) is stored under the key's unique constraint and replayed verbatim;
 answers that "time out" before processing are never stored. Concurrent requests
 with the same key queue on the intent's row lock, and the loser of a race on
-the key itself is rolled back to a savepoint and replays the winner's answer,
-so one key never yields two charges. Row locks live here rather than in a
-``lock_objects`` module because this app *is* the remote processor and locks a
-single row (the intent) per request.
+the key itself is rolled back (a charge's whole transaction, a refund's
+savepoint) and replays the winner's answer, so one key never yields two
+charges. Row locks live here rather than in a ``lock_objects`` module because
+this app *is* the remote processor and locks a single row (the intent) per
+request.
+
+A charge is the fake's hot path (one per purchase): its statements are
+written once (``common.rows``), as the product's hottest are
+(docs/performance.md, "The fake processor").
 
 Test payment methods (docs/api.md):
 
@@ -34,13 +39,16 @@ and the answer times out.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
+from common import rows
 from common.time import iso_z
 
 from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
@@ -87,14 +95,8 @@ def intent_charge(
     """``POST payment_intents/<intent_id>/charge``. ``amount``, ``currency`` and
     ``payment_method`` are taken as they came off the wire and validated here,
     so the HTTP and in-process paths refuse the same things."""
-    with transaction.atomic(durable=True):
-        answer = _charge(
-            intent_id=intent_id,
-            idempotency_key=idempotency_key,
-            amount=amount,
-            currency=currency,
-            payment_method=payment_method,
-        )
+
+    def log(answer: Answer) -> None:
         _log(
             endpoint=FakeRequest.Endpoint.CHARGE,
             intent_id=intent_id,
@@ -102,12 +104,36 @@ def intent_charge(
             payment_method=payment_method if isinstance(payment_method, str) else "",
             answer=answer,
         )
+
+    try:
+        with transaction.atomic(durable=True):
+            answer = _charge(
+                intent_id=intent_id,
+                idempotency_key=idempotency_key,
+                amount=amount,
+                currency=currency,
+                payment_method=payment_method,
+            )
+            log(answer)
+    except IntegrityError:
+        # Another request stored an answer for this key first (the same key
+        # used on another intent, so the intent's lock did not serialise
+        # us): everything this one did is rolled back, and the winner's
+        # answer is replayed. No savepoint on the way: the race is rare, and
+        # a savepoint costs every charge two round trips.
+        with transaction.atomic(durable=True):
+            answer = _replay_after_race(
+                endpoint=FakeIdempotentAnswer.Endpoint.CHARGE, idempotency_key=idempotency_key
+            )
+            log(answer)
     return answer
 
 
 def _charge(
     *, intent_id: str, idempotency_key: str, amount: Any, currency: Any, payment_method: Any
 ) -> Answer:
+    """The charge's answer. Storing it raises ``IntegrityError`` when another
+    request stored one for the key first (:func:`intent_charge` replays)."""
     endpoint = FakeIdempotentAnswer.Endpoint.CHARGE
     if len(intent_id) > MAX_ID_LENGTH or len(idempotency_key) > MAX_ID_LENGTH:
         # Not stored: the key itself is unusable.
@@ -118,15 +144,16 @@ def _charge(
 
     refusal = _validate_charge(amount=amount, currency=currency, payment_method=payment_method)
     if refusal is not None:
-        return _store_or_replay(
+        _store(
             endpoint=endpoint, idempotency_key=idempotency_key, intent_id=intent_id, answer=refusal
         )
+        return refusal
 
     if payment_method == PM_UNREACHABLE:
         # The request never reaches the processor's core: nothing is charged and
         # nothing is stored for the key, but the intent exists (and reads
         # requires_payment) so look-ups and cancels behave normally.
-        _ensure_intent(
+        _intent_locked(
             intent_id=intent_id,
             status=Status.REQUIRES_PAYMENT,
             amount=amount,
@@ -144,37 +171,27 @@ def _charge(
             # remembered so that the retry goes through.
             return _gateway_timeout()
 
-    try:
-        # A savepoint: if another request stored an answer for this key first
-        # (the same key used on another intent, so the intent lock did not
-        # serialise us), everything this request did is undone and the
-        # winner's answer is replayed.
-        with transaction.atomic():
-            _ensure_intent(
-                intent_id=intent_id,
-                status=Status.REQUIRES_PAYMENT,
-                amount=amount,
-                currency=currency,
-                payment_method=payment_method,
-            )
-            intent = _intent_for_update(intent_id=intent_id)
-            # Checked again under the lock: a concurrent request with the same
-            # key may have charged and answered while we waited for it.
-            replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
-            if replay is not None:
-                return replay
-            answer = _charge_locked(
-                intent=intent, amount=amount, currency=currency, payment_method=payment_method
-            )
-            _store(
-                endpoint=endpoint,
-                idempotency_key=idempotency_key,
-                intent_id=intent_id,
-                answer=answer,
-            )
-    except IntegrityError:
-        return _replay_after_race(endpoint=endpoint, idempotency_key=idempotency_key)
+    intent = _intent_locked(
+        intent_id=intent_id,
+        status=Status.REQUIRES_PAYMENT,
+        amount=amount,
+        currency=currency,
+        payment_method=payment_method,
+    )
+    # Checked again under the lock: a concurrent request with the same key
+    # may have charged and answered while we waited for it.
+    replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+    if replay is not None:
+        return replay
+    answer = _charge_locked(
+        intent=intent, amount=amount, currency=currency, payment_method=payment_method
+    )
+    _store(endpoint=endpoint, idempotency_key=idempotency_key, intent_id=intent_id, answer=answer)
     return answer
+
+
+# What a charge attempt writes on its intent.
+_CHARGED_FIELDS = ("status", "amount", "currency", "payment_method", "updated")
 
 
 def _charge_locked(
@@ -194,17 +211,25 @@ def _charge_locked(
 
     # requires_payment or declined: a new attempt, as processors allow after a
     # decline.
+    now = timezone.now()
     intent.amount, intent.currency, intent.payment_method = amount, currency, payment_method
+    intent.updated = now
     if payment_method == PM_DECLINED:
         intent.status = Status.DECLINED
-        intent.save(update_fields=["status", "amount", "currency", "payment_method", "updated"])
+        rows.update_fields(intent, _CHARGED_FIELDS)
         return Answer(200, {"status": "declined", "charge_id": None})
 
-    charge = FakeCharge.objects.create(
-        intent=intent, amount=amount, currency=currency, status=FakeCharge.Status.SUCCEEDED
+    charge = rows.create(
+        FakeCharge(
+            intent=intent,
+            amount=amount,
+            currency=currency,
+            status=FakeCharge.Status.SUCCEEDED,
+            created=now,
+        )
     )
     intent.status = Status.SUCCEEDED
-    intent.save(update_fields=["status", "amount", "currency", "payment_method", "updated"])
+    rows.update_fields(intent, _CHARGED_FIELDS)
     return Answer(
         200,
         {"status": "succeeded", "charge_id": charge.id},
@@ -315,8 +340,7 @@ def intent_cancel(*, intent_id: str) -> Answer:
         if len(intent_id) > MAX_ID_LENGTH:
             answer = error(400, "invalid_request", f"ids are at most {MAX_ID_LENGTH} characters.")
         else:
-            _ensure_intent(intent_id=intent_id, status=Status.CANCELED)
-            intent = _intent_for_update(intent_id=intent_id)
+            intent = _intent_locked(intent_id=intent_id, status=Status.CANCELED)
             if intent.status in (Status.SUCCEEDED, Status.REFUNDED):
                 answer = error(
                     409,
@@ -347,7 +371,7 @@ def intent_refund(*, intent_id: str, idempotency_key: str = "") -> Answer:
             answer = replay
         else:
             try:
-                with transaction.atomic():  # see _charge: a lost race on the key replays
+                with transaction.atomic():  # a lost race on the key rolls back to here
                     answer = _refund_locked(intent_id=intent_id)
                     if idempotency_key:
                         _store(
@@ -383,54 +407,67 @@ def _refund_locked(*, intent_id: str) -> Answer:
 # --- helpers --------------------------------------------------------------------
 
 
-def _ensure_intent(
+def _intent_locked(
     *,
     intent_id: str,
     status: str,
     amount: int | None = None,
     currency: str = "",
     payment_method: str = "",
-) -> None:
-    """Create the intent row if it does not exist; leave an existing one as it
-    is. ON CONFLICT DO NOTHING waits for a concurrent uncommitted insert of the
-    same id instead of failing, so racing first requests both end up locking
-    the one row."""
-    FakeIntent.objects.bulk_create(
-        [
-            FakeIntent(
-                intent_id=intent_id,
-                status=status,
-                amount=amount,
-                currency=currency,
-                payment_method=payment_method,
-            )
-        ],
-        ignore_conflicts=True,
+) -> FakeIntent:
+    """The intent, locked until this transaction ends: created with these
+    values if it does not exist yet, an existing one as it is. One statement
+    (``common.rows.insert_or_lock``); a concurrent first request for the
+    same id waits for this one's commit instead of failing, so racing first
+    requests queue on the one row."""
+    now = timezone.now()
+    return rows.insert_or_lock(
+        FakeIntent(
+            intent_id=intent_id,
+            status=status,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+            created=now,
+            updated=now,
+        )
     )
 
 
-def _intent_for_update(*, intent_id: str) -> FakeIntent:
-    return FakeIntent.objects.select_for_update().get(pk=intent_id)
+@functools.cache
+def _replay_sql() -> str:
+    table = FakeIdempotentAnswer._meta.db_table
+    return (
+        f"SELECT {', '.join(rows.columns(FakeIdempotentAnswer, table))} FROM {table}"
+        ' WHERE "endpoint" = %s AND "idempotency_key" = %s'
+    )
 
 
 def _replay(*, endpoint: str, idempotency_key: str) -> Answer | None:
-    stored = FakeIdempotentAnswer.objects.filter(
-        endpoint=endpoint, idempotency_key=idempotency_key
-    ).first()
-    if stored is None:
+    with connection.cursor() as cursor:
+        cursor.execute(_replay_sql(), [endpoint, idempotency_key])
+        row = cursor.fetchone()
+    if row is None:
         return None
+    stored = rows.instance(FakeIdempotentAnswer, row)
     return Answer(stored.status_code, stored.body)
 
 
 def _store(*, endpoint: str, idempotency_key: str, intent_id: str, answer: Answer) -> None:
     """Remember the first answer for the key. Raises IntegrityError if another
-    request stored one first: callers roll back to a savepoint and replay."""
-    FakeIdempotentAnswer.objects.create(
-        endpoint=endpoint,
-        idempotency_key=idempotency_key,
-        intent_id=intent_id,
-        status_code=answer.status_code,
-        body=answer.body,
+    request stored one first: callers roll back (a savepoint or their whole
+    transaction) and replay."""
+    rows.insert(
+        [
+            FakeIdempotentAnswer(
+                endpoint=endpoint,
+                idempotency_key=idempotency_key,
+                intent_id=intent_id,
+                status_code=answer.status_code,
+                body=answer.body,
+                created=timezone.now(),
+            )
+        ]
     )
 
 
@@ -443,22 +480,6 @@ def _replay_after_race(*, endpoint: str, idempotency_key: str) -> Answer:
     return replay
 
 
-def _store_or_replay(
-    *, endpoint: str, idempotency_key: str, intent_id: str, answer: Answer
-) -> Answer:
-    try:
-        with transaction.atomic():
-            _store(
-                endpoint=endpoint,
-                idempotency_key=idempotency_key,
-                intent_id=intent_id,
-                answer=answer,
-            )
-    except IntegrityError:
-        return _replay_after_race(endpoint=endpoint, idempotency_key=idempotency_key)
-    return answer
-
-
 def _log(
     *,
     endpoint: str,
@@ -467,11 +488,16 @@ def _log(
     idempotency_key: str = "",
     payment_method: str = "",
 ) -> None:
-    FakeRequest.objects.create(
-        endpoint=endpoint,
-        intent_id=intent_id[:MAX_ID_LENGTH],
-        idempotency_key=idempotency_key[:MAX_ID_LENGTH],
-        payment_method=payment_method[:64],
-        status_code=answer.status_code,
-        timed_out=answer.times_out,
+    rows.insert(
+        [
+            FakeRequest(
+                endpoint=endpoint,
+                intent_id=intent_id[:MAX_ID_LENGTH],
+                idempotency_key=idempotency_key[:MAX_ID_LENGTH],
+                payment_method=payment_method[:64],
+                status_code=answer.status_code,
+                timed_out=answer.times_out,
+                created=timezone.now(),
+            )
+        ]
     )
