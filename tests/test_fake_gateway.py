@@ -367,93 +367,23 @@ def test_latency_is_added_to_every_request(client, settings):
 
 # --- races --------------------------------------------------------------------------
 
+THREADS = 8
 
-@pytest.mark.django_db(transaction=True)
-def test_concurrent_charges_with_one_key_make_one_charge(intent_id):
-    threads_count = 8
-    barrier = threading.Barrier(threads_count)
+
+def _race(*charges: tuple[str, str]) -> list[services.Answer]:
+    """Each ``(intent_id, idempotency_key)`` charged (``pm_card_visa``) on a
+    thread and a connection of its own, all released together; their
+    answers. A thread's error fails the test."""
+    barrier = threading.Barrier(len(charges))
     answers: list[services.Answer] = []
     errors: list[BaseException] = []
 
-    def attempt():
+    def attempt(intent_id: str, key: str) -> None:
         try:
             barrier.wait()
             answers.append(
                 services.intent_charge(
                     intent_id=intent_id,
-                    idempotency_key=intent_id,
-                    amount=2500,
-                    currency="EUR",
-                    payment_method="pm_card_visa",
-                )
-            )
-        except BaseException as exc:  # surfaced below, in the test's thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=attempt) for _ in range(threads_count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert errors == []
-    assert len(answers) == threads_count
-    assert {a.status_code for a in answers} == {200}
-    assert len({a.body["charge_id"] for a in answers}) == 1
-    assert FakeCharge.objects.filter(intent_id=intent_id).count() == 1
-    assert FakeIdempotentAnswer.objects.filter(idempotency_key=intent_id).count() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-def test_concurrent_charges_with_different_keys_make_one_charge(intent_id):
-    threads_count = 8
-    barrier = threading.Barrier(threads_count)
-    answers: list[services.Answer] = []
-
-    def attempt(n):
-        try:
-            barrier.wait()
-            answers.append(
-                services.intent_charge(
-                    intent_id=intent_id,
-                    idempotency_key=f"{intent_id}-{n}",
-                    amount=2500,
-                    currency="EUR",
-                    payment_method="pm_card_visa",
-                )
-            )
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=attempt, args=(n,)) for n in range(threads_count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert sorted(a.status_code for a in answers) == [200] + [409] * (threads_count - 1)
-    assert FakeCharge.objects.filter(intent_id=intent_id).count() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-def test_concurrent_charges_with_one_key_on_different_intents_make_one_charge():
-    # The intents' locks do not serialise these: the key's unique constraint
-    # does, and each loser's whole transaction rolls back before it replays.
-    threads_count = 8
-    key = f"key-{uuid.uuid4().hex}"
-    intents = [f"pi_{uuid.uuid4().hex}" for _ in range(threads_count)]
-    barrier = threading.Barrier(threads_count)
-    answers: list[services.Answer] = []
-    errors: list[BaseException] = []
-
-    def attempt(intent):
-        try:
-            barrier.wait()
-            answers.append(
-                services.intent_charge(
-                    intent_id=intent,
                     idempotency_key=key,
                     amount=2500,
                     currency="EUR",
@@ -465,14 +395,42 @@ def test_concurrent_charges_with_one_key_on_different_intents_make_one_charge():
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=attempt, args=(intent,)) for intent in intents]
+    threads = [threading.Thread(target=attempt, args=charge) for charge in charges]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-
     assert errors == []
-    assert len(answers) == threads_count
+    assert len(answers) == len(charges)
+    return answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_charges_with_one_key_make_one_charge(intent_id):
+    answers = _race(*[(intent_id, intent_id)] * THREADS)
+
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.body["charge_id"] for a in answers}) == 1
+    assert FakeCharge.objects.filter(intent_id=intent_id).count() == 1
+    assert FakeIdempotentAnswer.objects.filter(idempotency_key=intent_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_charges_with_different_keys_make_one_charge(intent_id):
+    answers = _race(*[(intent_id, f"{intent_id}-{n}") for n in range(THREADS)])
+
+    assert sorted(a.status_code for a in answers) == [200] + [409] * (THREADS - 1)
+    assert FakeCharge.objects.filter(intent_id=intent_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_charges_with_one_key_on_different_intents_make_one_charge():
+    # The intents' locks do not serialise these: the key's unique constraint
+    # does, and each loser's whole transaction rolls back before it replays.
+    key = f"key-{uuid.uuid4().hex}"
+    intents = [f"pi_{uuid.uuid4().hex}" for _ in range(THREADS)]
+    answers = _race(*[(intent, key) for intent in intents])
+
     assert {a.status_code for a in answers} == {200}
     assert len({a.body["charge_id"] for a in answers}) == 1
     (winner,) = FakeCharge.objects.filter(intent_id__in=intents)
@@ -484,7 +442,7 @@ def test_concurrent_charges_with_one_key_on_different_intents_make_one_charge():
         (winner.intent_id, FakeIntent.Status.SUCCEEDED)
     } <= {(intent, FakeIntent.Status.REQUIRES_PAYMENT) for intent in intents}
     assert FakeIdempotentAnswer.objects.filter(idempotency_key=key).count() == 1
-    assert FakeRequest.objects.filter(idempotency_key=key, status_code=200).count() == threads_count
+    assert FakeRequest.objects.filter(idempotency_key=key, status_code=200).count() == THREADS
 
 
 @pytest.mark.django_db(transaction=True)
