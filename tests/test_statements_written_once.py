@@ -2,8 +2,9 @@
 "Statements written once"): the saga's lock and move
 (purchases/lock_objects.py, purchases/saga/transition.py), a webhook
 delivery's read, lock and attempt record (webhooks/lock_objects.py,
-webhooks/services.py). They read and write exactly what the ORM's versions
-did, lock what those locked, and refuse what those refused."""
+webhooks/services.py), common.rows' helpers. They read and write exactly
+what the ORM's versions did, lock what those locked, and refuse what those
+refused."""
 
 import re
 import uuid
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from common import rows
 from outbox.models import OutboxMessage
+from payments.fake_gateway.models import FakeIntent
 from purchases import lock_objects
 from purchases.errors import StaleSaga
 from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
@@ -537,8 +539,6 @@ def test_a_moves_one_statement_key_share_locks_the_endpoints_it_writes_for(event
 
 @pytest.mark.django_db(transaction=True)
 def test_insert_or_lock_inserts_a_new_row_and_locks_an_existing_one_as_it_is():
-    from payments.fake_gateway.models import FakeIntent
-
     at = timezone.now()
     intent_id = f"pi_{uuid.uuid4().hex}"
 
