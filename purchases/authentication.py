@@ -44,7 +44,11 @@ class CachedTokenAuthentication(TokenAuthentication):
             return super().authenticate_credentials(key)
         remembered = cache.get(cache_key(key))
         if remembered is not None:
-            user = get_user_model().from_db(DEFAULT_DB_ALIAS, USER_FIELDS, remembered)
+            # from_db takes the values in the model's field order, not ours.
+            fields = dict(zip(USER_FIELDS, remembered, strict=True))
+            model = get_user_model()
+            names = [f.attname for f in model._meta.concrete_fields if f.attname in fields]
+            user = model.from_db(DEFAULT_DB_ALIAS, names, [fields[name] for name in names])
             return user, Token(key=key, user=user)
         user, token = super().authenticate_credentials(key)  # refuses what it must
         cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)

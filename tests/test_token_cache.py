@@ -109,3 +109,23 @@ def api_staff():
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client, user
+
+
+@pytest.mark.django_db
+def test_the_user_served_from_the_cache_has_the_users_own_fields(alice):
+    # A regression: the remembered values were handed to Model.from_db in our
+    # order, which takes them in the model's field order, so the user served
+    # from the cache had its username as is_superuser (truthy) and
+    # is_superuser as is_active: every cached token looked like an inactive
+    # superuser to has_perm and to the admin.
+    from purchases.authentication import USER_FIELDS, CachedTokenAuthentication
+
+    key = Token.objects.create(user=alice).key
+    auth = CachedTokenAuthentication()
+    from_database, _ = auth.authenticate_credentials(key)
+    from_cache, _ = auth.authenticate_credentials(key)
+    assert cache.get(cache_key(key)) is not None  # the second one was the cache's
+    assert {name: getattr(from_cache, name) for name in USER_FIELDS} == {
+        name: getattr(from_database, name) for name in USER_FIELDS
+    }
+    assert from_cache.is_superuser is False and from_cache.is_active is True
