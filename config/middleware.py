@@ -1,5 +1,6 @@
-"""The project's middleware: refuse oversized request bodies before anything
-reads them; skip the connection health check while a connection is busy."""
+"""The project's middleware: refuse oversized request bodies, and bodies of
+no stated length, before anything reads them; skip the connection health
+check while a connection is busy."""
 
 import json
 import time
@@ -14,18 +15,35 @@ class RequestSizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        length = request.META.get("CONTENT_LENGTH") or "0"
+        if not request.path.startswith("/api/"):
+            return self.get_response(request)
+        length = request.META.get("CONTENT_LENGTH") or ""
+        if not length and "HTTP_TRANSFER_ENCODING" in request.META:
+            # A chunked body: its size is known only once read, and Django
+            # reads CONTENT_LENGTH bytes of it, none, so the view would judge
+            # an empty body. Ask for the length instead.
+            return _error(
+                411,
+                "length_required",
+                "a request body needs a Content-Length header (chunked bodies are not taken)",
+            )
         try:
-            too_big = int(length) > settings.MAX_REQUEST_BYTES
+            too_big = int(length or "0") > settings.MAX_REQUEST_BYTES
         except ValueError:
             too_big = False
-        if too_big and request.path.startswith("/api/"):
-            body = {
-                "code": "payload_too_large",
-                "detail": f"request bodies are limited to {settings.MAX_REQUEST_BYTES} bytes",
-            }
-            return HttpResponse(json.dumps(body), status=413, content_type="application/json")
+        if too_big:
+            return _error(
+                413,
+                "payload_too_large",
+                f"request bodies are limited to {settings.MAX_REQUEST_BYTES} bytes",
+            )
         return self.get_response(request)
+
+
+def _error(status: int, code: str, detail: str) -> HttpResponse:
+    # The API's error shape (docs/api.md, "Errors"), before any view runs.
+    body = {"code": code, "detail": detail}
+    return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
 
 class BusyConnectionMiddleware:

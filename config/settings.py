@@ -176,7 +176,10 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 20,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "purchases.apis.exception_handler",
+    # Every exception Django or DRF raises, in the one error shape (docs/api.md, "Errors").
+    "EXCEPTION_HANDLER": "common.api.exception_handler",
+    # JSON only (docs/api.md), nested at most MAX_JSON_DEPTH deep.
+    "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -223,6 +226,11 @@ PURCHASE_THROTTLE_RATE = env.str("PURCHASE_THROTTLE_RATE", default="60/min")
 AUTH_TOKEN_THROTTLE_RATE = env.str("AUTH_TOKEN_THROTTLE_RATE", default="30/min")
 # Request bodies above this answer 413 before anything parses them.
 MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=16 * 1024)
+# Deeper JSON bodies answer 400 parse_error (common/parsers.py). The API's
+# deepest body nests 2 levels; 64 leaves room for what it may take later,
+# while every recursive walk of the parsed data stays far below Python's
+# recursion limit (1000 frames).
+MAX_JSON_DEPTH = env.int("MAX_JSON_DEPTH", default=64)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(MAX_REQUEST_BYTES, 2_621_440)
 DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="boxoffice")
 

@@ -12,22 +12,20 @@ from django.urls.converters import IntConverter, UUIDConverter
 from django.utils.http import parse_etags
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from common.api import NOT_AUTHENTICATED as _NOT_AUTHENTICATED
 from common.api import NOT_JSON as _NOT_JSON
 from common.api import PAYLOAD_TOO_LARGE as _TOO_LARGE
 from common.api import error
 from common.api import error_response as _errors
+from common.parsers import JSONParser
 
 from . import availability, catalog_answers, selectors, services
 from .errors import (
@@ -51,48 +49,6 @@ from .serializers import (
 from .throttling import PurchaseStartThrottle, TokenThrottle
 
 logger = logging.getLogger(__name__)
-
-_CODES = {
-    exceptions.NotAuthenticated: "not_authenticated",
-    exceptions.AuthenticationFailed: "authentication_failed",
-    exceptions.PermissionDenied: "permission_denied",
-    exceptions.NotFound: "not_found",
-    exceptions.MethodNotAllowed: "method_not_allowed",
-    exceptions.NotAcceptable: "not_acceptable",
-    exceptions.UnsupportedMediaType: "unsupported_media_type",
-    exceptions.Throttled: "throttled",
-    exceptions.ParseError: "parse_error",
-    exceptions.ValidationError: "invalid",
-}
-
-
-def _first_message(detail) -> str:
-    if isinstance(detail, dict):
-        for key, value in detail.items():
-            return f"{key}: {_first_message(value)}"
-    if isinstance(detail, list) and detail:
-        return _first_message(detail[0])
-    return str(detail)
-
-
-def exception_handler(exc, context):
-    """DRF's handler, reshaped to {"code", "detail", ...}."""
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
-    if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
-        # "field" names the field "detail" talks about: the first one.
-        response.data = {
-            "code": code,
-            "detail": _first_message(exc.detail),
-            "field": next(iter(exc.detail)),
-            "errors": exc.detail,
-        }
-    else:
-        response.data = {"code": code, "detail": _first_message(exc.detail)}
-    return response
-
 
 # --- what the schema says about answers (docs/api.md, "Errors") ----------------------
 # Each error response lists the codes it carries; the body is the one Error

@@ -110,10 +110,20 @@ class _SeatRefsFieldSchema(OpenApiSerializerFieldExtension):
         return {**schema, "uniqueItems": True}
 
 
-class QuantityField(serializers.IntegerField):
+class JSONIntegerField(serializers.IntegerField):
+    """A JSON integer only: not a string, a bool or a fraction (``"1"``,
+    ``true``, ``1.0``), which DRF's ``IntegerField`` would turn into one.
+    What the plain path (``plain_purchase_request``) takes, too."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class QuantityField(JSONIntegerField):
     """Best available: how many seats, 1 to ``MAX_SEATS_PER_PURCHASE`` (read
-    each time, as for the seats). A JSON integer only: not a string, a bool
-    or a fraction, which DRF's ``IntegerField`` would turn into one."""
+    each time, as for the seats)."""
 
     def __init__(self, **kwargs):
         limit = settings.MAX_SEATS_PER_PURCHASE
@@ -124,11 +134,6 @@ class QuantityField(serializers.IntegerField):
             **kwargs,
         )
 
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
 
 @extend_schema_serializer(component_name="Purchase")  # "PurchaseRequest" as a request body
 class PurchaseRequestSerializer(serializers.Serializer):
@@ -137,7 +142,7 @@ class PurchaseRequestSerializer(serializers.Serializer):
     order, in a row the block nearest its middle). Both: 400 `invalid` with
     `field` `quantity`; neither: 400 `invalid` with `field` `seats`."""
 
-    event = serializers.IntegerField(min_value=1, help_text="The event's id")
+    event = JSONIntegerField(min_value=1, help_text="The event's id")
     seats = SeatRefsField(
         required=False, help_text="Seat refs of that event, e.g. A1. Not with `quantity`"
     )

@@ -20,12 +20,12 @@ from django.urls.converters import IntConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NOT_AUTHENTICATED, NOT_JSON, PAYLOAD_TOO_LARGE, error, error_response
+from common.parsers import JSONParser
 
 from . import selectors, services
 from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
