@@ -4,6 +4,7 @@ when the token is deleted or its user saved (purchases/authentication.py)."""
 import time
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -106,6 +107,8 @@ def api_staff():
     from rest_framework.test import APIClient
 
     user = UserFactory(username="carol", is_staff=True)
+    # The webhooks' staff API takes a permission besides is_staff.
+    user.user_permissions.add(Permission.objects.get(codename="view_webhookendpoint"))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client, user

@@ -16,6 +16,7 @@ import socket
 from datetime import UTC, datetime
 
 import pytest
+from django.contrib.auth.models import Permission
 from freezegun import freeze_time
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -52,9 +53,17 @@ def _api(user) -> APIClient:
     return client
 
 
+def _staff(username: str):
+    """A staff user holding every permission of the webhooks app (who may
+    do what is tests/test_webhooks_permissions.py's)."""
+    user = UserFactory(username=username, is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="webhooks"))
+    return user
+
+
 @pytest.fixture
 def staff_api(db):
-    return _api(UserFactory(username="sam", is_staff=True))
+    return _api(_staff("sam"))
 
 
 @pytest.fixture
@@ -125,6 +134,7 @@ def _webhook_rows() -> list[str | None]:
 
 
 # --- authorization: staff only, on every route and method -----------------------------
+# (and with which permission: tests/test_webhooks_permissions.py)
 
 
 @pytest.fixture
@@ -207,8 +217,8 @@ def test_an_invalid_token_is_401_authentication_failed(world):
 
 def test_every_staff_user_sees_every_endpoint_whoever_created_it(closed_url):
     # The endpoints are the seller's, not a user's (docs/api.md).
-    first = _api(UserFactory(username="ann", is_staff=True))
-    second = _api(UserFactory(username="ben", is_staff=True))
+    first = _api(_staff("ann"))
+    second = _api(_staff("ben"))
     created = first.post(ENDPOINTS, {"url": closed_url, "events": ALL}, format="json").json()
 
     listing = second.get(ENDPOINTS)
@@ -359,6 +369,13 @@ BAD_CREATES = [
     ({"url": "https://[::1]/x", "events": ALL}, False, "url"),
     ({"url": "http://169.254.169.254/latest/meta-data", "events": ALL}, True, "url"),
     ({"url": "not a url", "events": ALL}, True, "url"),
+    # Not globally reachable (IETF protocol assignments), whatever Python 3.11 says.
+    ({"url": "https://192.0.0.8/hook", "events": ALL}, False, "url"),
+    ({"url": "http://192.0.0.8/hook", "events": ALL}, True, "url"),
+    # Characters a URL may not hold.
+    ({"url": "{url}/a b", "events": ALL}, True, "url"),
+    ({"url": "{url}/<script>", "events": ALL}, True, "url"),
+    ({"url": "{url}/a%zz", "events": ALL}, True, "url"),
     ({"url": "", "events": ALL}, True, "url"),
     ({"url": 12, "events": ALL}, True, "url"),
     ({"url": None, "events": ALL}, True, "url"),
@@ -410,6 +427,8 @@ BAD_PATCHES = [
     ({"enabled": 0}, "enabled"),
     ({"enabled": None}, "enabled"),
     ({"url": "https://192.168.1.10/x"}, "url"),
+    ({"url": "https://192.0.0.8/x"}, "url"),
+    ({"url": "https://93.184.216.34/a b"}, "url"),
     ({"url": None}, "url"),
     ({"events": ["purchase.exploded"]}, "events"),
     ({"events": []}, "events"),
@@ -520,8 +539,9 @@ def test_a_page_of_deliveries_costs_the_same_few_queries_however_many_attempts(
         drain_outbox()  # a second attempt each
     assert WebhookAttempt.objects.count() == 10
 
-    # The token, the count, the page, the attempts of the page.
-    with django_assert_max_num_queries(4):
+    # The token, the user's permissions and its groups' (has_perm), the
+    # count, the page, the attempts of the page.
+    with django_assert_max_num_queries(6):
         response = staff_api.get(f"{ENDPOINTS}{endpoint.pk}/deliveries/")
 
     assert response.status_code == 200

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from django.contrib.auth.models import Permission
 from django.db.models import F
 
 from outbox.models import OutboxMessage
@@ -279,6 +280,7 @@ def test_a_real_worker_retries_with_the_same_webhook_id_fails_after_the_schedule
     )
     failed = WebhookDelivery.objects.get(saga_id=failing["id"])
     staff = UserFactory(username="ops", password="pw-ops", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="resend_webhookdelivery"))
     token = http.post(
         "/api/auth/token/", json={"username": staff.username, "password": "pw-ops"}
     ).json()["token"]

@@ -1,8 +1,10 @@
 """The staff REST API of outgoing webhooks (docs/api.md, "Webhooks").
 
-Staff only (``is_staff``): anonymous → 401, any other user → 403. The
-endpoints are the seller's, not a user's: any staff user sees, changes and
-deletes all of them, whoever created them, and resends any delivery.
+Staff only, holding the Django model permission the admin asks for the
+same act (``webhooks/permissions.py``): anonymous → 401, any other user →
+403. The endpoints are the seller's, not a user's: a staff user who may see,
+change or delete endpoints may do so to all of them, whoever created them,
+and one who may resend, to any delivery.
 
 Thin, like purchases/apis.py: parse the request (strict serializers), call
 one service or selector, shape the answer. The services own the
@@ -20,7 +22,6 @@ from django.urls.converters import IntConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -30,6 +31,15 @@ from common.parsers import JSONParser
 from . import selectors, services
 from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
 from .models import WebhookEndpoint
+from .permissions import (
+    ADD_ENDPOINTS,
+    CHANGE_ENDPOINTS,
+    DELETE_ENDPOINTS,
+    RESEND_DELIVERIES,
+    VIEW_DELIVERIES,
+    VIEW_ENDPOINTS,
+    WebhookPermission,
+)
 from .serializers import (
     WebhookDeliverySerializer,
     WebhookEndpointCreatedSerializer,
@@ -72,21 +82,24 @@ def _endpoint(endpoint_id: int) -> WebhookEndpoint | None:
     return selectors.endpoint_list().filter(pk=endpoint_id).first()
 
 
-class IsStaff(IsAdminUser):
-    message = "webhook endpoints are managed by staff only"
-
-
 # --- what the schema says ---------------------------------------------------------------
 
-_STAFF_ONLY = (
-    "Staff only (`is_staff`). Webhook endpoints are the seller's, not a user's: any staff "
-    "user sees and manages all of them, whoever created them."
-)
+
+def _staff_only(needed: tuple[str, ...]) -> str:
+    return (
+        f"Staff only, holding {' or '.join(f'`{p}`' for p in needed)}. Webhook endpoints are "
+        "the seller's, not a user's: whoever may act on one may act on all of them, whoever "
+        "created them."
+    )
+
+
 _FORBIDDEN = error_response(
-    "`permission_denied`: the user is not staff, or session authentication without a valid "
-    "CSRF token"
+    "`permission_denied`: the user is not staff or lacks the permission the operation "
+    "takes, or session authentication without a valid CSRF token"
 )
-_FORBIDDEN_READ = error_response("`permission_denied`: the user is not staff")
+_FORBIDDEN_READ = error_response(
+    "`permission_denied`: the user is not staff or lacks the permission the operation takes"
+)
 _NO_ENDPOINT = error_response("`not_found`: no such endpoint, or an id that is not one")
 _ENDPOINT_ID = OpenApiParameter(
     "endpoint_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True
@@ -105,17 +118,20 @@ def _bad_body(fields: str) -> OpenApiResponse:
 
 
 class _StaffApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [WebhookPermission]
+    # What each method takes (webhooks/permissions.py checks it).
+    required_permissions: dict[str, tuple[str, ...]] = {}
     # JSON only, like the purchases (a generated client sends every content
     # type the schema lists).
     parser_classes = [JSONParser]
 
 
 class WebhookEndpointListCreateApi(_StaffApi):
-    """``GET | POST /api/webhook-endpoints/``. Any staff user sees every
-    endpoint: they are the seller's, not the user's."""
+    """``GET | POST /api/webhook-endpoints/``. Whoever may see endpoints sees
+    every one: they are the seller's, not the user's."""
 
     pagination_class = PageNumberPagination
+    required_permissions = {"GET": VIEW_ENDPOINTS, "POST": ADD_ENDPOINTS}
 
     @extend_schema(
         responses={
@@ -125,7 +141,7 @@ class WebhookEndpointListCreateApi(_StaffApi):
             404: error_response("`not_found`: a page past the end, or not a page number"),
         },
         summary="Every webhook endpoint, oldest first, a page at a time",
-        description=_STAFF_ONLY,
+        description=_staff_only(VIEW_ENDPOINTS),
         operation_id="webhook_endpoints_list",
     )
     def get(self, request):
@@ -153,7 +169,7 @@ class WebhookEndpointListCreateApi(_StaffApi):
             415: NOT_JSON,
         },
         summary="Register a webhook endpoint; the answer shows its secret once",
-        description=_STAFF_ONLY,
+        description=_staff_only(ADD_ENDPOINTS),
         operation_id="webhook_endpoints_create",
     )
     def post(self, request):
@@ -168,7 +184,13 @@ class WebhookEndpointListCreateApi(_StaffApi):
 
 class WebhookEndpointDetailApi(_StaffApi):
     """``GET | PATCH | DELETE /api/webhook-endpoints/{id}/``; never the
-    secret. Any staff user, any endpoint (they are the seller's)."""
+    secret. Any endpoint (they are the seller's)."""
+
+    required_permissions = {
+        "GET": VIEW_ENDPOINTS,
+        "PATCH": CHANGE_ENDPOINTS,
+        "DELETE": DELETE_ENDPOINTS,
+    }
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
@@ -179,7 +201,7 @@ class WebhookEndpointDetailApi(_StaffApi):
             404: _NO_ENDPOINT,
         },
         summary="One webhook endpoint (without its secret)",
-        description=_STAFF_ONLY,
+        description=_staff_only(VIEW_ENDPOINTS),
         operation_id="webhook_endpoints_retrieve",
     )
     def get(self, request, endpoint_id: str):
@@ -207,9 +229,10 @@ class WebhookEndpointDetailApi(_StaffApi):
             415: NOT_JSON,
         },
         summary="Change a webhook endpoint's url, events, description or enabled",
-        description=_STAFF_ONLY + " What is not given stays as it is. A disabled endpoint "
-        "gets no new delivery, and an attempt that comes due while it is disabled fails "
-        "without being sent (resend it once enabled again).",
+        description=_staff_only(CHANGE_ENDPOINTS)
+        + " What is not given stays as it is. A disabled endpoint gets no new delivery, and "
+        "an attempt that comes due while it is disabled fails without being sent (resend it "
+        "once enabled again).",
         operation_id="webhook_endpoints_partial_update",
     )
     def patch(self, request, endpoint_id: str):
@@ -241,7 +264,7 @@ class WebhookEndpointDetailApi(_StaffApi):
             404: _NO_ENDPOINT,
         },
         summary="Delete a webhook endpoint",
-        description=_STAFF_ONLY,
+        description=_staff_only(DELETE_ENDPOINTS),
         operation_id="webhook_endpoints_destroy",
     )
     def delete(self, request, endpoint_id: str):
@@ -257,7 +280,10 @@ class WebhookEndpointDetailApi(_StaffApi):
 
 class WebhookEndpointRotateSecretApi(_StaffApi):
     """``POST /api/webhook-endpoints/{id}/rotate-secret/``: the new secret,
-    shown this once."""
+    shown this once. It takes the permission to change the endpoint, as the
+    admin's "Rotate secret…" does."""
+
+    required_permissions = {"POST": CHANGE_ENDPOINTS}
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
@@ -269,8 +295,9 @@ class WebhookEndpointRotateSecretApi(_StaffApi):
             404: _NO_ENDPOINT,
         },
         summary="Give a webhook endpoint a new secret; the answer shows it once",
-        description=_STAFF_ONLY + " Every attempt from now on, retries of earlier deliveries "
-        "too, is signed with the new secret alone.",
+        description=_staff_only(CHANGE_ENDPOINTS)
+        + " Every attempt from now on, retries of earlier deliveries too, is signed with the "
+        "new secret alone.",
         operation_id="webhook_endpoints_rotate_secret",
     )
     def post(self, request, endpoint_id: str):
@@ -291,6 +318,7 @@ class WebhookDeliveryListApi(_StaffApi):
     attempts, as the selector prefetches them)."""
 
     pagination_class = PageNumberPagination
+    required_permissions = {"GET": VIEW_DELIVERIES}
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
@@ -303,7 +331,7 @@ class WebhookDeliveryListApi(_StaffApi):
             ),
         },
         summary="A webhook endpoint's deliveries, newest first, with their attempts",
-        description=_STAFF_ONLY,
+        description=_staff_only(VIEW_DELIVERIES),
         operation_id="webhook_endpoints_deliveries_list",
     )
     def get(self, request, endpoint_id: str):
@@ -322,6 +350,8 @@ class WebhookDeliveryListApi(_StaffApi):
 class WebhookDeliveryResendApi(_StaffApi):
     """``POST /api/webhook-endpoints/{id}/deliveries/{delivery_id}/resend/``:
     one more attempt, same ``webhook-id``; the log records who asked."""
+
+    required_permissions = {"POST": RESEND_DELIVERIES}
 
     @extend_schema(
         parameters=[_ENDPOINT_ID, _DELIVERY_ID],
@@ -348,7 +378,7 @@ class WebhookDeliveryResendApi(_StaffApi):
             415: NOT_JSON,
         },
         summary="Resend a delivered or failed webhook delivery",
-        description=_STAFF_ONLY,
+        description=_staff_only(RESEND_DELIVERIES),
         operation_id="webhook_endpoints_deliveries_resend",
     )
     def post(self, request, endpoint_id: str, delivery_id: str):
