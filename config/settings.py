@@ -130,6 +130,13 @@ else:
         DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
             "DB_PREPARE_THRESHOLD", default=5
         )
+    # A PostgreSQL host that stops answering (rather than refusing) fails a
+    # connection after this long, not the system's TCP timeout: /metrics and
+    # /readyz answer within a scrape (purchases/ops/). libpq's option.
+    if DATABASES["default"]["ENGINE"] == "config.postgresql":
+        DATABASES["default"]["OPTIONS"].setdefault(
+            "connect_timeout", env.int("DB_CONNECT_TIMEOUT_SECONDS", default=5)
+        )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # ... but only for a connection idle for this long (or one that errored): a
@@ -145,6 +152,14 @@ CACHES = {"default": env.cache_url("CACHE_URL", default=f"filecache://{VAR_DIR /
 if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
     # The same, with one Redis client per pool instead of one per call.
     CACHES["default"]["BACKEND"] = "config.cache.RedisCache"
+    # A cache that stops answering (a cut link, not a refusal) is a cache
+    # down after this long, not a request stuck for the system's TCP timeout:
+    # what a request needs of it falls back to the database
+    # (purchases/cache_outage.py).
+    CACHES["default"].setdefault("OPTIONS", {}).update(
+        socket_connect_timeout=env.float("CACHE_SOCKET_TIMEOUT_SECONDS", default=1.0),
+        socket_timeout=env.float("CACHE_SOCKET_TIMEOUT_SECONDS", default=1.0),
+    )
 
 # --- auth, i18n, static -----------------------------------------------------
 # The buyer pages' session login (shop/): every page but the login asks for it.

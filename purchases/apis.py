@@ -12,6 +12,7 @@ from django.urls.converters import IntConverter, UUIDConverter
 from django.utils.http import parse_etags
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.pagination import PageNumberPagination
@@ -247,8 +248,12 @@ class PurchaseListCreateApi(APIView):
     pagination_class = PageNumberPagination
 
     def get_throttles(self):
-        # Starting purchases is what a scalper hammers; reading is not throttled.
-        return [PurchaseStartThrottle()] if self.request.method == "POST" else []
+        # Starting purchases is what a scalper hammers (reading is not
+        # throttled), but not here, before the view: post() decides it once
+        # the key and the body are valid, so that a stored answer replays
+        # whatever the count says and bad input spends nothing (docs/api.md,
+        # "Throttling").
+        return []
 
     @extend_schema(
         request=PurchaseRequestSerializer,
@@ -303,6 +308,22 @@ class PurchaseListCreateApi(APIView):
             payload = PurchaseRequestSerializer(data=request.data)
             payload.is_valid(raise_exception=True)
             data = payload.validated_data
+        # Counted once the key and the body are valid; a key that already has
+        # an answer replays it whatever the count says.
+        throttle = PurchaseStartThrottle()
+        if not throttle.allow_start(
+            request, self, idempotency_key=request.headers["Idempotency-Key"]
+        ):
+            raise exceptions.Throttled(wait=throttle.wait())  # as DRF's check_throttles
+        response, counts = self._start(request, data)
+        if not counts:
+            throttle.refund()  # a replay, or input refused: it spends nothing
+        return response
+
+    def _start(self, request, data) -> tuple[Response, bool]:
+        """The start's answer, and whether it counts for the throttle: a
+        purchase started, or seats refused (a real attempt at them, what a
+        scalper repeats)."""
         try:
             started = services.purchase_start(
                 user=request.user,
@@ -313,15 +334,17 @@ class PurchaseListCreateApi(APIView):
                 payment_method=data["payment_method"],
             )
         except IdempotencyKeyReused as exc:
-            return error(422, exc.code, str(exc))
+            return error(422, exc.code, str(exc)), False
         except SeatUnavailable as exc:
-            return error(409, exc.code, str(exc), seats=exc.seats)
+            return error(409, exc.code, str(exc), seats=exc.seats), True
         except NotEnoughSeats as exc:
-            return error(409, exc.code, str(exc), available=exc.available)
+            return error(409, exc.code, str(exc), available=exc.available), True
         except UnknownEvent as exc:
             # Told apart from unknown seats only on the refusal path: the
             # request itself does not look the event up.
-            return error(400, "invalid", str(exc), field="event", errors={"event": [str(exc)]})
+            return error(
+                400, "invalid", str(exc), field="event", errors={"event": [str(exc)]}
+            ), False
         except UnknownSeats as exc:
             return error(
                 400,
@@ -330,12 +353,12 @@ class PurchaseListCreateApi(APIView):
                 field="seats",
                 errors={"seats": [str(exc)]},
                 seats=exc.seats,
-            )
+            ), False
         link = f"/api/purchases/{started.saga_id}/"
         # The same answer for the first request and every replay of its key.
         response = Response({**started.purchase, "links": {"self": link}}, status=202)
         response["Location"] = link
-        return response
+        return response, started.created
 
     @extend_schema(
         # Paginated by pagination_class: the page parameter and the next and

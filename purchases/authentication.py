@@ -14,6 +14,14 @@ process that makes the change (signals, connected by ``PurchasesConfig``).
 What a signal cannot see (a bulk ``UPDATE`` of users, a token deleted by
 SQL) is bounded by ``AUTH_TOKEN_CACHE_SECONDS``. A token that fails is never
 remembered. ``0`` turns the cache off.
+
+The cache down (docs/operations.md, "Cache down"): the token is read from the
+database, as with the cache off, and the request goes on; the fallback is
+counted and the outage logged once (``purchases/cache_outage.py``). A token
+deleted or a user saved while the cache cannot be reached is not forgotten
+there: if the cache comes back with its entries (a network cut, not a
+restart), what it remembered is served until its TTL, at most
+``AUTH_TOKEN_CACHE_SECONDS`` after it was remembered, the bound above.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from django.db import DEFAULT_DB_ALIAS
 from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
+
+from .cache_outage import CACHE_DOWN, cache_answered, cache_unavailable
 
 # What a request reads of its user (permissions: is_active, is_staff,
 # is_superuser); never the password.
@@ -42,7 +52,13 @@ class CachedTokenAuthentication(TokenAuthentication):
         seconds = settings.AUTH_TOKEN_CACHE_SECONDS
         if seconds <= 0:
             return super().authenticate_credentials(key)
-        remembered = cache.get(cache_key(key))
+        try:
+            remembered = cache.get(cache_key(key))
+        except CACHE_DOWN as exc:
+            cache_unavailable("token", exc)
+            remembered = None
+        else:
+            cache_answered()
         if remembered is not None:
             # from_db takes the values in the model's field order, not ours.
             fields = dict(zip(USER_FIELDS, remembered, strict=True))
@@ -51,17 +67,26 @@ class CachedTokenAuthentication(TokenAuthentication):
             user = model.from_db(DEFAULT_DB_ALIAS, names, [fields[name] for name in names])
             return user, Token(key=key, user=user)
         user, token = super().authenticate_credentials(key)  # refuses what it must
-        cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
+        try:
+            cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
+        except CACHE_DOWN as exc:
+            cache_unavailable("token", exc)  # read from the database next time too
         return user, token
 
 
 def forget_token(sender, instance: Token, **kwargs) -> None:
-    cache.delete(cache_key(instance.key))
+    try:
+        cache.delete(cache_key(instance.key))
+    except CACHE_DOWN as exc:
+        cache_unavailable("token", exc)  # the TTL bounds it (above)
 
 
 def forget_tokens_of_user(sender, instance, **kwargs) -> None:
     keys = Token.objects.filter(user_id=instance.pk).values_list("key", flat=True)
-    cache.delete_many([cache_key(key) for key in keys])
+    try:
+        cache.delete_many([cache_key(key) for key in keys])
+    except CACHE_DOWN as exc:
+        cache_unavailable("token", exc)  # the TTL bounds it (above)
 
 
 def connect() -> None:

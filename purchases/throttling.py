@@ -10,17 +10,40 @@ commands per purchase start (5 % of the web's CPU per reserve under
 ``make bench``), and two starts at once in two processes may both read the
 same history and both pass. The script trims, counts and appends in one
 atomic step. The window, the count and ``Retry-After`` are DRF's.
+
+What counts (docs/api.md, "Throttling"): the API decides the throttle after
+the request's key and body are valid, and a start that turns out not to
+count gives its step back (``refund``): a replay of a key, and a refusal of
+the input (``400``, ``422``). A start refused for its seats (``409``) counts:
+it is a real attempt at them, what a scalper repeats. A key that already has
+an answer replays it whatever the count says (``allow_start``): its first
+answer wins over any refusal.
+
+The cache down (docs/operations.md, "Cache down"; ``purchases/cache_outage.py``
+counts and logs it): the purchase throttle counts the user's purchases
+started in the window in the database (their idempotency records, one per
+start, shared by every process). Refusals are not counted then, and two
+starts at the same instant may both pass the last place: an outage's
+approximation, which still bounds what one user holds. The token throttle
+has no rows to count: it counts in the process (a local cache), so with N
+web processes an address gets up to N times its rate during an outage.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache.backends.locmem import LocMemCache
+from django.db.models import Count, Min
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from config.cache import RedisCache
+
+from .cache_outage import CACHE_DOWN, cache_answered, cache_unavailable
+from .models import IdempotencyRecord
 
 # KEYS[1]: the user's history, newest first; ARGV: now, the window in
 # seconds, the number of requests the window allows. Returns [allowed, the
@@ -52,34 +75,87 @@ return {allowed, redis.call('LLEN', key), redis.call('LINDEX', key, -1) or ''}
 
 class PurchaseStartThrottle(UserRateThrottle):
     scope = "purchase_start"
-    # What the Redis step answered (None: DRF's own step ran).
+    # What the Redis step or the database answered (None: DRF's own step ran).
     _count: int | None = None
     _oldest: float | None = None
+    # Where the step that let this start through was counted, for refund():
+    # "redis", "drf", or None (nothing to give back).
+    _counted: str | None = None
 
     def get_rate(self):
         return settings.PURCHASE_THROTTLE_RATE
 
+    def allow_start(self, request, view, *, idempotency_key: str) -> bool:
+        """Whether a purchase start with this key may go on: the window has
+        room (a step counted: ``refund`` gives it back if the start turns out
+        not to count), or the key already has an answer, which it replays
+        uncounted whatever the count says."""
+        if self.allow_request(request, view):
+            return True
+        return _answered(user=request.user, idempotency_key=idempotency_key)
+
+    def refund(self) -> None:
+        """Give back the step this start took: it replayed, or its input was
+        refused. Nothing when nothing was counted."""
+        counted, self._counted = self._counted, None
+        if counted == "drf":
+            history = self.cache.get(self.key, [])
+            if self.now in history:
+                history.remove(self.now)
+                self.cache.set(self.key, history, self.duration)  # type: ignore[attr-defined]
+        elif counted == "redis":
+            backend = caches[DEFAULT_CACHE_ALIAS]
+            try:
+                client = backend._cache.get_client(self.key, write=True)  # type: ignore[attr-defined]
+                client.lrem(backend.make_key(f"{self.key}:log"), 1, repr(self.now))
+            except CACHE_DOWN as exc:
+                cache_unavailable("purchase_throttle", exc)  # the step stays: it counts
+
     def allow_request(self, request, view) -> bool:
         backend = caches[DEFAULT_CACHE_ALIAS]  # this thread's (self.cache is a proxy)
         if not isinstance(backend, RedisCache):
-            return super().allow_request(request, view)
+            allowed = super().allow_request(request, view)
+            self._counted = "drf" if allowed and self.rate is not None and self.key else None
+            return allowed
         if self.rate is None:
             return True
         self.key = self.get_cache_key(request, view)
         if self.key is None:
             return True
         self.now = self.timer()
-        # Django's private client (config/cache.py keeps one per pool).
-        client = backend._cache.get_client(self.key, write=True)
-        allowed, count, oldest = _slide(client)(
-            # A list, not DRF's pickled one: a key of its own.
-            keys=[backend.make_key(f"{self.key}:log")],
-            # (Set by DRF's __init__ from the rate; not in its stubs.)
-            args=[repr(self.now), self.duration, self.num_requests],  # type: ignore[attr-defined]
-            client=client,
-        )
+        try:
+            # Django's private client (config/cache.py keeps one per pool).
+            client = backend._cache.get_client(self.key, write=True)
+            allowed, count, oldest = _slide(client)(
+                # A list, not DRF's pickled one: a key of its own.
+                keys=[backend.make_key(f"{self.key}:log")],
+                # (Set by DRF's __init__ from the rate; not in its stubs.)
+                args=[repr(self.now), self.duration, self.num_requests],  # type: ignore[attr-defined]
+                client=client,
+            )
+        except CACHE_DOWN as exc:
+            cache_unavailable("purchase_throttle", exc)
+            return self._allow_from_database(request)
+        cache_answered()
         self._count, self._oldest = int(count), float(oldest) if oldest else None
+        self._counted = "redis" if allowed else None
         return bool(allowed)
+
+    def _allow_from_database(self, request) -> bool:
+        """The cache down: the user's purchases started within the window,
+        counted from their idempotency records (one per start; replays and
+        refusals write none). An anonymous caller starts nothing: let through
+        (the view refuses it before any start)."""
+        if not request.user.is_authenticated:
+            return True
+        duration, limit = self.duration, self.num_requests  # type: ignore[attr-defined]
+        since = datetime.fromtimestamp(self.now - duration, tz=UTC)
+        found = IdempotencyRecord.objects.filter(
+            user_id=request.user.pk, created_at__gt=since
+        ).aggregate(count=Count("id"), oldest=Min("created_at"))
+        oldest = found["oldest"]
+        self._count, self._oldest = found["count"], oldest.timestamp() if oldest else None
+        return found["count"] < limit
 
     def wait(self) -> float | None:
         """DRF's: the time until the oldest start leaves the window, spread
@@ -104,6 +180,18 @@ def _slide(client) -> Any:
     return _script
 
 
+def _answered(*, user, idempotency_key: str) -> bool:
+    """Whether this user's key already has an answer (the purchase start
+    replays it). Asked only of a start the count refused."""
+    if not user.is_authenticated:
+        return False
+    return IdempotencyRecord.objects.filter(user_id=user.pk, key=idempotency_key).exists()
+
+
+# The token throttle's count while the cache is down: this process's own.
+LOCAL_COUNTS = LocMemCache("boxoffice-token-throttle-while-cache-down", {})
+
+
 class TokenThrottle(AnonRateThrottle):
     """Password guesses at ``POST /api/auth/token/``, counted per client address."""
 
@@ -113,3 +201,15 @@ class TokenThrottle(AnonRateThrottle):
         # Counted per address: the token view authenticates nobody, so every
         # caller is anonymous here, whatever credentials it sends.
         return settings.AUTH_TOKEN_THROTTLE_RATE
+
+    def allow_request(self, request, view) -> bool:
+        try:
+            allowed = super().allow_request(request, view)
+        except CACHE_DOWN as exc:
+            cache_unavailable("token_throttle", exc)
+            # DRF's documented ``cache`` attribute: this one throttle object's.
+            self.cache = LOCAL_COUNTS
+            return super().allow_request(request, view)
+        if self.rate is not None:
+            cache_answered()
+        return allowed

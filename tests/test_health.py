@@ -114,7 +114,7 @@ def test_probes_over_plain_http_are_not_redirected_to_https(settings):
     assert Client().get("/healthz").status_code == 200
     assert (
         Client()
-        .get("/readyz?exclude=database&exclude=broker&exclude=relay&exclude=beat")
+        .get("/readyz?exclude=database&exclude=broker&exclude=relay&exclude=beat&exclude=cache")
         .status_code
         == 200
     )
@@ -129,11 +129,12 @@ def test_readyz_is_200_when_everything_answers():
     _fresh_heartbeats()
     response, body = _readyz()
     assert response.status_code == 200, body
-    assert body["status"] == "ok" and body["failed"] == []
-    assert list(body["checks"]) == ["database", "broker", "relay", "beat"]
+    assert body["status"] == "ok" and body["failed"] == [] and body["degraded"] == []
+    assert list(body["checks"]) == ["database", "broker", "relay", "beat", "cache"]
     assert all(check["ok"] for check in body["checks"].values()), body
     assert body["checks"]["database"]["detail"].startswith("SELECT 1 answered in ")
     assert body["checks"]["beat"]["detail"].startswith("resume_sagas last started ")
+    assert body["checks"]["cache"]["detail"].startswith("answered in ")
     assert "no-cache" in response["Cache-Control"]
 
 
@@ -213,7 +214,7 @@ def test_readyz_leaves_out_the_excluded_checks():
     # does not wait for the relay or beat, which start after it.
     response, body = _readyz("?exclude=relay&exclude=beat")
     assert response.status_code == 200, body
-    assert list(body["checks"]) == ["database", "broker"]
+    assert list(body["checks"]) == ["database", "broker", "cache"]
     response = Client().get("/readyz?exclude=relay&exclude=etcd")
     assert response.status_code == 400
     assert response.json()["detail"].startswith("unknown check etcd;")

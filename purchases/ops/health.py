@@ -5,14 +5,20 @@ Liveness is the process answering, nothing more: no database, cache or
 broker, so a probe that restarts dead processes never restarts a healthy one
 because a dependency is down.
 
-Readiness runs up to four checks: ``database`` (a connection of its own and
+Readiness runs up to five checks: ``database`` (a connection of its own and
 ``SELECT 1``), ``broker`` (a connection of its own to Celery's broker, which
 must answer), ``relay`` (the relay's pulse, recorded by ``outbox.pulse``
-through ``relay_pulse_record``) and ``beat`` (its most frequent sweep
-started recently). The database and the broker are asked at the same time,
-each in a thread with a deadline (``HEALTH_CHECK_TIMEOUT_SECONDS``), so a
-probe answers within that time whatever hangs. The heartbeats are read on
-the database check's connection.
+through ``relay_pulse_record``), ``beat`` (its most frequent sweep
+started recently) and ``cache`` (a connection of its own to the cache's
+Redis, which must answer a PING). The database, the broker and the cache are
+asked at the same time, each in a thread with a deadline
+(``HEALTH_CHECK_TIMEOUT_SECONDS``), so a probe answers within that time
+whatever hangs. The heartbeats are read on the database check's connection.
+
+The cache only saves work (``purchases/cache_outage.py``): without it every
+request still answers, from the database. A cache that does not answer is
+``degraded``, not ``failed``: ``/readyz`` stays ``200`` (taking every web
+process out of the load balancer would not bring the cache back) and says so.
 """
 
 from __future__ import annotations
@@ -28,12 +34,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import redis
 from django.conf import settings
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache.backends.redis import RedisCache
 from django.db import connections
 from django.db.utils import load_backend
 from django.http import JsonResponse
 from django.utils import timezone
 from django.utils.log import log_response
+from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 from kombu.exceptions import ChannelError
@@ -42,7 +52,9 @@ from config.celery import app
 
 from ..models import SweepHeartbeat
 
-CHECKS = ("database", "broker", "relay", "beat")
+CHECKS = ("database", "broker", "relay", "beat", "cache")
+# Checks that degrade, not fail, readiness: what they watch only saves work.
+SOFT_CHECKS = ("cache",)
 # The relay's row in SweepHeartbeat (its pulse, beside the sweeps' rows).
 RELAY = "relay"
 _DATABASE_ALIAS = "default"
@@ -63,7 +75,13 @@ class Readiness:
 
     @property
     def failed(self) -> list[str]:
-        return [name for name, check in self.checks.items() if not check.ok]
+        return [
+            name for name, check in self.checks.items() if not check.ok and name not in SOFT_CHECKS
+        ]
+
+    @property
+    def degraded(self) -> list[str]:
+        return [name for name, check in self.checks.items() if not check.ok and name in SOFT_CHECKS]
 
     @property
     def ok(self) -> bool:
@@ -74,6 +92,7 @@ class Readiness:
         return {
             "status": "ok" if self.ok else "fail",
             "failed": self.failed,
+            "degraded": self.degraded,
             "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in self.checks.items()},
         }
 
@@ -95,6 +114,8 @@ def readiness(checks: Iterable[str] = CHECKS, *, now: datetime | None = None) ->
         calls["database"] = functools.partial(_database_probe, rows=rows, timeout=timeout)
     if "broker" in wanted:
         calls["broker"] = functools.partial(_broker_probe, timeout=timeout)
+    if "cache" in wanted:
+        calls["cache"] = functools.partial(_cache_probe, timeout=timeout)
     answers = _run_with_deadline(calls, timeout=timeout)
 
     results: dict[str, Check] = {}
@@ -109,6 +130,8 @@ def readiness(checks: Iterable[str] = CHECKS, *, now: datetime | None = None) ->
         results[RELAY] = _relay_check(found, now=now)
     if "beat" in wanted:
         results["beat"] = _beat_check(found, now=now)
+    if "cache" in wanted:
+        results["cache"] = Check(*answers["cache"])
     return Readiness({name: results[name] for name in wanted})
 
 
@@ -229,6 +252,28 @@ def _broker_probe(*, timeout: float) -> str:
     return f"answered in {(time.perf_counter() - started) * 1000:.0f} ms"
 
 
+def _cache_probe(*, timeout: float) -> str:
+    """A connection of its own to the default cache's Redis (the server it
+    writes to) and a PING: returns what it took. A cache that is not Redis
+    (files, memory: this machine's) answers a read."""
+    config = settings.CACHES[DEFAULT_CACHE_ALIAS]
+    started = time.perf_counter()
+    if issubclass(import_string(config["BACKEND"]), RedisCache):
+        location = config["LOCATION"]
+        # Django's Redis cache writes to the first server it is given.
+        server = re.split("[;,]", location)[0] if isinstance(location, str) else location[0]
+        client = redis.Redis.from_url(
+            server, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        try:
+            client.ping()
+        finally:
+            client.close()
+    else:
+        caches[DEFAULT_CACHE_ALIAS].get("readyz:probe")
+    return f"answered in {(time.perf_counter() - started) * 1000:.0f} ms"
+
+
 def _age(at: datetime | None, now: datetime) -> float | None:
     return None if at is None else max(0.0, (now - at).total_seconds())
 
@@ -274,8 +319,9 @@ def healthz_view(request):
 @require_safe
 def readyz_view(request):
     """Readiness: every check, or all but those named by ``?exclude=<check>``
-    (repeatable, as Kubernetes' own ``/readyz``). 200 when all pass, 503
-    otherwise; the same body either way."""
+    (repeatable, as Kubernetes' own ``/readyz``). 200 when all pass or only
+    the cache does not (``"degraded": ["cache"]``), 503 otherwise; the same
+    body either way."""
     excluded = request.GET.getlist("exclude")
     unknown = sorted(set(excluded) - set(CHECKS))
     if unknown:
