@@ -11,7 +11,8 @@ Two kinds:
   last result): the table is the truth, whichever process is alive. That
   collector and the ``/metrics`` view are the operators'
   (``purchases/ops/metrics.py``); this module imports nothing of ours, so
-  every layer can count.
+  every layer can count. Without the database the view still serves the
+  event counters, with ``boxoffice_database_up 0`` in place of the state.
 """
 
 from __future__ import annotations

@@ -6,11 +6,17 @@ ledger (was the payment refunded?). The stored ``reason`` is never shown: it
 carries operators' notes and names and internal diagnostics, which stay in
 the admin. Notes (rows with from == to: refusals, operators' notes, probes
 without a move) are not moves and are left out (see ``selectors.purchase_get``).
+
+A step told again and again (a refund or a payment retried: the saga going
+round COMPENSATING <-> COMPENSATION_PENDING or CHARGING <-> UNKNOWN) is told
+once, with how many times it happened and when it last did (``collapse``);
+the admin keeps every row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import NamedTuple
 
@@ -95,12 +101,33 @@ def buyer_sentence(from_state: str | None, to_state: str, *, refunded: bool) -> 
 class BuyerMove:
     from_state: str | None
     to_state: str
-    at: datetime
+    at: datetime  # the latest time, for a step told ``times`` times
     reason: str
+    times: int = 1
+
+
+def collapse(moves: Iterable[BuyerMove]) -> list[BuyerMove]:
+    """Each step (from, to, sentence) once, where it last happened, with how
+    many times it happened and its latest time.
+
+    Any repeat, not only a consecutive one: a retry is a cycle of two steps
+    that alternate (the refund is taking longer, we are trying it again), so
+    no step ever follows itself. A step can only come back by a cycle, and
+    every step of a cycle collapses alike. Each is placed where it last
+    happened, so the times still read in order and the last step is where
+    the purchase stands now (its ``to`` is the status).
+    """
+    told: dict[tuple[str | None, str, str], BuyerMove] = {}
+    for move in moves:
+        key = (move.from_state, move.to_state, move.reason)
+        before = told.pop(key, None)  # popped: re-inserted last, where it last happened
+        told[key] = move if before is None else replace(move, times=before.times + move.times)
+    return list(told.values())
 
 
 def buyer_history(saga: PurchaseSaga) -> list[BuyerMove]:
-    """The saga's moves, oldest first, each told for the buyer.
+    """The saga's moves, oldest first, each told for the buyer, repeated
+    steps told once (``collapse``).
 
     ``selectors.purchase_get`` prefetches the moves (``moves``) and the
     ledger's refund (``has_refund``); without them this asks the database.
@@ -123,4 +150,4 @@ def buyer_history(saga: PurchaseSaga) -> list[BuyerMove]:
                 buyer_sentence(move.from_state, move.to_state, refunded=bool(refunded)),
             )
         )
-    return told
+    return collapse(told)

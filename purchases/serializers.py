@@ -235,8 +235,10 @@ class PurchaseLinksSerializer(serializers.Serializer):
 
 
 class HistoryEntrySerializer(serializers.Serializer):
-    """One move as the buyer reads it (``buyer_history.BuyerMove``). The
-    actor, operators' notes and diagnostics stay in the admin (docs/api.md)."""
+    """One step as the buyer reads it (``buyer_history.BuyerMove``): a step
+    repeated (a retry) is one entry with its count and latest time. The
+    actor, operators' notes, diagnostics and every row stay in the admin
+    (docs/api.md)."""
 
     def get_fields(self):
         # "from" is a Python keyword, so the fields are declared here.
@@ -249,9 +251,16 @@ class HistoryEntrySerializer(serializers.Serializer):
                 help_text="null for the creation",
             ),
             "to": serializers.ChoiceField(PURCHASE_STATUSES, source="to_state", read_only=True),
-            "at": serializers.DateTimeField(read_only=True),
+            "at": serializers.DateTimeField(
+                read_only=True, help_text="When it happened; the latest time when times > 1"
+            ),
             "reason": serializers.CharField(
                 help_text="A sentence written for the buyer", read_only=True
+            ),
+            "times": serializers.IntegerField(
+                min_value=1,
+                read_only=True,
+                help_text="How many times this step happened (1 unless it was retried)",
             ),
         }
 

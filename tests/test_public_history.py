@@ -146,7 +146,8 @@ def test_a_move_by_the_resumer_does_not_say_who_made_it(alice, alice_api, event,
     body = json.dumps(detail(alice_api, saga)).lower()
     assert [word for word in FORBIDDEN if word in body] == []
     assert all(
-        set(entry) == {"from", "to", "at", "reason"} for entry in json.loads(body)["history"]
+        set(entry) == {"from", "to", "at", "reason", "times"}
+        for entry in json.loads(body)["history"]
     )
 
 
@@ -302,8 +303,10 @@ def test_the_schema_describes_the_history_entry_served(anon_api):
     detail_schema = schema["components"]["schemas"]["PurchaseDetail"]["properties"]
     ref = detail_schema["history"]["items"]["$ref"].rsplit("/", 1)[-1]
     entry = schema["components"]["schemas"][ref]
-    assert set(entry["properties"]) == {"from", "to", "at", "reason"}
-    assert set(entry["required"]) == {"from", "to", "at", "reason"}
+    assert set(entry["properties"]) == {"from", "to", "at", "reason", "times"}
+    assert set(entry["required"]) == {"from", "to", "at", "reason", "times"}
+    assert entry["properties"]["times"]["type"] == "integer"
+    assert entry["properties"]["times"]["minimum"] == 1
 
 
 # --- the admin keeps everything -------------------------------------------------------

@@ -1,19 +1,28 @@
 """The state metrics, read from the database at scrape time, and the
 ``/metrics`` view that adds them to the event counters (``config.metrics``;
-docs/operations.md, "Metrics")."""
+docs/operations.md, "Metrics").
+
+Without the database the page still answers ``200``: the process's own
+counters and ``boxoffice_database_up 0``, so the counters are not lost
+exactly when an outage makes them matter, and Prometheus keeps scraping.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 
+import psycopg
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Count, Min, OuterRef, Subquery, Sum
 from django.http import HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from outbox.models import OutboxMessage
@@ -25,8 +34,36 @@ from ..saga.states import SagaState
 from ..saga.topics import Topic
 from .sweeps import COMPENSATION_UNFINISHED
 
+logger = logging.getLogger(__name__)
+
 # The webhook deliveries the gauge counts: those an operator may have to act on.
 OPEN_DELIVERIES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)
+
+# What a database that cannot be reached raises (refused, reset, gone in the
+# middle of a query). Django wraps the driver's errors in its own; psycopg's
+# are listed too for a connection opened outside Django's wrapper. Anything
+# else (a bug in a query) stays a 500: it is not an outage to report as one.
+DATABASE_DOWN: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def database_named(alias: str = "default") -> str:
+    """Where the database is, for a message: ``host:port/name`` (the file's
+    path for SQLite), never the user or the password."""
+    db = connections.settings[alias]
+    if not db.get("HOST"):
+        return str(db.get("NAME"))
+    return f"{db['HOST']}:{db.get('PORT') or 5432}/{db.get('NAME')}"
+
+
+def database_error(exc: BaseException) -> str:
+    """The error's type and first line (the driver's second line is a hint)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _deliveries_of_endpoint(status: DeliveryStatus) -> Subquery:
@@ -151,6 +188,40 @@ class DatabaseCollector:
         )
 
 
+class _Collected:
+    """Metric families read already, for a registry to write out."""
+
+    def __init__(self, families: Iterable[Metric]):
+        self.families = list(families)
+
+    def collect(self):
+        return self.families
+
+
+def state_metrics() -> list[Metric]:
+    """The state gauges and ``boxoffice_database_up``: 1 with the gauges, 0
+    and none of them when the database cannot be reached (one warning)."""
+    up = GaugeMetricFamily(
+        "boxoffice_database_up",
+        "1 when this scrape read the state gauges from the database, 0 when it could not reach it",
+    )
+    try:
+        # Read in full before anything is written: a database lost halfway
+        # leaves no half set of gauges on the page.
+        families = list(DatabaseCollector().collect())
+    except DATABASE_DOWN as exc:
+        logger.warning(
+            "metrics: the database at %s is unreachable; serving this process's counters only (%s)",
+            database_named(),
+            database_error(exc),
+            extra={"database": database_named()},
+        )
+        up.add_metric([], 0)
+        return [up]
+    up.add_metric([], 1)
+    return [*families, up]
+
+
 def metrics_view(request):
     started = time.perf_counter()
     registry = CollectorRegistry()
@@ -160,7 +231,7 @@ def metrics_view(request):
         registry = REGISTRY
     output = generate_latest(registry)
     db = CollectorRegistry()
-    db.register(DatabaseCollector())
+    db.register(_Collected(state_metrics()))
     output += generate_latest(db)
     output += (
         b"# HELP boxoffice_metrics_scrape_seconds Time spent producing this page\n"

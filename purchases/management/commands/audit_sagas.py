@@ -3,6 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from purchases.ops.audit import INVARIANTS, audit_run
+from purchases.ops.metrics import DATABASE_DOWN, database_error, database_named
 
 
 class Command(BaseCommand):
@@ -11,7 +12,7 @@ class Command(BaseCommand):
         "gateway's records (read through its API), record the run (AuditRun) and print the "
         "verdict per invariant, then each violation. Exits 1 when anything is violated, "
         "2 when nothing is but the run is incomplete (the gateway could not be asked about "
-        "some intents), 0 otherwise."
+        "some intents) or the database could not be reached, 0 otherwise."
     )
 
     def add_arguments(self, parser):
@@ -26,7 +27,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        report = audit_run(stuck_after_seconds=options["stuck_after"])
+        try:
+            report = audit_run(stuck_after_seconds=options["stuck_after"])
+        except DATABASE_DOWN as exc:
+            # Could not audit (2), as for a gateway that gives no answer: 1
+            # would tell monitoring that invariants are broken. One line, no
+            # traceback; the database by host, port and name, no credentials.
+            raise CommandError(
+                f"could not audit: the database at {database_named()} is unreachable "
+                f"({database_error(exc)})",
+                returncode=2,
+            ) from None
         summary = (
             f"audit run {report.run_id}: {report.sagas_checked} saga(s) checked, "
             f"{report.sagas_skipped} skipped (moved during the audit), "
