@@ -5,11 +5,14 @@ sends the same key and makes one purchase (docs/api.md, "Pages for buyers")."""
 
 from __future__ import annotations
 
+import re
 import secrets
+from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.core.validators import MaxValueValidator
+
+from purchases.serializers import PurchaseRequestSerializer, plain_purchase_request
 
 # The fake gateway's test payment methods (docs/api.md, "Test payment methods"),
 # offered only while it is on.
@@ -31,48 +34,59 @@ def new_idempotency_key() -> str:
 
 
 class SeatRefsField(forms.Field):
-    """The seats ticked on the map. Which seats exist and are free is the
-    service's to say (under its row locks), not the form's: the map may be a
-    few seconds old."""
+    """The seats ticked on the map, as posted: the API's request serializer
+    judges them (purchases/serializers.py). Which seats exist and are free
+    is the service's to say (under its row locks), not the form's: the map
+    may be a few seconds old."""
 
     widget = forms.MultipleHiddenInput
 
     def to_python(self, value):
-        refs = [str(ref).strip() for ref in (value or []) if str(ref).strip()]
-        duplicates = sorted({ref for ref in refs if refs.count(ref) > 1})
-        if duplicates:
-            raise forms.ValidationError(f"Seat {', '.join(duplicates)} was chosen twice.")
-        if any(len(ref) > 10 for ref in refs):
-            raise forms.ValidationError("That is not a seat of this hall.")
-        limit = settings.MAX_SEATS_PER_PURCHASE
-        if len(refs) > limit:
-            raise forms.ValidationError(
-                f"At most {limit} seats per purchase: you chose {len(refs)}."
-            )
-        return refs
+        return list(value or [])
+
+
+class PostedField(forms.Field):
+    """A value as posted, for the serializer to judge (Django's CharField
+    would strip it and refuse a NUL byte itself, in words of its own)."""
+
+    def to_python(self, value):
+        return value
+
+
+# A quantity typed as digits (an HTML form sends text) is read as the number
+# it spells; any other text goes to the serializer as text, which it refuses
+# as the API refuses a quantity that is not a JSON integer. Bounded: Python
+# will not read a number of thousands of digits, and none is a quantity.
+_NUMBER = re.compile(r"-?[0-9]{1,30}")
 
 
 class PurchaseForm(forms.Form):
+    """The seat map's form. What a purchase request may be is the API's to
+    say: the form makes what the page posts into the body of ``POST
+    /api/purchases/`` for the page's event and judges it with the API's
+    request serializer, so that the page and the API refuse the same inputs
+    (tests/bad_inputs.py), with the same words, each on its field. What is
+    the page's own is the transport: text for a quantity, and the
+    Idempotency-Key as a hidden field. ``request`` is then the serializer's
+    ``validated_data``."""
+
     idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=255)
     seats = SeatRefsField(required=False)
-    quantity = forms.IntegerField(
+    quantity = PostedField(
         required=False,
-        min_value=1,
         label="How many seats",
         help_text="With no seat chosen on the map: we pick the best seats side by side.",
         widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
     )
-    payment_method = forms.CharField(max_length=100, label="Payment method")
+    payment_method = PostedField(required=False, label="Payment method")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, event_id: int, **kwargs):
         super().__init__(*args, **kwargs)
-        limit = settings.MAX_SEATS_PER_PURCHASE
+        self.event_id = event_id
+        self.request: dict[str, Any] = {}
         quantity = self.fields["quantity"]
         # The limit is read per form, so that it follows the setting (as the API's).
-        quantity.validators.append(
-            MaxValueValidator(limit, message=f"At most {limit} seats per purchase.")
-        )
-        quantity.widget.attrs.update(min=1, max=limit)
+        quantity.widget.attrs.update(min=1, max=settings.MAX_SEATS_PER_PURCHASE)
         method = self.fields["payment_method"]
         if settings.FAKE_GATEWAY_ENABLED:
             method.widget = forms.Select(choices=TEST_PAYMENT_METHODS)
@@ -90,9 +104,43 @@ class PurchaseForm(forms.Form):
     def clean(self):
         cleaned = super().clean()
         data = self.cleaned_data  # what Form.clean returned (the stubs say "or None")
-        if not self.errors and not data.get("seats") and not data.get("quantity"):
-            raise forms.ValidationError(
-                "Choose your seats on the map, or say how many seats you want.",
-                code="nothing_chosen",
-            )
+        body: dict[str, Any] = {"event": self.event_id}
+        # Left out when not given, as a JSON body leaves them out: both, or
+        # neither, is the serializer's to refuse.
+        if data.get("seats"):
+            body["seats"] = data["seats"]
+        quantity = (data.get("quantity") or "").strip()
+        if quantity:
+            body["quantity"] = int(quantity) if _NUMBER.fullmatch(quantity) else quantity
+        if data.get("payment_method") is not None:
+            body["payment_method"] = data["payment_method"]
+        request = plain_purchase_request(body)
+        if request is None:
+            payload = PurchaseRequestSerializer(data=body)
+            if not payload.is_valid():
+                for name, errors in payload.errors.items():
+                    self._refused(name, errors, body=body)
+                return cleaned
+            request = dict(payload.validated_data)
+        self.request = request
         return cleaned
+
+    def _refused(self, name: str, errors, *, body: dict[str, Any]) -> None:
+        # The serializer's words for the choice are for a JSON body; on the
+        # page the choice is ticks on the map or a number.
+        if name == "seats" and "seats" not in body and "quantity" not in body:
+            errors = ["Choose your seats on the map, or say how many seats you want."]
+        elif name == "quantity" and "seats" in body:
+            errors = ["Tick seats on the map or say how many seats you want, not both."]
+        field = name if name in self.fields else None  # the event is the page's URL
+        for message in _messages(errors):
+            self.add_error(field, message)
+
+
+def _messages(errors) -> list[str]:
+    """The serializer's messages, flat: a list field's are per item."""
+    if isinstance(errors, dict):
+        return list(dict.fromkeys(m for value in errors.values() for m in _messages(value)))
+    if isinstance(errors, list):
+        return list(dict.fromkeys(m for value in errors for m in _messages(value)))
+    return [str(errors)]

@@ -14,7 +14,9 @@ urlpatterns = [
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(
-            template_name="shop/login.html", redirect_authenticated_user=True
+            template_name="shop/login.html",
+            redirect_authenticated_user=True,
+            extra_context={"nav": "login"},
         ),
         name="login",
     ),

@@ -14,7 +14,13 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import EmptyPage, PageNotAnInteger, Paginator
-from django.http import Http404, HttpResponse, HttpResponseNotModified, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpResponse,
+    HttpResponseNotModified,
+    HttpResponseRedirect,
+    QueryDict,
+)
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import parse_etags
@@ -58,19 +64,53 @@ def _event_names() -> dict[int, str]:
     return {event.id: event.name for event in _events()}
 
 
-@login_required
+# The catalog is public, as the API's is (docs/api.md, "Pages for buyers"):
+# anyone sees the events and the seat maps; Buy asks for a login.
+
+
 @require_GET
 def event_list(request):
     return render(request, "shop/event_list.html", {"events": _events(), "nav": "events"})
 
 
-@login_required
 @require_http_methods(["GET", "POST"])
 def event_seat_map(request, event_id: int):
     if request.method == "POST":
         return _purchase_post(request, event_id)
+    # A choice carried in the query (back from the login page, see
+    # _log_in_to_buy) is drawn ticked and filled in; Buy judges it.
+    chosen = request.GET.getlist("seats")
     initial = {"payment_method": "pm_card_visa"} if settings.FAKE_GATEWAY_ENABLED else {}
-    return _seat_map(request, event_id, PurchaseForm(initial=initial))
+    initial.update({k: request.GET[k] for k in ("quantity", "payment_method") if k in request.GET})
+    return _seat_map(
+        request, event_id, PurchaseForm(initial=initial, event_id=event_id), chosen=chosen
+    )
+
+
+# What a choice carried through the login keeps, so that its URL stays
+# short: refs of 1 to 10 characters (no seat's is longer: the API's limit),
+# at most this many (far past MAX_SEATS_PER_PURCHASE: Buy refuses the excess
+# in words); a longer one could never be ticked on the map it comes back to.
+_CARRIED_SEATS = 200
+
+
+def _log_in_to_buy(request, event_id: int):
+    """Buy, by a visitor who is not logged in: nothing is judged, started or
+    counted; the login page, then this seat map again with the choice kept,
+    in the ``next`` URL's query (it needs no session before the login). A
+    303, as after any POST here: the browser GETs the login page."""
+    choice = QueryDict(mutable=True)
+    seats = [ref for ref in request.POST.getlist("seats") if 0 < len(ref) <= 10]
+    if seats:
+        choice.setlist("seats", seats[:_CARRIED_SEATS])
+    for name, longest in (("quantity", 30), ("payment_method", 100)):
+        value = request.POST.get(name, "")
+        if 0 < len(value) <= longest:
+            choice[name] = value
+    seat_map = reverse("shop-seat-map", args=[event_id])
+    response = redirect_to_login(f"{seat_map}?{choice.urlencode()}" if choice else seat_map)
+    response.status_code = 303
+    return response
 
 
 def _seat_map(
@@ -111,10 +151,29 @@ def _seat_map(
 
 
 def _purchase_post(request, event_id: int):
-    # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE): a page
-    # and the API count one user's starts together.
+    if not request.user.is_authenticated:
+        return _log_in_to_buy(request, event_id)
+    # The API's request serializer judges the form (shop/forms.py): the page
+    # refuses what the API refuses.
+    form = PurchaseForm(request.POST, event_id=event_id)
+    chosen = request.POST.getlist("seats")
+    if not form.is_valid():
+        return _seat_map(
+            request,
+            event_id,
+            form,
+            status=400,
+            chosen=chosen,
+            problem={"code": "invalid", "field": _form_field(form), "text": _form_problem(form)},
+        )
+    # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE), decided
+    # as the API decides it (docs/api.md, "Throttling"): a page and the API
+    # count one user's starts together; bad input spent nothing above; a key
+    # that already has an answer replays it whatever the count says, and a
+    # start that turns out not to count gives its step back.
     throttle = PurchaseStartThrottle()
-    if not throttle.allow_request(request, None):  # its key needs no view
+    key = form.cleaned_data["idempotency_key"]
+    if not throttle.allow_start(request, None, idempotency_key=key):  # its key needs no view
         wait = throttle.wait()
         retry_after = max(1, math.ceil(wait)) if wait is not None else None
         response = render(
@@ -126,39 +185,29 @@ def _purchase_post(request, event_id: int):
         if retry_after is not None:
             response["Retry-After"] = str(retry_after)
         return response
+    response, counts = _start(request, event_id, form, chosen)
+    if not counts:
+        throttle.refund()
+    return response
 
-    form = PurchaseForm(request.POST)
-    chosen = request.POST.getlist("seats")
-    if not form.is_valid():
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=400,
-            chosen=chosen,
-            problem={"code": "invalid", "text": _form_problem(form)},
-        )
-    data = form.cleaned_data
+
+def _start(
+    request, event_id: int, form: PurchaseForm, chosen: list[str]
+) -> tuple[HttpResponse, bool]:
+    """The start's page, and whether it counts for the throttle (as the
+    API's): a purchase started, or seats refused (a real attempt at them)."""
+    data = form.request
     try:
-        if data["seats"]:
-            started = services.purchase_start(
-                user=request.user,
-                idempotency_key=data["idempotency_key"],
-                event_id=event_id,
-                seat_refs=data["seats"],
-                payment_method=data["payment_method"],
-            )
-        else:
-            # Best available (docs/api.md, "Best available"): N adjacent seats the
-            # service chooses; exclusive with seat_refs.
-            started = services.purchase_start(
-                user=request.user,
-                idempotency_key=data["idempotency_key"],
-                event_id=event_id,
-                seat_refs=None,
-                quantity=data["quantity"],
-                payment_method=data["payment_method"],
-            )
+        # Seats named, or best available (docs/api.md, "Best available"): N
+        # adjacent seats the service chooses; the form holds exactly one.
+        started = services.purchase_start(
+            user=request.user,
+            idempotency_key=form.cleaned_data["idempotency_key"],
+            event_id=data["event"],
+            seat_refs=data.get("seats"),
+            quantity=data.get("quantity"),
+            payment_method=data["payment_method"],
+        )
     except SeatUnavailable as exc:
         taken = ", ".join(exc.seats)
         return _seat_map(
@@ -174,7 +223,7 @@ def _purchase_post(request, event_id: int):
                 f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
                 f"Nothing was charged. The map below is up to date: choose again.",
             },
-        )
+        ), True
     except IdempotencyKeyReused as exc:
         return _seat_map(
             request,
@@ -187,7 +236,7 @@ def _purchase_post(request, event_id: int):
                 "text": "This form was already used for another purchase (see your purchases). "
                 "Nothing new was bought; choose again below to make a new purchase.",
             },
-        )
+        ), False
     except (UnknownSeats, UnknownEvent) as exc:
         return _seat_map(
             request,
@@ -197,9 +246,10 @@ def _purchase_post(request, event_id: int):
             chosen=chosen,
             problem={
                 "code": "invalid",
+                "field": "event" if isinstance(exc, UnknownEvent) else "seats",
                 "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
             },
-        )
+        ), False
     except NotEnoughSeats as exc:
         return _seat_map(
             request,
@@ -209,19 +259,25 @@ def _purchase_post(request, event_id: int):
             chosen=chosen,
             problem={
                 "code": exc.code,
-                "text": f"No row has {data['quantity']} free seats side by side "
+                "text": f"No row has {data.get('quantity')} free seats side by side "
                 f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
                 f"in all). Nothing was charged. Choose seats on the map, or ask for fewer.",
             },
-        )
+        ), True
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
     # 303: the browser GETs the purchase; a reload there cannot POST again.
     response.status_code = 303
-    return response
+    return response, started.created
 
 
 def _seat_words(seats: list[str]) -> str:
     return "seat" if len(seats) == 1 else "seats"
+
+
+def _form_field(form: PurchaseForm) -> str:
+    """The field the first refusal is about, as the API's ``field`` names it."""
+    name = next(iter(form.errors), "")
+    return "event" if name == "__all__" else name
 
 
 def _form_problem(form: PurchaseForm) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import uuid
+from urllib.parse import parse_qs, quote
 
 import pytest
 import segno
@@ -20,7 +21,7 @@ from purchases.models import IdempotencyRecord, PurchaseSaga, Seat
 from purchases.ops.runbook import Action, action_run
 from purchases.services import saga_charge
 
-from .conftest import cache_redis, start_purchase
+from .conftest import cache_redis, row_counts, start_purchase
 from .factories import EventFactory, UserFactory
 from .test_public_history import FORBIDDEN, NOTE, OPERATOR
 
@@ -145,18 +146,131 @@ def saga_of(response) -> PurchaseSaga:
 @pytest.mark.parametrize(
     "path",
     [
-        "/",
-        "/events/1/",
         "/purchases/",
         "/purchases/00000000-0000-4000-8000-000000000000/",
         "/purchases/00000000-0000-4000-8000-000000000000/live/",
     ],
 )
-def test_every_page_asks_for_a_login_and_comes_back_after_it(client, path):
+def test_every_purchase_page_asks_for_a_login_and_comes_back_after_it(client, path):
     answer = client.get(path)
 
     assert answer.status_code == 302
     assert answer["Location"] == f"/accounts/login/?next={path}"
+
+
+# --- anyone sees what is sold; Buy asks who you are ------------------------------------
+
+
+def _links(page: str) -> list[str]:
+    return [html.unescape(href) for href in re.findall(r'href="([^"#]+)"', page)]
+
+
+def test_anyone_sees_the_events_and_the_seat_map_with_log_in_in_the_header(client, hall):
+    events = client.get("/")
+    seat_map = client.get(f"/events/{hall.pk}/")
+
+    assert events.status_code == 200 and seat_map.status_code == 200
+    assert "demo night" in page_of(events) and f'href="/events/{hall.pk}/"' in page_of(events)
+    text = page_of(seat_map)
+    assert seat_statuses(text) == dict.fromkeys(HALL, "available")
+    assert 'data-action="buy"' in text and 'name="payment_method"' in text
+    assert 'name="quantity"' in text
+    for page, path in ((page_of(events), "/"), (text, f"/events/{hall.pk}/")):
+        assert "Log out" not in page and "My purchases" not in page
+        assert f'href="/accounts/login/?next={quote(path)}">Log in</a>' in page
+
+
+def test_every_link_an_anonymous_visitor_sees_leads_somewhere(client, hall):
+    seen, todo = set(), ["/", f"/events/{hall.pk}/"]
+    while todo:
+        path = todo.pop()
+        answer = client.get(path)
+        assert answer.status_code == 200, (path, answer.status_code)
+        seen.add(path)
+        todo += [
+            link
+            for link in _links(page_of(answer))
+            if link.startswith("/") and not link.startswith("/static/") and link not in seen
+        ]
+    assert "/accounts/login/?next=/" in seen  # the header's Log in
+    assert not any("signup" in link for link in seen)  # no sign-up yet: no link to one
+
+
+def test_buy_by_an_anonymous_visitor_asks_for_a_login_and_starts_nothing(client, hall, settings):
+    settings.PURCHASE_THROTTLE_RATE = "1/min"
+
+    answer = buy(client, hall, seats=["A2", "B5"], method="pm_card_timeout_charged")
+
+    assert answer.status_code == 303
+    login, _, query = answer["Location"].partition("?")
+    assert login == "/accounts/login/"
+    [back] = parse_qs(query)["next"]
+    seat_map, _, choice = back.partition("?")
+    assert seat_map == f"/events/{hall.pk}/"
+    assert parse_qs(choice) == {
+        "seats": ["A2", "B5"],
+        "payment_method": ["pm_card_timeout_charged"],
+    }
+    assert row_counts() == dict.fromkeys(row_counts(), 0)
+    assert set(Seat.objects.values_list("status", flat=True)) == {"available"}
+
+
+def test_the_choice_comes_back_through_the_login_to_the_seat_map(client, alice, hall):
+    answer = buy(client, hall, quantity=3, method="pm_card_chargeDeclined")
+    login_page = client.get(answer["Location"])
+    [back] = parse_qs(answer["Location"].partition("?")[2])["next"]
+    assert f'name="next" value="{html.escape(back)}"' in page_of(login_page)
+
+    logged_in = client.post(
+        "/accounts/login/", {"username": "alice", "password": "pw", "next": back}
+    )
+    assert logged_in.status_code == 302 and logged_in["Location"] == back
+    text = page_of(client.get(back))
+
+    assert re.search(r'name="quantity"[^>]*value="3"', text)
+    assert '<option value="pm_card_chargeDeclined" selected>' in text
+    assert "Log out" in text
+
+
+def test_the_seat_map_draws_a_carried_choice_ticked(client, hall):
+    Seat.objects.filter(event=hall, ref="C3").update(status="sold")
+
+    text = page_of(
+        client.get(f"/events/{hall.pk}/?seats=A2&seats=B5&seats=C3&payment_method=pm_card_visa")
+    )
+
+    ticked = set(re.findall(r'value="([A-Z0-9]+)" id="seat-[A-Z0-9]+"\s+checked', text))
+    assert ticked == {"A2", "B5"}  # C3 was sold meanwhile: not ticked
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "seats=A%001&quantity=%00&payment_method=%00",
+        "seats=" + "Z" * 5000 + "&quantity=" + "9" * 5000,
+        "quantity=abc&payment_method=<script>",
+        "&".join(["seats=A1"] * 500),
+    ],
+)
+def test_a_carried_choice_never_breaks_the_seat_map(client, hall, query):
+    answer = client.get(f"/events/{hall.pk}/?{query}")
+
+    assert answer.status_code == 200
+    assert "<script>" not in page_of(answer).split("</head>", 1)[1]
+
+
+def test_an_anonymous_visitor_posting_garbage_is_sent_to_log_in_not_a_500(client, hall):
+    answer = client.post(
+        f"/events/{hall.pk}/",
+        {"seats": ["A\x001", "Z" * 5000], "quantity": "\x00", "payment_method": "x" * 5000},
+    )
+
+    assert answer.status_code == 303 and answer["Location"].startswith("/accounts/login/")
+    assert client.get(parse_qs(answer["Location"].partition("?")[2])["next"][0]).status_code == 200
+
+
+def test_an_unknown_event_is_a_404_for_anyone(client):
+    assert client.get("/events/999999/").status_code == 404
 
 
 def test_the_login_page_logs_in_and_goes_where_the_buyer_was_going(client, alice, hall):
@@ -178,13 +292,14 @@ def test_the_login_page_logs_in_and_goes_where_the_buyer_was_going(client, alice
 
 
 def test_logging_out_is_a_post_and_ends_the_session(alice_page):
-    assert alice_page.get("/").status_code == 200
+    assert alice_page.get("/purchases/").status_code == 200
     assert alice_page.get("/accounts/logout/").status_code == 405
 
     answer = alice_page.post("/accounts/logout/")
 
     assert answer.status_code == 302 and answer["Location"] == "/accounts/login/"
-    assert alice_page.get("/").status_code == 302
+    assert alice_page.get("/purchases/").status_code == 302
+    assert "Log in</a>" in page_of(alice_page.get("/"))
 
 
 def test_a_poll_of_a_logged_out_page_reloads_it_instead_of_swapping_the_login_in(alice, client):
@@ -350,10 +465,13 @@ def test_a_taken_seat_is_told_in_words_on_a_refreshed_map(alice_page, bob, hall)
     [
         ({}, "Choose your seats on the map, or say how many"),
         ({"seats": ["Z99"]}, "not in this hall"),
-        ({"seats": HALL[:11]}, "At most 10 seats"),
+        ({"seats": HALL[:11]}, "Seats: at most 10 seats per purchase"),
         ({"quantity": "0"}, "greater than or equal to 1"),
-        ({"quantity": "11"}, "At most 10 seats"),
-        ({"seats": ["A1"], "payment_method": ""}, "Payment method: This field is required"),
+        ({"quantity": "11"}, "How many seats: at most 10 seats per purchase"),
+        ({"quantity": "two"}, "How many seats: A valid integer is required"),
+        ({"seats": ["A1"], "quantity": "2"}, "Tick seats on the map or say how many"),
+        ({"seats": ["A\x001"]}, "Seats: Null characters are not allowed"),
+        ({"seats": ["A1"], "payment_method": ""}, "Payment method: This field may not be blank"),
     ],
 )
 def test_an_invalid_choice_is_told_in_words(alice_page, hall, body, says):
@@ -377,6 +495,24 @@ def test_the_purchase_throttle_of_the_api_answers_429_with_a_page(alice_page, ha
     assert int(answers[2]["Retry-After"]) > 0
     assert "Too many purchases" in page_of(answers[2])
     assert PurchaseSaga.objects.count() == 2
+
+
+def test_the_page_spends_the_throttle_as_the_api_does(alice_page, hall, settings):
+    settings.PURCHASE_THROTTLE_RATE = "1/min"
+    first_key = "page-first"
+
+    # bad input (the form's or the service's) and a reused key spend nothing ...
+    assert buy(alice_page, hall, seats=["A\x001"]).status_code == 400
+    assert buy(alice_page, hall, seats=["Z99"]).status_code == 400
+    first = buy(alice_page, hall, seats=["A1"], key=first_key)
+    assert first.status_code == 303
+    assert buy(alice_page, hall, seats=["A2"], key=first_key).status_code == 422
+    # ... a stored answer replays whatever the count says ...
+    again = buy(alice_page, hall, seats=["A1"], key=first_key)
+    assert again.status_code == 303 and again["Location"] == first["Location"]
+    # ... and a new start is throttled
+    assert buy(alice_page, hall, seats=["A3"]).status_code == 429
+    assert PurchaseSaga.objects.count() == 1
 
 
 # --- best available ------------------------------------------------------------------

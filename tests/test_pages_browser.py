@@ -3,7 +3,8 @@ headless Chromium (Debian's, /usr/bin/chromium: ``make test`` finds it or
 installs it, scripts/ensure-chromium.sh) driven by Playwright, against the
 live server with a real Celery worker and relay on Redis and PostgreSQL
 (tests/stack.py), the fake gateway over HTTP, each buyer logged in through
-the login page. Playwright's auto-waiting assertions, never sleeps.
+the login page (the events and seat maps are public; Buy asks for it).
+Playwright's auto-waiting assertions, never sleeps.
 
 With ``UPDATE_SCREENSHOTS=1`` the stories write their pictures into
 docs/images/ (shop-seat-map*.png, shop-timeline.png, shop-tickets.png);
@@ -104,13 +105,20 @@ def buyer(username: str):
 
 
 def log_in(page: Page, base: str, username: str, path: str) -> None:
-    """Open ``path``, be sent to the login page, log in there, come back."""
+    """Open ``path`` (the events and seat maps are public: by the header's
+    Log in link), log in on the login page, come back to ``path``."""
     page.goto(f"{base}{path}")
+    if "/accounts/login/" not in page.url:
+        page.get_by_role("navigation", name="Main").get_by_role("link", name="Log in").click()
     expect(page).to_have_url(re.compile(r"/accounts/login/\?next="))
+    fill_login(page, username)
+    expect(page).to_have_url(f"{base}{path}")
+
+
+def fill_login(page: Page, username: str) -> None:
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(f"pw-{username}")
     page.get_by_role("button", name="Log in").click()
-    expect(page).to_have_url(f"{base}{path}")
 
 
 def status_of(page: Page):
@@ -183,6 +191,47 @@ def test_a_visa_purchase_moves_to_confirmed_without_a_reload_and_shows_the_ticke
     expect(page.locator("[data-ticket]")).to_contain_text(saga.reservation.ref)
     expect(page.locator("[data-status-announcer]")).to_contain_text("Confirmed")
     page.screenshot(path=str(shots / "shop-tickets.png"), full_page=True)
+
+
+def test_an_anonymous_visitor_chooses_logs_in_at_buy_and_comes_back_to_the_same_choice(
+    live_server, pages, hall, broker_queue
+):
+    # On a phone: the shop is shown before anyone logs in, there too.
+    gina = buyer("gina")
+    page = pages(PHONE)
+    page.goto(f"{live_server.url}/")
+    header = page.get_by_role("navigation", name="Main")
+    expect(header.get_by_role("link", name="Log in")).to_be_visible()
+    expect(header.get_by_role("button", name=re.compile("Log out"))).to_have_count(0)
+    page.get_by_role("link", name=hall.name).click()
+    expect(page).to_have_url(f"{live_server.url}/events/{hall.pk}/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    seat(page, "C4").click()
+    seat(page, "C5").click()
+    expect(page.locator("[data-selection]")).to_have_text(re.compile("C4, C5"))
+    page.locator('select[name="payment_method"]').select_option("pm_card_timeout_charged")
+
+    # Buy: the login page, and nothing bought yet
+    page.locator('[data-action="buy"]').click()
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next="))
+    assert not PurchaseSaga.objects.exists()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    fill_login(page, "gina")
+
+    # back on the seat map, the same seats ticked and the same payment method
+    expect(page).to_have_url(re.compile(rf"/events/{hall.pk}/\?"))
+    expect(page.locator("#seat-C4")).to_be_checked()
+    expect(page.locator("#seat-C5")).to_be_checked()
+    expect(page.locator("input.seat-input:checked")).to_have_count(2)
+    expect(page.locator("[data-selection]")).to_have_text(re.compile("C4, C5"))
+    expect(page.locator('select[name="payment_method"]')).to_have_value("pm_card_timeout_charged")
+    expect(page.get_by_role("button", name=re.compile("Log out"))).to_be_visible()
+    page.locator('[data-action="buy"]').click()
+
+    saga = saga_on(page)
+    assert saga.buyer == gina and saga.payment_method == "pm_card_timeout_charged"
+    assert sorted(link.seat.ref for link in saga.reservation.seat_links.all()) == ["C4", "C5"]
+    expect(status_of(page)).to_have_attribute("data-purchase-status", "PENDING")
 
 
 def test_a_declined_purchase_shows_the_failure_and_frees_the_seat(stack, live_server, pages, hall):
@@ -303,9 +352,11 @@ def test_a_purchase_with_the_keyboard_only(stack, live_server, pages, hall):
     buyer("frank")
     page = pages()
     page.goto(f"{live_server.url}/events/{hall.pk}/")
-    expect(page).to_have_url(re.compile(r"/accounts/login/"))
 
-    # log in: Tab, type, Enter
+    # log in: Tab to the header's link, Enter, Tab, type, Enter
+    _tab_to(page, 'nav a[href^="/accounts/login/"]')
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next="))
     _tab_to(page, "input[name=username]")
     page.keyboard.type("frank")
     _tab_to(page, "input[name=password]")

@@ -20,7 +20,8 @@
           : "";
       }
       if (quantity) {
-        // Seats ticked on the map win over a quantity (as on the server).
+        // Seats or a quantity, never both (the API's rule, which the server
+        // holds the form to): a disabled field is not sent.
         quantity.disabled = chosen.length > 0;
       }
     }
