@@ -33,6 +33,9 @@ PGBENCH_DB = "boxoffice_bench_pgbench"
 # (figure 2) are then the product's alone.
 GATEWAY_DB = "boxoffice_bench_gateway"
 
+# bench/tasks.py's counters (figure 7): spread the row locks, so that the
+# transport is measured, not contention.
+COUNTER_ROWS = 1000
 # Long enough that no hold-expiry timer written during the run fires during the
 # run (a purchase left PENDING on purpose would otherwise wake up mid-figure).
 HOLD_SECONDS = 7200

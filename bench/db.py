@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 import psycopg
 
 from bench.common import BENCH_DB, PhaseFailed
+from config.distribution import NO_EVENT
 
 USERS = 256
 
@@ -89,31 +90,25 @@ class BenchDB:
         rows = self.q(sql, params)
         return rows[0] if rows else None
 
-    def seed(self) -> list[int]:
-        """The tables of bench/tasks.py, and the users with their tokens; returns their ids."""
-        self.q("CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL)")
-        self.q("INSERT INTO bench_counter SELECT g, 0 FROM generate_series(1, 1000) g")
-        self.q(
-            "CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, "
-            "task_no int, at timestamptz NOT NULL DEFAULT now())"
-        )
+    def seed(self, users: int = USERS) -> list[int]:
+        """The bench users with their tokens; returns their ids (contiguous)."""
         with self.conn.transaction():
             rows = self.q(
                 "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name,"
                 " email, is_staff, is_active, date_joined)"
                 " SELECT '!', false, 'bench-' || lpad(g::text, 4, '0'), '', '', '', false, true,"
                 " now() FROM generate_series(1, %s) g ORDER BY g RETURNING id",
-                [USERS],
+                [users],
             )
-            users = sorted(r[0] for r in rows)
+            ids = sorted(r[0] for r in rows)
             self.q(
                 "INSERT INTO authtoken_token (key, created, user_id)"
                 " SELECT md5('bench-token-' || id), now(), id FROM auth_user"
                 " WHERE username LIKE 'bench-%%'"
             )
-        if users != list(range(users[0], users[0] + USERS)):
+        if ids != list(range(ids[0], ids[0] + users)):
             raise PhaseFailed("user ids are not contiguous")
-        return users
+        return ids
 
     def ensure_users(self, n: int) -> list[int]:
         """At least ``n`` bench users with their tokens (``seed`` makes
@@ -187,6 +182,25 @@ class BenchDB:
         if hi - lo + 1 != n:
             raise PhaseFailed("seat ids are not contiguous")
         return event_id, lo - 1
+
+    def noop_rows(self, n: int, *, key_prefix: str | None, lead_s: float, window_s: float) -> None:
+        """``n`` outbox rows of topic ``bench.noop`` (no consumer: a delivery
+        only completes them), row g due at now + ``lead_s`` + g x
+        ``window_s`` / ``n`` (``lead_s`` negative: already due), keyed
+        ``key_prefix`` || g, or without a key. The one place the bench writes
+        outbox rows of its own (figures 4 and 6), as ``outbox_publish`` writes
+        them: ``due_at`` (what the relay claims on) = ``available_at``,
+        created at now (or when due, if earlier), and ``event_id`` NO_EVENT,
+        never NULL (config/distribution.py: the distribution column)."""
+        self.q(
+            "INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id,"
+            " created_at, available_at, due_at, deliveries)"
+            " SELECT 'bench.noop', '{}'::jsonb, %s::text || g, %s, NULL,"
+            " least(now(), t.at), t.at, t.at, 0"
+            " FROM generate_series(1, %s) g,"
+            " LATERAL (SELECT now() + make_interval(secs => %s + g * %s / %s) AS at) t",
+            [key_prefix, NO_EVENT, n, lead_s, window_s, n],
+        )
 
     def stats(self) -> dict:
         """Commits and rolled-back transactions of the bench database, and rows

@@ -6,14 +6,15 @@ transport and the worker pool on their own: a task that does nothing, and a
 task that does one small transaction (lock a row, update it, insert a row),
 which is the smallest unit of work a saga step is made of.
 
-Their tables (``bench_counter``, ``bench_log``) are created by bench/db.py in
-the bench's own database, not by a migration.
+Their tables (``bench_counter``, ``bench_log``) are made by figure 7 before
+it sends them (bench/figures/celery_baseline.py: ``fixtures``) in the bench's
+own database, not by a migration.
 """
 
 from celery import shared_task
 from django.db import connection, transaction
 
-COUNTER_ROWS = 1000  # spread the row locks: the transport is measured, not contention
+from bench.common import COUNTER_ROWS
 
 
 @shared_task(name="bench.noop")

@@ -18,6 +18,7 @@ import time
 import httpx
 
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
+from bench.db import BenchDB
 from bench.load import closed_loop
 
 FIGURE = Figure(
@@ -30,10 +31,16 @@ SEATS = 2000
 CLIENTS = (4, 16)  # the reserve pairs in run() are written out for these
 
 
+def fixtures(db: BenchDB, scale: int = SEATS, name: str = "bench catalog") -> int:
+    """Figure 8's database fixture: an event of ``scale`` seats (the one read,
+    and one per reserve measurement, sized from the duration)."""
+    return db.make_event(name, scale)[0]
+
+
 def run(ctx: Context) -> None:
     fig: dict = {"seats": SEATS}
     ctx.results["figures"][FIGURE.key] = fig
-    event, _ = ctx.db.make_event("bench catalog", SEATS)
+    event = fixtures(ctx.db, SEATS)
     path = f"/api/events/{event}/seats/"
     try:
         _restart_web(ctx, AVAILABILITY_CACHE="on")
@@ -161,7 +168,7 @@ def _gets(
 
 def _reserve(ctx: Context, clients: int, how: str) -> dict:
     nseats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
-    event, _ = ctx.db.make_event(f"bench catalog reserve {how} c{clients}", nseats)
+    event = fixtures(ctx.db, nseats, f"bench catalog reserve {how} c{clients}")
     paused = ctx.broker.pause_consumer()
     try:
         ctx.broker.purge()

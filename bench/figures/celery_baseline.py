@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from bench.common import Context, Figure, PhaseFailed, log, ratio
+from bench.common import COUNTER_ROWS, Context, Figure, PhaseFailed, log, ratio
+from bench.db import BenchDB
 
 FIGURE = Figure(
     phase="celery",
@@ -40,10 +41,24 @@ def _task_rate(ctx: Context, name: str, count: int, *, args_fn, done_fn) -> dict
     }
 
 
+def fixtures(db: BenchDB, scale: int = COUNTER_ROWS) -> None:
+    """Figure 7's database fixtures, the tables of bench/tasks.py (the bench's
+    own, no migration makes them), made afresh: ``scale`` counters at 0
+    (the task takes counter n % COUNTER_ROWS + 1: the default is the
+    minimum) and an empty log."""
+    db.q("DROP TABLE IF EXISTS bench_counter, bench_log")
+    db.q("CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL)")
+    db.q("INSERT INTO bench_counter SELECT g, 0 FROM generate_series(1, %s) g", [scale])
+    db.q(
+        "CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, "
+        "task_no int, at timestamptz NOT NULL DEFAULT now())"
+    )
+
+
 def run(ctx: Context) -> None:
     n_noop = 20000 if ctx.full else 3000
     n_txn = 10000 if ctx.full else 2000
-    ctx.db.q("TRUNCATE bench_log")
+    fixtures(ctx.db)
     noop = _task_rate(ctx, "bench.noop", n_noop, args_fn=lambda i: [], done_fn=lambda: True)
     log(f"   no-op: {noop['per_s']:.0f} tasks/s")
     txn = _task_rate(

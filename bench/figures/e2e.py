@@ -26,6 +26,7 @@ from bench.common import (
     ratio,
 )
 from bench.cpu import LABELS, NOT_COUNTED, WindowCPU, per_purchase
+from bench.db import BenchDB
 from bench.figures import reserve
 from bench.load import http_client, post_purchase
 from devtools.processes import poll
@@ -34,6 +35,12 @@ CLIENTS = 8
 # The count run: at most this many purchases (per-step averages settle long
 # before).
 COUNT_RUN_PURCHASES = 300
+
+
+def fixtures(db: BenchDB, scale: int, name: str = "bench e2e") -> int:
+    """Figure 2's database fixture, one per run: an event of ``scale`` seats
+    S1..S<scale>, one per purchase (figures 9 and 11 take theirs here too)."""
+    return db.make_event(name, scale)[0]
 
 
 def purchases(ctx: Context) -> int:
@@ -57,7 +64,7 @@ def run(ctx: Context) -> None:
     log(f"   reserve alone at c={CLIENTS} (the worker paused), figure 2's baseline")
     fig["reserve_alone"] = reserve.reserve_alone(ctx, CLIENTS)
 
-    ev, _ = ctx.db.make_event("bench e2e", total)
+    ev = fixtures(ctx.db, total)
     log("   quiescing, then measuring the background rate of transactions")
     if not ctx.broker.quiesce(ctx.db, 120):
         ctx.results["notes"].append("e2e: the stack was not quiet before the run")
@@ -322,7 +329,7 @@ def _count_run(ctx: Context, n: int) -> dict:
     ctx.stack.variant = "sqlcount"
     try:
         ctx.stack.start_all(app)
-        ev, _ = ctx.db.make_event("bench e2e statements", n)
+        ev = fixtures(ctx.db, n, "bench e2e statements")
         if not ctx.broker.quiesce(ctx.db, 120):
             ctx.results["notes"].append("e2e count run: the stack was not quiet before the run")
         time.sleep(1.5)  # the start-up's statements flushed

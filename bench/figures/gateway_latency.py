@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import Context, Figure, log, ratio
+from bench.db import BenchDB
 from bench.load import closed_loop
 
 FIGURE = Figure(
@@ -15,6 +16,12 @@ FIGURE = Figure(
     timeout=lambda ctx: 240 + 4 * ctx.dur,
 )
 LATENCIES_MS = (0, 300)
+
+
+def fixtures(db: BenchDB, scale: int, name: str = "bench gateway") -> int:
+    """Figure 3's database fixture, one per measurement (run sizes it from the
+    duration): an event of ``scale`` seats S1..S<scale>."""
+    return db.make_event(name, scale)[0]
 
 
 def _restart_with(ctx: Context, latency: int) -> None:
@@ -41,7 +48,7 @@ def run(ctx: Context) -> None:
         for c in clients_list:
             ctx.broker.purge()
             nseats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
-            ev, _ = ctx.db.make_event(f"bench gateway {latency} c{c}", nseats)
+            ev = fixtures(ctx.db, nseats, f"bench gateway {latency} c{c}")
             m = closed_loop(
                 ctx.stack,
                 ctx.users,

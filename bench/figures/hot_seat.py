@@ -7,6 +7,7 @@ import random
 import threading
 
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
+from bench.db import BenchDB
 from bench.load import http_client, post_purchase
 
 FIGURE = Figure(
@@ -17,6 +18,12 @@ FIGURE = Figure(
 )
 BUYERS = 200
 SEATS = [f"A{i}" for i in range(1, 11)]
+
+
+def fixtures(db: BenchDB, scale: int) -> list[int]:
+    """Figure 5's database fixture: ``scale`` events (one per run) of the 10
+    seats ``SEATS``; their ids."""
+    return [db.make_event(f"bench hot seat {r}", len(SEATS), prefix="A")[0] for r in range(scale)]
 
 
 class _Buyers:
@@ -87,7 +94,7 @@ def _check_run(ctx: Context, r: int, event: int, res: list[tuple]) -> dict:
 
 def run(ctx: Context) -> None:
     runs = 100 if ctx.full else 20
-    events = [ctx.db.make_event(f"bench hot seat {r}", 10, prefix="A")[0] for r in range(runs)]
+    events = fixtures(ctx.db, runs)
     buyers = _Buyers(ctx, events)
     for th in buyers.threads:
         th.start()

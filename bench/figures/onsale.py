@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
+from bench.db import BenchDB
 from bench.figures import webhooks
 from bench.load import auth_headers, http_client, start_purchase
 from devtools.processes import poll
@@ -64,6 +65,24 @@ PAYMENT_METHOD = "pm_card_visa"
 SOLD_OUT_POLL_S = 0.025
 TERMINAL = ("CONFIRMED", "COMPENSATED")
 CODES = ("not_enough_seats", "seat_unavailable")
+
+
+def fixtures(db: BenchDB, scale: int = SEATS, r: int = 0) -> tuple[list[int], int]:
+    """Figure 10's database fixtures at ``scale`` seats: the buyers (two per
+    seat, ``BUYERS`` at the default scale: ``buyers``) and one run's event
+    (``sale_event``)."""
+    return buyers(db, BUYERS * scale // SEATS), sale_event(db, r, scale)
+
+
+def buyers(db: BenchDB, n: int) -> list[int]:
+    """``n`` bench users with their tokens, made once before the first run."""
+    return db.ensure_users(n)
+
+
+def sale_event(db: BenchDB, r: int, seats: int = SEATS) -> int:
+    """A fresh event of ``seats`` seats in rows of ``ROW_SIZE`` (best available
+    needs rows), one per run."""
+    return db.make_event(f"bench on-sale {r}", seats, row_size=ROW_SIZE)[0]
 
 
 def _runs(ctx: Context) -> int:
@@ -207,7 +226,7 @@ class _OnSale:
 
 
 def _one_run(ctx: Context, users: list[int], r: int) -> dict:
-    event, _ = ctx.db.make_event(f"bench on-sale {r}", SEATS, row_size=ROW_SIZE)
+    event = sale_event(ctx.db, r)
     sale = _OnSale(ctx, users, event, seed=1400 + r)
     for th in sale.threads:
         th.start()
@@ -483,7 +502,7 @@ def _forget_cache(ctx: Context) -> None:
 
 def run(ctx: Context) -> None:
     runs = _runs(ctx)
-    users = ctx.db.ensure_users(BUYERS)
+    users = buyers(ctx.db, BUYERS)
     if len(set(users)) != BUYERS:
         raise PhaseFailed(f"on-sale: {len(set(users))} bench users, {BUYERS} needed")
     fig: dict = {

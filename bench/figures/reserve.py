@@ -32,6 +32,14 @@ FIGURE = Figure(
 )
 
 
+def fixtures(db: BenchDB, scale: int, name: str = "bench reserve") -> tuple[int, int]:
+    """Figure 1's database fixture, one per measurement (run sizes it from
+    the duration): an event of ``scale`` seats S1..S<scale>, inserted in one
+    statement so that their ids are contiguous (bench/reserve.sql takes seat
+    ``idoff`` + n); (event id, idoff)."""
+    return db.make_event(name, scale)
+
+
 # --- the script against the product ----------------------------------------------------
 
 
@@ -74,7 +82,7 @@ def check_script(db: BenchDB, users: list[int], logdir: Path, results: dict) -> 
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    event_id, _ = db.make_event("bench capture", 2)
+    event_id, _ = fixtures(db, 2, "bench capture")
     client = Client()
     # Once first, as the load's requests find things: the token cached and
     # the connection just used (no health check). What is captured is the
@@ -156,7 +164,7 @@ def reserve_alone(ctx: Context, n: int) -> dict:
 
 def _http(ctx: Context, n: int) -> dict:
     http_seats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
-    ev, _ = ctx.db.make_event(f"bench reserve c{n}", http_seats)
+    ev, _ = fixtures(ctx.db, http_seats, f"bench reserve c{n}")
     log(f"   reserve c={n}: HTTP for {ctx.warmup:.0f}+{ctx.dur:.0f}s")
     http = closed_loop(
         ctx.stack,
@@ -177,7 +185,7 @@ def _http(ctx: Context, n: int) -> dict:
 
 
 def _pgbench(ctx: Context, n: int, seats: int) -> dict:
-    ev2, idoff = ctx.db.make_event(f"bench pgbench c{n}", seats)
+    ev2, idoff = fixtures(ctx.db, seats, f"bench pgbench c{n}")
     before = ctx.db.stats()
     log(f"   reserve c={n}: pgbench -M {ctx.pgbench.mode} for {ctx.dur:.0f}s")
     pgb = ctx.pgbench.run(

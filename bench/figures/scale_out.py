@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 
 from bench.common import Context, Figure, PhaseFailed, log, ratio
+from bench.db import BenchDB
 from bench.figures import e2e, gateway_latency, webhooks
 
 FIGURE = Figure(
@@ -52,7 +53,7 @@ def run(ctx: Context) -> None:
                 ctx.results["notes"].append(
                     f"scale-out ({how}): the stack was not quiet before the run"
                 )
-            ev, _ = ctx.db.make_event(f"bench scale-out {how}", total)
+            ev = fixtures(ctx.db, total, how)
             m = e2e.measure(ctx, ev, total, f"e2e {how}")
             m["checks"] = checks(ctx, ev, total)
             runs[how].append(m)
@@ -64,6 +65,12 @@ def run(ctx: Context) -> None:
     problems = [p for rs in runs.values() for r in rs for p in r["checks"]["problems"]]
     if problems:
         raise PhaseFailed(f"scale-out: {len(problems)} problems: {problems[:5]}")
+
+
+def fixtures(db: BenchDB, scale: int, how: str = "1+1") -> int:
+    """Figure 11's database fixture, one per run: figure 2's, an event of
+    ``scale`` seats, one per purchase."""
+    return e2e.fixtures(db, scale, f"bench scale-out {how}")
 
 
 def checks(ctx: Context, ev: int, total: int) -> dict:

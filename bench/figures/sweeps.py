@@ -11,6 +11,7 @@ from typing import Any
 from psycopg import Connection, Rollback
 
 from bench.common import SWEEPS_DB, Context, Figure, log, ratio
+from bench.db import BenchDB
 
 FIGURE = Figure(
     phase="sweeps",
@@ -19,6 +20,9 @@ FIGURE = Figure(
     timeout=lambda ctx: 600 if not ctx.full else 1800,
 )
 SMALL = 10_000
+# Adding more finished sagas than this at once drops the plain indexes first
+# and rebuilds them after (add_finished).
+REBUILD_ABOVE = 50_000
 
 
 def capture_sweep_sql() -> dict[str, str]:
@@ -114,27 +118,23 @@ def run(ctx: Context) -> None:
     (ctx.logdir / "sweeps-captured.sql").write_text(
         "\n\n".join(f"-- {k}\n{v};" for k, v in queries.items())
     )
-    conn = ctx.pg.connect(SWEEPS_DB)
+    db = BenchDB(ctx.pg.connect(SWEEPS_DB))
     fig: dict[str, Any] = {"queries": queries, "sizes": {}}
     ctx.results["figures"][FIGURE.key] = fig
     try:
-        seed_live(conn)
         made = 0
         for size in (SMALL, large):
             t = time.monotonic()
             log(f"   sweeps: generating {size - made:,} finished sagas (set-based)")
-            add_finished(
-                conn, start=made, count=size - made, rebuild_indexes=(size - made) > 50_000
-            )
-            made = size
+            made = fixtures(db, size, made=made)
             gen_s = time.monotonic() - t
             log(f"   sweeps: {size:,} finished sagas in place ({gen_s:.0f}s); EXPLAIN ANALYZE")
             fig["sizes"][str(size)] = {
                 "generate_seconds": gen_s,
-                "plans": {name: explain(conn, sql) for name, sql in queries.items()},
+                "plans": {name: explain(db.conn, sql) for name, sql in queries.items()},
             }
     finally:
-        conn.close()
+        db.close()
     label = f"{large // 1000}k" if large < 1_000_000 else f"{large / 1e6:g}M"
     for name in queries:
         a = fig["sizes"][str(SMALL)]["plans"][name]
@@ -164,10 +164,29 @@ def row(name: str, label: str, *, small: dict, large: dict) -> dict:
 # --- the data: set-based generation ----------------------------------------------------
 
 
-def seed_live(conn: Connection) -> None:
+def fixtures(db: BenchDB, scale: int, *, made: int = 0, rebuild_indexes: bool | None = None) -> int:
+    """Figure 6's database at ``scale`` finished sagas: the live ones first
+    (when ``made`` is 0), then the finished ones from ``made`` up to
+    ``scale`` (``add_finished``; the plain indexes rebuilt around the insert
+    if more than ``REBUILD_ABOVE`` are added, unless ``rebuild_indexes``
+    says). Returns ``scale``, the next call's ``made``."""
+    if made == 0:
+        seed_live(db)
+    count = scale - made
+    add_finished(
+        db,
+        start=made,
+        count=count,
+        rebuild_indexes=count > REBUILD_ABOVE if rebuild_indexes is None else rebuild_indexes,
+    )
+    return scale
+
+
+def seed_live(db: BenchDB) -> None:
     """A handful of live sagas and due outbox rows, so that every measured
     query finds something: 3 stale PENDING (one of them on a driving timer),
     1 COMPENSATION_PENDING past the deadline, 1 UNKNOWN_EXPIRED, 5 due rows."""
+    conn = db.conn
     with conn.transaction():
         conn.execute(
             "INSERT INTO auth_user (password, is_superuser, username, first_name,"
@@ -204,13 +223,7 @@ def seed_live(conn: Connection) -> None:
                    now() + interval '10 minutes', now() + interval '10 minutes', 0
             FROM purchases_purchasesaga s WHERE s.intent_id = 'pi_L1'
         """)
-        conn.execute("""
-            INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id, created_at,
-                available_at, due_at, deliveries)
-            SELECT 'bench.noop', '{}', NULL, NULL, NULL, now() - interval '1 minute',
-                   now() - interval '1 minute', now() - interval '1 minute', 0
-            FROM generate_series(1, 5)
-        """)
+        db.noop_rows(5, key_prefix=None, lead_s=-60.0, window_s=0.0)
 
 
 FINISHED_SAGAS = """
@@ -256,13 +269,14 @@ FINISHED_OUTBOX = """
 TABLES = ("purchases_reservation", "purchases_purchasesaga", "outbox_outboxmessage")
 
 
-def add_finished(conn: Connection, *, start: int, count: int, rebuild_indexes: bool) -> None:
+def add_finished(db: BenchDB, *, start: int, count: int, rebuild_indexes: bool) -> None:
     """``count`` finished sagas, half CONFIRMED and half COMPENSATED, each with
     its reservation and its two finished outbox rows (the hold timer,
     cancelled or fired; the purchase.confirmed / purchase.cancelled event,
     completed). Set-based; for big counts the plain (non-constraint) indexes
     are dropped and rebuilt with their exact definitions, and FK triggers are
     skipped (the rows reference an event and a user that exist)."""
+    conn = db.conn
     saved = []
     conn.execute("SET maintenance_work_mem = '256MB'")
     with conn.transaction():
@@ -285,5 +299,9 @@ def add_finished(conn: Connection, *, start: int, count: int, rebuild_indexes: b
         conn.execute(FINISHED_OUTBOX, [start + 1, start + count, start + 1, start + count])
         for _, definition in saved:
             conn.execute(definition)
+    # VACUUM also sets the visibility map the measured index-only scans
+    # read; it cannot run inside a transaction, where a caller (the tests:
+    # tests/test_bench_fixtures.py) gets the planner's statistics alone.
+    analyze = "VACUUM ANALYZE" if conn.autocommit else "ANALYZE"
     for table in TABLES:
-        conn.execute(f"VACUUM ANALYZE {table}")
+        conn.execute(f"{analyze} {table}")

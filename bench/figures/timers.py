@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from bench.common import Context, Figure, PhaseFailed, log, ratio
+from bench.db import BenchDB
 from devtools.processes import poll
 
 FIGURE = Figure(
@@ -23,7 +24,11 @@ def run(ctx: Context) -> None:
     lead = 5.0
     if not ctx.broker.quiesce(ctx.db, 120):
         ctx.results["notes"].append("timers: the stack was not quiet before the run")
-    like = _arm(ctx, n, lead, window)
+    like = fixtures(ctx.db, n, lead=lead, window=window)
+    log(
+        f"   armed {n} timers due from +{lead:.0f}s to +{lead + window:.0f}s "
+        "(topic bench.noop: no consumer, delivery only completes them)"
+    )
     _wait_fired(ctx, like, n, timeout=lead + window + (240 if ctx.full else 120))
     completed = _wait_delivered(ctx, like, n)
     drained = completed == n
@@ -80,23 +85,11 @@ def run(ctx: Context) -> None:
     ctx.rows += rows(n, poll_s, p50, p99, mx, int(early), redelivered)
 
 
-def _arm(ctx: Context, n: int, lead: float, window: float) -> str:
-    """``n`` timers due evenly from +lead to +lead+window; their keys' LIKE pattern."""
+def fixtures(db: BenchDB, scale: int, *, lead: float = 5.0, window: float = 20.0) -> str:
+    """Figure 4's database fixture: ``scale`` timers due evenly from +``lead``
+    to +``lead``+``window`` seconds; their keys' LIKE pattern."""
     tag = uuid.uuid4().hex[:8]
-    # due_at: what outbox_publish writes (the relay claims on it).
-    ctx.db.q(
-        "INSERT INTO outbox_outboxmessage (topic, payload, key, event_id, saga_id,"
-        " created_at, available_at, due_at, deliveries)"
-        " SELECT 'bench.noop', '{}'::jsonb, 'bench-timer:' || %s || ':' || g, NULL, NULL,"
-        " now(), t.at, t.at, 0"
-        " FROM generate_series(1, %s) g,"
-        " LATERAL (SELECT now() + make_interval(secs => %s + g * %s / %s) AS at) t",
-        [tag, n, lead, window, n],
-    )
-    log(
-        f"   armed {n} timers due from +{lead:.0f}s to +{lead + window:.0f}s "
-        "(topic bench.noop: no consumer, delivery only completes them)"
-    )
+    db.noop_rows(scale, key_prefix=f"bench-timer:{tag}:", lead_s=lead, window_s=window)
     return f"bench-timer:{tag}:%"
 
 

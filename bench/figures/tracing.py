@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.common import WITHOUT_TRACING_MARK as MARK
 from bench.common import Context, Figure, PhaseFailed, log, mean_of, ratio
+from bench.db import BenchDB
 from bench.figures import reserve
 
 FIGURE = Figure(
@@ -47,6 +48,14 @@ def run(ctx: Context) -> None:
     ctx.rows += rows(fig)
 
 
+def fixtures(db: BenchDB, scale: int = 50) -> int:
+    """Figure 12's own database fixture: the event of ``scale`` seats whose
+    reserves go through Django in this process (``_helpers_in_process``).
+    Each side's reserve is figure 1's measurement, on figure 1's fixture
+    (``reserve.reserve_alone``)."""
+    return db.make_event("bench tracing helpers", scale)[0]
+
+
 def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
     """What tracing off does in a reserve, exactly: ``requests`` reserves
     through Django in this process (set up by run.py, nothing set for
@@ -78,7 +87,7 @@ def _helpers_in_process(ctx: Context, requests: int = 50) -> dict:
 
         return wrapper
 
-    event_id, _ = ctx.db.make_event("bench tracing helpers", requests)
+    event_id = fixtures(ctx.db, requests)
     client, user = Client(), ctx.users[-1]
     for name in names:
         setattr(tracing, name, counting(name))

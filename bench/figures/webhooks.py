@@ -37,7 +37,8 @@ import time
 
 from bench.common import Context, Figure, PhaseFailed, log, mean_of, ratio
 from bench.cpu import LABELS, per_purchase
-from bench.figures import e2e, gateway_latency
+from bench.db import BenchDB
+from bench.figures import e2e, gateway_latency, reserve
 from bench.load import closed_loop
 from devtools.processes import poll
 
@@ -172,11 +173,20 @@ def _read_request(sock, state) -> bytes | None:
 # --- endpoints, by SQL -----------------------------------------------------------------
 
 
-def _create_endpoint(ctx: Context, url: str, description: str) -> int:
+def fixtures(db: BenchDB, scale: int) -> tuple[int, int]:
+    """Figure 9's database fixtures: an endpoint (``create_endpoint``; the
+    receiver's address, here one nothing answers on) and an event of
+    ``scale`` seats for an e2e run (the reserve's event is figure 1's);
+    (endpoint id, event id)."""
+    endpoint = create_endpoint(db, "http://127.0.0.1:9/ok", "bench fixtures")
+    return endpoint, e2e.fixtures(db, scale, "bench webhooks e2e endpoint")
+
+
+def create_endpoint(db: BenchDB, url: str, description: str) -> int:
     """An enabled endpoint subscribed to every type, with a valid secret (as
     webhooks.services.new_secret makes them: 32 random bytes)."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
-    (endpoint_id,) = ctx.db.q1(
+    (endpoint_id,) = db.q1(
         "INSERT INTO webhooks_webhookendpoint (url, events, description, enabled, secret,"
         " created_at, updated_at) VALUES (%s, %s::jsonb, %s, true, %s, now(), now())"
         " RETURNING id",
@@ -312,7 +322,7 @@ def _flowing(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
     endpoint = None
     for at, how in enumerate(ORDER):
         if how == "endpoint" and endpoint is None:
-            endpoint = _create_endpoint(ctx, receiver.url("ok"), "bench figure 9: answers 204")
+            endpoint = create_endpoint(ctx.db, receiver.url("ok"), "bench figure 9: answers 204")
             endpoints.append(endpoint)
         elif endpoint is not None:
             # Disabled, it is read and skipped as no endpoint would be.
@@ -350,7 +360,7 @@ def _flowing(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
 def _e2e(ctx: Context, how: str) -> dict:
     """Figure 2's measurement: first request to last CONFIRMED."""
     total = _purchases(ctx)
-    ev, _ = ctx.db.make_event(f"bench webhooks e2e {how}", total)
+    ev = e2e.fixtures(ctx.db, total, f"bench webhooks e2e {how}")
     log(f"   e2e ({how}): {total} purchases at {e2e.CLIENTS} clients")
     t_first = time.time()
     statuses, errors = e2e._purchase(ctx, ev, total)
@@ -411,8 +421,8 @@ def _hanging(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
     for how in ("none", "hanging", "hanging", "none"):
         if how == "hanging":
             if endpoint is None:
-                endpoint = _create_endpoint(
-                    ctx, receiver.url("hang"), "bench figure 9: hangs past the timeout"
+                endpoint = create_endpoint(
+                    ctx.db, receiver.url("hang"), "bench figure 9: hangs past the timeout"
                 )
                 endpoints.append(endpoint)
             else:
@@ -440,7 +450,7 @@ def _hanging(ctx: Context, fig: dict, receiver: Receiver, endpoints: list[int]) 
 
 def _reserve(ctx: Context, how: str) -> dict:
     nseats = int(1000 * (ctx.warmup + ctx.dur)) + 1000
-    ev, _ = ctx.db.make_event(f"bench webhooks reserve {how}", nseats)
+    ev, _ = reserve.fixtures(ctx.db, nseats, f"bench webhooks reserve {how}")
     m = closed_loop(
         ctx.stack,
         ctx.users,

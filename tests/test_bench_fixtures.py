@@ -1,0 +1,125 @@
+"""Every figure of `make bench` builds its database fixtures, at a tiny scale,
+on the test database: a schema change that breaks what a figure writes fails
+`make test`, not the next bench (figures 4 and 6 wrote outbox rows without
+the event id for as long as nobody ran them: issue 30).
+
+The figures are the modules of bench/figures/, each the runner's phase; each
+exposes ``fixtures(db, scale)``, built from the functions its ``run`` uses
+(bench/README.md, "Where the code is"), or says in ``NO_FIXTURES`` why it
+writes nothing. Figure 1's pgbench script (bench/reserve.sql) writes the
+product's tables too: one transaction of it runs here as well. Everything
+runs in the test's transaction, through the bench's own ``BenchDB`` on
+Django's connection, and is rolled back."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+
+import pytest
+from django.db import connection
+
+import bench.figures
+from bench.db import BenchDB
+from bench.figures import WITH_STACK, WITHOUT_STACK, reserve, sweeps
+
+TINY = 3
+MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.figures.__path__))
+
+
+@pytest.fixture
+def bench_db(db) -> BenchDB:
+    """The bench's database handle on the test database, the bench users
+    seeded. A statement first, so that the builders' ``transaction()`` blocks
+    are savepoints inside the test's transaction (on an idle connection
+    psycopg would commit the outermost one)."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    handle = BenchDB(connection.connection)
+    handle.seed(users=TINY)
+    return handle
+
+
+def _rows_written(handle: BenchDB) -> int:
+    """Rows inserted, updated or deleted so far by this transaction."""
+    (n,) = handle.q1(
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_xact_user_tables"
+    )
+    return int(n)
+
+
+def test_every_module_of_bench_figures_is_a_phase_of_the_runner():
+    modules = {importlib.import_module(f"bench.figures.{name}") for name in MODULES}
+    assert len(MODULES) >= 12
+    assert modules == set(WITH_STACK) | set(WITHOUT_STACK)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_figure_builds_its_fixtures_on_the_current_schema(name, bench_db):
+    module = importlib.import_module(f"bench.figures.{name}")
+    build = getattr(module, "fixtures", None)
+    if build is None:
+        reason = getattr(module, "NO_FIXTURES", None)
+        assert isinstance(reason, str) and reason.strip(), (
+            f"bench/figures/{name}.py exposes no fixtures(db, scale) and no NO_FIXTURES reason"
+        )
+        return
+    before = _rows_written(bench_db)
+    build(bench_db, TINY)
+    assert _rows_written(bench_db) > before, f"{name}.fixtures wrote no row"
+
+
+def test_sweeps_fixtures_with_the_indexes_rebuilt(bench_db):
+    """Figure 6's large batch (1M) drops the plain indexes and rebuilds them
+    from their definitions around the insert."""
+
+    def indexes() -> list[tuple]:
+        # Not pg_indexes' text: a partial index's predicate recreated from it
+        # is deparsed with other casts, the same condition.
+        return bench_db.q(
+            "SELECT c.relname, i.indrelid::regclass::text, i.indkey::text, i.indisunique,"
+            " i.indpred IS NOT NULL, i.indisvalid FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid::regclass::text = ANY(%s) ORDER BY 1",
+            [list(sweeps.TABLES)],
+        )
+
+    before = indexes()
+    made = sweeps.fixtures(bench_db, TINY)
+    # The bench commits the live sagas before; here they share the test's
+    # transaction, and PostgreSQL will not rebuild an index of a table with
+    # deferred foreign-key checks pending: run them now.
+    bench_db.q("SET CONSTRAINTS ALL IMMEDIATE")
+    sweeps.fixtures(bench_db, 2 * TINY, made=made, rebuild_indexes=True)
+    assert indexes() == before
+    (finished,) = bench_db.q1(
+        "SELECT count(*) FROM purchases_purchasesaga WHERE state IN ('CONFIRMED', 'COMPENSATED')"
+    )
+    assert finished == 2 * TINY
+
+
+def test_reserve_script_runs_on_the_current_schema(bench_db):
+    """Figure 1's baseline, bench/reserve.sql, writes the product's tables
+    too: one transaction of it, with the variables pgbench would give client
+    0's first run (its BEGIN and COMMIT left to the test's transaction)."""
+    users = bench_db.q("SELECT id FROM auth_user WHERE username LIKE 'bench-%%' ORDER BY id")
+    event, idoff = reserve.fixtures(bench_db, TINY)
+    values = {"ev": event, "idoff": idoff, "ubase": users[0][0], "run": 1, "hold": 7200}
+    values.update(i=1, client_id=0, n=1, seat=idoff + 1, uid=users[0][0])
+    for statement in reserve.script_statements():
+        if statement.rstrip(";") in ("BEGIN", "COMMIT"):
+            continue
+        sql, gset = statement.split("\\gset")[0], "\\gset" in statement
+        sql = re.sub(r"(?<!:):(\w+)", lambda m: str(values[m.group(1)]), sql)
+        rows = bench_db.q(sql)
+        if gset:
+            values["res_id"] = rows[0][0]
+    assert bench_db.q1(
+        "SELECT (SELECT status FROM purchases_seat WHERE id = %(seat)s),"
+        " (SELECT state FROM purchases_purchasesaga WHERE event_id = %(ev)s),"
+        " (SELECT topic FROM outbox_outboxmessage WHERE event_id = %(ev)s)",
+        {"seat": idoff + 1, "ev": event},
+    ) == ("held", "PENDING", "purchase.hold_expired")
+
