@@ -36,7 +36,7 @@ from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from .cache_outage import CACHE_DOWN, cache_answered, cache_unavailable
+from .cache_outage import cache_answered, cache_down, cache_unavailable
 
 # What a request reads of its user (permissions: is_active, is_staff,
 # is_superuser); never the password.
@@ -54,7 +54,7 @@ class CachedTokenAuthentication(TokenAuthentication):
             return super().authenticate_credentials(key)
         try:
             remembered = cache.get(cache_key(key))
-        except CACHE_DOWN as exc:
+        except cache_down() as exc:
             cache_unavailable("token", exc)
             remembered = None
         else:
@@ -69,7 +69,7 @@ class CachedTokenAuthentication(TokenAuthentication):
         user, token = super().authenticate_credentials(key)  # refuses what it must
         try:
             cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
-        except CACHE_DOWN as exc:
+        except cache_down() as exc:
             cache_unavailable("token", exc)  # read from the database next time too
         return user, token
 
@@ -77,7 +77,7 @@ class CachedTokenAuthentication(TokenAuthentication):
 def forget_token(sender, instance: Token, **kwargs) -> None:
     try:
         cache.delete(cache_key(instance.key))
-    except CACHE_DOWN as exc:
+    except cache_down() as exc:
         cache_unavailable("token", exc)  # the TTL bounds it (above)
 
 
@@ -85,7 +85,7 @@ def forget_tokens_of_user(sender, instance, **kwargs) -> None:
     keys = Token.objects.filter(user_id=instance.pk).values_list("key", flat=True)
     try:
         cache.delete_many([cache_key(key) for key in keys])
-    except CACHE_DOWN as exc:
+    except cache_down() as exc:
         cache_unavailable("token", exc)  # the TTL bounds it (above)
 
 

@@ -7,7 +7,7 @@ not fail with it: the token is read from the database
 starts in the database and the token throttle counts in the process
 (``purchases/throttling.py``), the catalog is built from the database
 (``purchases/availability.py``, which logs on its own). Each caller catches
-``CACHE_DOWN`` around its cache call and calls ``cache_unavailable``; a call
+``cache_down()`` around its cache call and calls ``cache_unavailable``; a call
 that reached the cache calls ``cache_answered``.
 
 Every fallback is counted in ``boxoffice_cache_unavailable_total{use}``. A
@@ -23,16 +23,27 @@ Anything else a cache call raises is a bug, and stays a 500.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
 from prometheus_client import Counter
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 logger = logging.getLogger(__name__)
 
-CACHE_DOWN: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+
+@functools.cache
+def cache_down() -> tuple[type[Exception], ...]:
+    """What a cache that cannot be reached raises, for an ``except``
+    (evaluated only when something is raised). redis-py is imported on first
+    use, as Django's Redis cache imports it: importing it loads the
+    OpenTelemetry SDK when installed (redis.observability), which a process
+    on the file cache, or figure 12's web built without tracing
+    (bench/wsgi_without_tracing.py), never needs."""
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return (ConnectionError, TimeoutError)
+
 
 # What fell back: ``token`` (a token's look-up, its remembering, its
 # forgetting), ``purchase_throttle``, ``token_throttle``.

@@ -42,7 +42,7 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from config.cache import RedisCache
 
-from .cache_outage import CACHE_DOWN, cache_answered, cache_unavailable
+from .cache_outage import cache_answered, cache_down, cache_unavailable
 from .models import IdempotencyRecord
 
 # KEYS[1]: the user's history, newest first; ARGV: now, the window in
@@ -108,7 +108,7 @@ class PurchaseStartThrottle(UserRateThrottle):
             try:
                 client = backend._cache.get_client(self.key, write=True)  # type: ignore[attr-defined]
                 client.lrem(backend.make_key(f"{self.key}:log"), 1, repr(self.now))
-            except CACHE_DOWN as exc:
+            except cache_down() as exc:
                 cache_unavailable("purchase_throttle", exc)  # the step stays: it counts
 
     def allow_request(self, request, view) -> bool:
@@ -133,7 +133,7 @@ class PurchaseStartThrottle(UserRateThrottle):
                 args=[repr(self.now), self.duration, self.num_requests],  # type: ignore[attr-defined]
                 client=client,
             )
-        except CACHE_DOWN as exc:
+        except cache_down() as exc:
             cache_unavailable("purchase_throttle", exc)
             return self._allow_from_database(request)
         cache_answered()
@@ -205,7 +205,7 @@ class TokenThrottle(AnonRateThrottle):
     def allow_request(self, request, view) -> bool:
         try:
             allowed = super().allow_request(request, view)
-        except CACHE_DOWN as exc:
+        except cache_down() as exc:
             cache_unavailable("token_throttle", exc)
             # DRF's documented ``cache`` attribute: this one throttle object's.
             self.cache = LOCAL_COUNTS

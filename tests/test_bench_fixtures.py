@@ -123,3 +123,24 @@ def test_reserve_script_runs_on_the_current_schema(bench_db):
         {"seat": idoff + 1, "ev": event},
     ) == ("held", "PENDING", "purchase.hold_expired")
 
+
+def test_figure_12s_web_without_tracing_starts():
+    # Its baseline web refuses to start once anything imports the
+    # OpenTelemetry SDK at start-up; redis-py does (redis.observability), so
+    # a module that imports redis at the top (purchases/cache_outage.py did)
+    # broke figure 12 with nothing in make test to say so.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "SECRET_KEY": "x", "DJANGO_SETTINGS_MODULE": "config.settings"}
+    started = subprocess.run(
+        [sys.executable, "-c", "import bench.wsgi_without_tracing"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr[-2000:]

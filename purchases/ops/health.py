@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache.backends.redis import RedisCache
@@ -262,6 +261,8 @@ def _cache_probe(*, timeout: float) -> str:
         location = config["LOCATION"]
         # Django's Redis cache writes to the first server it is given.
         server = re.split("[;,]", location)[0] if isinstance(location, str) else location[0]
+        import redis  # on first use, as Django's cache (purchases/cache_outage.py says why)
+
         client = redis.Redis.from_url(
             server, socket_timeout=timeout, socket_connect_timeout=timeout
         )
