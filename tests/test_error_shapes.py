@@ -7,7 +7,6 @@ type are refused in that shape, never a 500."""
 from __future__ import annotations
 
 import json
-import timeit
 import uuid
 
 import pytest
@@ -27,6 +26,7 @@ from django.utils.module_loading import import_string
 from rest_framework import exceptions
 from rest_framework.test import APIClient
 
+from common.parsers import _STRING, JSONParser, json_depth
 from purchases.models import PurchaseSaga
 
 from .conftest import _client_for, new_key, purchase_body
@@ -304,30 +304,78 @@ def test_json_at_the_limit_is_parsed():
         assert parser.parse(_stream(body), "application/json", {}) == want
 
 
-def test_the_depth_check_costs_little_on_a_16_kib_body():
-    from rest_framework.parsers import JSONParser as DRFJSONParser
+def test_an_unclosed_string_is_one_match_to_the_end():
+    # The depth check's cost stays linear only if a string that never closes
+    # is taken out in one match: a pattern that fails there is retried at
+    # every later quote, each scan to the end (16 KiB of \\" took 0.7 s).
+    for text in ['"abc', '"a\\"b\\"c', '"' + '\\"' * 8000, '"ab\\', '"ab\\\\']:
+        match = _STRING.match(text)
+        assert match is not None and match.end() == len(text), text
+    # closed strings end at their closing quote, escapes included
+    for text, string in [
+        ('"ab" 1', '"ab"'),
+        ('"a\\"b" 1', '"a\\"b"'),
+        ('"a\\\\" 1', '"a\\\\"'),
+        ('"" 1', '""'),
+    ]:
+        match = _STRING.match(text)
+        assert match is not None and match.group() == string, text
 
-    from common.parsers import JSONParser
 
-    # The worst for the check: 16 KiB of brackets none too deep (about 0.7
-    # ms alone, json.loads 0.3 ms), and long strings full of escapes and
-    # brackets; a plain body skips the check (it counts its brackets).
-    bodies = {
-        "brackets": b"[" + b"[[[[[[[[]]]]]]]]," * 960 + b"[]]",
-        "strings": json.dumps({"k": ['x\\"[{' * 400] * 5}).encode(),
-        "plain": json.dumps({"event": 1, "seats": ["A1"], "note": "x" * 16000}).encode(),
-    }
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("[" * 65 + '"' + '\\"' * 8000, 65),
+        ('["[[[[', 1),  # the brackets after an unclosed quote are its text
+        ('[{"a": "[[\\', 2),  # a lone backslash at the end
+        ('["a\\\\", ["b"]]', 2),  # the quote after an escaped backslash closes
+        ('["a\\"]", ["b"]]', 2),  # an escaped quote does not close
+        ('{"a": "[[[[\\"[[[[", "b": [[1]]}', 3),
+        ("1", 0),
+    ],
+)
+def test_json_depth_counts_the_brackets_outside_strings(text, depth):
+    assert json_depth(text) == depth
 
-    def cost(parser, body) -> float:
-        # The best of several runs: the machine is shared.
-        runs = timeit.repeat(lambda: parser.parse(_stream(body), None, {}), number=5, repeat=7)
-        return min(runs) / 5
 
-    for name, body in bodies.items():
-        assert len(body) <= 16 * 1024, name
-        assert JSONParser().parse(_stream(body), None, {}) == json.loads(body)
-        extra = cost(JSONParser(), body) - cost(DRFJSONParser(), body)
-        assert extra < 0.003, (name, extra)
+def test_a_16_kib_body_with_an_unclosed_string_is_refused_as_too_deep():
+    body = ("[" * 65 + '"' + '\\"' * 8000).encode()
+    assert len(body) <= 16 * 1024
+
+    with pytest.raises(exceptions.ParseError, match="nested deeper than"):
+        JSONParser().parse(_stream(body), "application/json", {})
+
+
+# --- a charset that is not one ----------------------------------------------------
+
+# Each one a codec Python knows. punycode raises UnicodeError (a ValueError,
+# not a UnicodeDecodeError) on a JSON body; the others but idna are not text
+# encodings at all (LookupError from bytes.decode). idna reads ASCII as
+# itself: that body is read, and judged as usual (no event 1).
+ODD_CHARSETS = {
+    "punycode": "parse_error",
+    "idna": "invalid",
+    "rot13": "parse_error",
+    "hex": "parse_error",
+    "base64": "parse_error",
+    "zlib": "parse_error",
+}
+
+
+@pytest.mark.parametrize(("charset", "code"), ODD_CHARSETS.items(), ids=list(ODD_CHARSETS))
+def test_a_body_in_an_odd_charset_answers_400_not_500(clients, charset, code):
+    body = {"event": 1, "seats": ["A1"], "payment_method": "card"}
+
+    response = clients["alice"].post(
+        "/api/purchases/",
+        json.dumps(body).encode(),
+        content_type=f"application/json; charset={charset}",
+        HTTP_IDEMPOTENCY_KEY=new_key(),
+    )
+
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == code
+    assert PurchaseSaga.objects.count() == 0
 
 
 def _stream(body: bytes):
