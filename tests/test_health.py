@@ -34,8 +34,8 @@ from purchases.models import SweepHeartbeat
 from purchases.ops.health import (
     CHECKS,
     RELAY,
-    _reason,
     beat_sweep,
+    error_reason,
     readiness,
     relay_pulse_record,
 )
@@ -237,7 +237,7 @@ def test_beat_is_judged_by_its_most_frequent_sweep(settings):
 
 
 def test_reasons_never_carry_credentials():
-    reason = _reason(
+    reason = error_reason(
         ConnectionError(
             "Cannot connect to redis://admin:pa55word@cache:6379/0: refused\nsecond line"
         )

@@ -17,15 +17,18 @@ import sys
 from io import StringIO
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import InterfaceError, OperationalError, ProgrammingError, connection
 from django.test import Client
 from prometheus_client import REGISTRY
 
 from config import metrics
 from devtools.processes import free_port
+from purchases.models import PurchaseSaga
+from purchases.ops.metrics import database_unreachable
 
 from .test_metrics import _value
 
@@ -46,6 +49,72 @@ def database_down(monkeypatch):
         monkeypatch.setitem(connection.settings_dict, key, value)
     yield port
     connection.close()
+
+
+@pytest.fixture
+def statement_timeout():
+    """A database that answers but cancels this connection's queries: another
+    session holds the sagas' table locked and this one waits 200 ms at most
+    (``statement_timeout``), so reading sagas raises QueryCanceled, an
+    OperationalError that is no outage."""
+    db = connection.settings_dict
+    holder = psycopg.connect(
+        host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]
+    )
+    holder.execute(f"LOCK TABLE {PurchaseSaga._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 200")
+    yield
+    connection.close()  # the setting goes with the session
+    holder.rollback()
+    holder.close()
+
+
+# --- what counts as down ----------------------------------------------------------------
+
+
+def _wrapped(cause: Exception) -> OperationalError:
+    """What Django's wrapper raises for a driver's error: its own, from it."""
+    try:
+        raise OperationalError(str(cause)) from cause
+    except OperationalError as exc:
+        return exc
+
+
+UNREACHABLE = [
+    psycopg.OperationalError("connection failed: Connection refused"),  # no SQLSTATE
+    psycopg.errors.ConnectionFailure("08006"),
+    psycopg.errors.ConnectionException("08000"),
+    psycopg.errors.AdminShutdown("57P01"),
+    psycopg.errors.CrashShutdown("57P02"),
+    psycopg.errors.CannotConnectNow("57P03"),
+]
+REACHABLE = [
+    psycopg.errors.QueryCanceled("57014: statement_timeout"),
+    psycopg.errors.DeadlockDetected("40P01"),
+    psycopg.errors.LockNotAvailable("55P03"),
+    psycopg.errors.SerializationFailure("40001"),
+]
+
+
+@pytest.mark.parametrize("cause", UNREACHABLE, ids=lambda e: type(e).__name__)
+def test_a_connection_failure_is_the_database_unreachable(cause):
+    assert database_unreachable(_wrapped(cause))
+    assert database_unreachable(cause)  # outside Django's wrapper
+
+
+@pytest.mark.parametrize("cause", REACHABLE, ids=lambda e: type(e).__name__)
+def test_an_operational_error_of_a_database_that_answers_is_not_unreachable(cause):
+    assert not database_unreachable(_wrapped(cause))
+    assert not database_unreachable(cause)
+
+
+def test_an_interface_error_is_unreachable_and_other_errors_are_not():
+    assert database_unreachable(InterfaceError("connection already closed"))
+    assert database_unreachable(psycopg.InterfaceError("the connection is closed"))
+    assert not database_unreachable(ProgrammingError("relation does not exist"))
+    assert not database_unreachable(OperationalError("no cause"))
+    assert not database_unreachable(ValueError("a bug"))
 
 
 # --- /metrics ------------------------------------------------------------------------
@@ -98,7 +167,23 @@ def test_metrics_recover_when_the_database_comes_back(database_down, monkeypatch
     assert "boxoffice_sagas{" in text
 
 
+def test_metrics_with_a_query_canceled_answer_500_not_database_up_0(statement_timeout):
+    # A statement_timeout is a bug or an overload to see as one, not
+    # "PostgreSQL is down" (BoxofficeDatabaseDown would page for it).
+    response = Client(raise_request_exception=False).get("/metrics")
+
+    assert response.status_code == 500
+    assert b"boxoffice_database_up 0" not in response.content
+
+
 # --- audit_sagas -----------------------------------------------------------------------
+
+
+def test_audit_sagas_with_a_query_canceled_raises_it_not_exit_2(statement_timeout):
+    with pytest.raises(OperationalError) as failed:
+        call_command("audit_sagas", stdout=StringIO())
+
+    assert isinstance(failed.value.__cause__, psycopg.errors.QueryCanceled)
 
 
 def test_audit_sagas_without_the_database_exits_2_naming_it(database_down):

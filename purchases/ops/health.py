@@ -161,9 +161,9 @@ def relay_pulse_record(*, now: datetime) -> None:
 # --- the checks ------------------------------------------------------------------
 
 
-def _reason(exc: BaseException) -> str:
-    """A short reason for a body: the error's type and first line, without
-    credentials."""
+def error_reason(exc: BaseException) -> str:
+    """A short reason for a body or a log line: the error's type and first
+    line (the driver's second is a hint), without credentials, capped."""
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return _CREDENTIALS.sub(r"\1***@", text)[:_REASON_CHARS]
@@ -182,7 +182,7 @@ def _run_with_deadline(
         try:
             answers[name] = (True, call())
         except Exception as exc:
-            answers[name] = (False, _reason(exc))
+            answers[name] = (False, error_reason(exc))
 
     threads = [
         threading.Thread(target=run, args=(name, call), name=f"readiness-{name}", daemon=True)
@@ -226,7 +226,7 @@ def _database_probe(*, rows: list[str], timeout: float) -> tuple[str, dict | str
                 else {}
             )
         except Exception as exc:  # a missing table: the migrations have not run
-            found = f"heartbeats unreadable: {_reason(exc)}"
+            found = f"heartbeats unreadable: {error_reason(exc)}"
         return detail, found
     finally:
         probe.close()

@@ -32,6 +32,7 @@ from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 from ..models import AuditRun, PurchaseSaga, SweepHeartbeat
 from ..saga.states import SagaState
 from ..saga.topics import Topic
+from .health import error_reason
 from .sweeps import COMPENSATION_UNFINISHED
 
 logger = logging.getLogger(__name__)
@@ -39,16 +40,30 @@ logger = logging.getLogger(__name__)
 # The webhook deliveries the gauge counts: those an operator may have to act on.
 OPEN_DELIVERIES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)
 
-# What a database that cannot be reached raises (refused, reset, gone in the
-# middle of a query). Django wraps the driver's errors in its own; psycopg's
-# are listed too for a connection opened outside Django's wrapper. Anything
-# else (a bug in a query) stays a 500: it is not an outage to report as one.
-DATABASE_DOWN: tuple[type[Exception], ...] = (
-    OperationalError,
-    InterfaceError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
+# The SQLSTATEs of a server that is going away or not taking connections yet
+# (admin shutdown, crash shutdown, cannot connect now); class 08 is the
+# connection exceptions.
+_SHUTTING_DOWN = frozenset({"57P01", "57P02", "57P03"})
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached (refused, reset,
+    gone in the middle of a query, shutting down), not that a query failed.
+
+    Django wraps the driver's errors in its own (the driver's is
+    ``__cause__``); psycopg's are judged too for a connection opened outside
+    Django's wrapper. A client-side failure has no SQLSTATE. The server's
+    own OperationalErrors (QueryCanceled by a statement_timeout, a deadlock,
+    a lock not available, a serialization failure) are not an outage: like
+    any other error they propagate, and are seen as what they are.
+    """
+    if isinstance(exc, (InterfaceError, psycopg.InterfaceError)):
+        return True
+    cause = exc.__cause__ if isinstance(exc, OperationalError) else exc
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    sqlstate = cause.sqlstate
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in _SHUTTING_DOWN
 
 
 def database_named(alias: str = "default") -> str:
@@ -58,12 +73,6 @@ def database_named(alias: str = "default") -> str:
     if not db.get("HOST"):
         return str(db.get("NAME"))
     return f"{db['HOST']}:{db.get('PORT') or 5432}/{db.get('NAME')}"
-
-
-def database_error(exc: BaseException) -> str:
-    """The error's type and first line (the driver's second line is a hint)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _deliveries_of_endpoint(status: DeliveryStatus) -> Subquery:
@@ -209,11 +218,13 @@ def state_metrics() -> list[Metric]:
         # Read in full before anything is written: a database lost halfway
         # leaves no half set of gauges on the page.
         families = list(DatabaseCollector().collect())
-    except DATABASE_DOWN as exc:
+    except Exception as exc:
+        if not database_unreachable(exc):
+            raise
         logger.warning(
             "metrics: the database at %s is unreachable; serving this process's counters only (%s)",
             database_named(),
-            database_error(exc),
+            error_reason(exc),
             extra={"database": database_named()},
         )
         up.add_metric([], 0)

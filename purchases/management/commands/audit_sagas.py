@@ -3,7 +3,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from purchases.ops.audit import INVARIANTS, audit_run
-from purchases.ops.metrics import DATABASE_DOWN, database_error, database_named
+from purchases.ops.health import error_reason
+from purchases.ops.metrics import database_named, database_unreachable
 
 
 class Command(BaseCommand):
@@ -29,13 +30,15 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         try:
             report = audit_run(stuck_after_seconds=options["stuck_after"])
-        except DATABASE_DOWN as exc:
+        except Exception as exc:
+            if not database_unreachable(exc):
+                raise  # a query that failed (a statement_timeout…): a bug, exit 1
             # Could not audit (2), as for a gateway that gives no answer: 1
             # would tell monitoring that invariants are broken. One line, no
             # traceback; the database by host, port and name, no credentials.
             raise CommandError(
                 f"could not audit: the database at {database_named()} is unreachable "
-                f"({database_error(exc)})",
+                f"({error_reason(exc)})",
                 returncode=2,
             ) from None
         summary = (
