@@ -34,13 +34,15 @@ ADD = "add_webhookendpoint"
 CHANGE = "change_webhookendpoint"
 DELETE = "delete_webhookendpoint"
 VIEW_DELIVERIES = "view_webhookdelivery"
+CHANGE_DELIVERIES = "change_webhookdelivery"
 RESEND = "resend_webhookdelivery"
 
 # (URL name, method): the webhooks permissions (codenames) any one of which
 # lets a staff user in, as the admin decides the same act: reading an
 # endpoint takes view or change (Django's admin lets change read), a new
 # secret takes change (the admin's "Rotate secret…"), the delivery log the
-# deliveries' view, a resend its own permission.
+# deliveries' view or change (the same rule on their read-only admin), a
+# resend its own permission, with one of TOGETHER's.
 ALLOWED_BY: dict[tuple[str, str], set[str]] = {
     ("webhook-endpoint-list", "get"): {VIEW, CHANGE},
     ("webhook-endpoint-list", "post"): {ADD},
@@ -48,9 +50,12 @@ ALLOWED_BY: dict[tuple[str, str], set[str]] = {
     ("webhook-endpoint-detail", "patch"): {CHANGE},
     ("webhook-endpoint-detail", "delete"): {DELETE},
     ("webhook-endpoint-rotate-secret", "post"): {CHANGE},
-    ("webhook-delivery-list", "get"): {VIEW_DELIVERIES},
+    ("webhook-delivery-list", "get"): {VIEW_DELIVERIES, CHANGE_DELIVERIES},
     ("webhook-delivery-resend", "post"): {RESEND},
 }
+# A permission that opens a call only with one of these too: the admin's
+# Resend action is on the deliveries' list, which the user must reach.
+TOGETHER = {RESEND: {VIEW_DELIVERIES, CHANGE_DELIVERIES}}
 # What an allowed call answers (the world below makes each one succeed).
 SERVED = {"get": 200, "head": 200, "options": 200, "post": 201, "patch": 200, "delete": 204}
 SERVED_BY_NAME = {
@@ -96,6 +101,15 @@ def _allowed_by(name: str, method: str) -> set[str]:
     if method == "options":  # what the route takes: for whoever may use it at all
         return set().union(*(perms for (n, _), perms in ALLOWED_BY.items() if n == name))
     return ALLOWED_BY[(name, method)]
+
+
+def _opens(codenames: set[str], name: str, method: str) -> bool:
+    """Whether a staff user holding exactly these codenames may make the call."""
+    return any(
+        codename in _allowed_by(name, method)
+        and (codename not in TOGETHER or bool(TOGETHER[codename] & codenames))
+        for codename in codenames
+    )
 
 
 def _served(name: str, method: str) -> int:
@@ -231,10 +245,22 @@ def _webhook_codenames() -> list[str]:
 def test_one_permission_opens_exactly_what_it_matches(world, codename):
     answers = _walk(_staff(codename), world)
 
-    expected = {
-        call: _served(*call) if codename in _allowed_by(*call) else 403 for call in _calls()
-    }
+    expected = {call: _served(*call) if _opens({codename}, *call) else 403 for call in _calls()}
     assert answers == expected
+
+
+@pytest.mark.parametrize(
+    "codenames",
+    [(RESEND, VIEW_DELIVERIES), (RESEND, CHANGE_DELIVERIES), (RESEND, VIEW)],
+    ids="+".join,
+)
+def test_resend_opens_with_what_reaches_the_deliveries_as_in_the_admin(world, codenames):
+    answers = _walk(_staff(*codenames), world)
+
+    expected = {call: _served(*call) if _opens(set(codenames), *call) else 403 for call in _calls()}
+    assert answers == expected
+    resend = ("webhook-delivery-resend", "post")
+    assert (answers[resend] == 202) is (VIEW not in codenames)
 
 
 def test_a_permission_taken_away_is_seen_at_once(world, settings):

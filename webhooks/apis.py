@@ -39,6 +39,7 @@ from .permissions import (
     VIEW_DELIVERIES,
     VIEW_ENDPOINTS,
     WebhookPermission,
+    named,
 )
 from .serializers import (
     WebhookDeliverySerializer,
@@ -86,10 +87,10 @@ def _endpoint(endpoint_id: int) -> WebhookEndpoint | None:
 
 
 def _staff_only(needed: tuple[str, ...]) -> str:
+    holding = " or ".join(named(p, markdown=True) for p in needed)
     return (
-        f"Staff only, holding {' or '.join(f'`{p}`' for p in needed)}. Webhook endpoints are "
-        "the seller's, not a user's: whoever may act on one may act on all of them, whoever "
-        "created them."
+        f"Staff only, holding {holding}. Webhook endpoints are the seller's, not a user's: "
+        "whoever may act on one may act on all of them, whoever created them."
     )
 
 
