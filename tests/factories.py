@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from purchases.availability import availability_bump
 from purchases.models import Event, Seat
 
 T = TypeVar("T")
@@ -45,6 +46,11 @@ class EventFactory(ModelFactory[Event]):
         price = kwargs.get("price", 2500)
         for ref in refs:
             SeatFactory(event=event, ref=ref, row=ref[0], number=int(ref[1:]), price_amount=price)
+        if create:
+            # As the product's event_create_with_seats on its commit: the
+            # events list shows the new event at once, not a list a test
+            # before this one cached (for AVAILABILITY_MAX_STALE_SECONDS).
+            availability_bump(event.pk)
 
 
 class SeatFactory(ModelFactory[Seat]):
