@@ -160,9 +160,12 @@ if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
         socket_connect_timeout=env.float("CACHE_SOCKET_TIMEOUT_SECONDS", default=1.0),
         socket_timeout=env.float("CACHE_SOCKET_TIMEOUT_SECONDS", default=1.0),
     )
+# A cache found down is not asked again for this long (purchases/cache_outage.py).
+CACHE_RETRY_SECONDS = env.float("CACHE_RETRY_SECONDS", default=5.0)
 
 # --- auth, i18n, static -----------------------------------------------------
-# The buyer pages' session login (shop/): every page but the login asks for it.
+# The buyer pages' session login (shop/): asked for at Buy and on the purchase pages; the
+# events and their seat maps are public.
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 AUTH_PASSWORD_VALIDATORS = [

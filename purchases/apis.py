@@ -28,7 +28,7 @@ from common.api import error
 from common.api import error_response as _errors
 from common.parsers import JSONParser
 
-from . import availability, catalog_answers, selectors, services
+from . import availability, catalog_answers, selectors
 from .errors import (
     IdempotencyKeyReused,
     NotEnoughSeats,
@@ -47,7 +47,7 @@ from .serializers import (
     TokenSerializer,
     plain_purchase_request,
 )
-from .throttling import PurchaseStartThrottle, TokenThrottle
+from .throttling import PurchaseThrottled, TokenThrottle, purchase_start_throttled
 
 logger = logging.getLogger(__name__)
 
@@ -308,43 +308,30 @@ class PurchaseListCreateApi(APIView):
             payload = PurchaseRequestSerializer(data=request.data)
             payload.is_valid(raise_exception=True)
             data = payload.validated_data
-        # Counted once the key and the body are valid; a key that already has
-        # an answer replays it whatever the count says.
-        throttle = PurchaseStartThrottle()
-        if not throttle.allow_start(
-            request, self, idempotency_key=request.headers["Idempotency-Key"]
-        ):
-            raise exceptions.Throttled(wait=throttle.wait())  # as DRF's check_throttles
-        response, counts = self._start(request, data)
-        if not counts:
-            throttle.refund()  # a replay, or input refused: it spends nothing
-        return response
-
-    def _start(self, request, data) -> tuple[Response, bool]:
-        """The start's answer, and whether it counts for the throttle: a
-        purchase started, or seats refused (a real attempt at them, what a
-        scalper repeats)."""
         try:
-            started = services.purchase_start(
-                user=request.user,
+            # The throttle is decided here, once the key and the body are
+            # valid (docs/api.md, "Throttling"), not before the view.
+            started = purchase_start_throttled(
+                request,
+                self,
                 idempotency_key=request.headers["Idempotency-Key"],
                 event_id=data["event"],
                 seat_refs=data.get("seats"),
                 quantity=data.get("quantity"),
                 payment_method=data["payment_method"],
             )
+        except PurchaseThrottled as exc:
+            raise exceptions.Throttled(wait=exc.wait) from None  # as DRF's check_throttles
         except IdempotencyKeyReused as exc:
-            return error(422, exc.code, str(exc)), False
+            return error(422, exc.code, str(exc))
         except SeatUnavailable as exc:
-            return error(409, exc.code, str(exc), seats=exc.seats), True
+            return error(409, exc.code, str(exc), seats=exc.seats)
         except NotEnoughSeats as exc:
-            return error(409, exc.code, str(exc), available=exc.available), True
+            return error(409, exc.code, str(exc), available=exc.available)
         except UnknownEvent as exc:
             # Told apart from unknown seats only on the refusal path: the
             # request itself does not look the event up.
-            return error(
-                400, "invalid", str(exc), field="event", errors={"event": [str(exc)]}
-            ), False
+            return error(400, "invalid", str(exc), field="event", errors={"event": [str(exc)]})
         except UnknownSeats as exc:
             return error(
                 400,
@@ -353,12 +340,12 @@ class PurchaseListCreateApi(APIView):
                 field="seats",
                 errors={"seats": [str(exc)]},
                 seats=exc.seats,
-            ), False
+            )
         link = f"/api/purchases/{started.saga_id}/"
         # The same answer for the first request and every replay of its key.
         response = Response({**started.purchase, "links": {"self": link}}, status=202)
         response["Location"] = link
-        return response, started.created
+        return response
 
     @extend_schema(
         # Paginated by pagination_class: the page parameter and the next and

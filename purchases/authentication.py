@@ -16,8 +16,9 @@ SQL) is bounded by ``AUTH_TOKEN_CACHE_SECONDS``. A token that fails is never
 remembered. ``0`` turns the cache off.
 
 The cache down (docs/operations.md, "Cache down"): the token is read from the
-database, as with the cache off, and the request goes on; the fallback is
-counted and the outage logged once (``purchases/cache_outage.py``). A token
+database, as with the cache off, and the request goes on (the token is not
+remembered then); the fallback is counted, the outage logged once, and the
+cache not asked for ``CACHE_RETRY_SECONDS`` (``purchases/cache_outage.py``). A token
 deleted or a user saved while the cache cannot be reached is not forgotten
 there: if the cache comes back with its entries (a network cut, not a
 restart), what it remembered is served until its TTL, at most
@@ -26,6 +27,7 @@ restart), what it remembered is served until its TTL, at most
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from django.conf import settings
@@ -36,7 +38,7 @@ from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from .cache_outage import cache_answered, cache_down, cache_unavailable
+from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
 
 # What a request reads of its user (permissions: is_active, is_staff,
 # is_superuser); never the password.
@@ -47,34 +49,51 @@ def cache_key(token_key: str) -> str:
     return "authtoken:" + hashlib.sha256(token_key.encode()).hexdigest()
 
 
+@functools.cache
+def _model_order() -> tuple[str, ...]:
+    """``USER_FIELDS`` in the user model's field order, which ``from_db``
+    takes: the model's fields do not change while the process runs, so this
+    is computed once, not on every authenticated request."""
+    model = get_user_model()
+    return tuple(f.attname for f in model._meta.concrete_fields if f.attname in USER_FIELDS)
+
+
 class CachedTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, key):
         seconds = settings.AUTH_TOKEN_CACHE_SECONDS
         if seconds <= 0:
             return super().authenticate_credentials(key)
-        try:
-            remembered = cache.get(cache_key(key))
-        except cache_down() as exc:
-            cache_unavailable("token", exc)
-            remembered = None
-        else:
-            cache_answered()
+        # Whether the cache answered the look-up: a cache that did not is not
+        # asked to remember either (the request would wait for it twice).
+        reached = False
+        remembered = None
+        if not cache_skipped("token"):
+            try:
+                remembered = cache.get(cache_key(key))
+            except cache_down() as exc:
+                cache_unavailable("token", exc)
+            else:
+                cache_answered()
+                reached = True
         if remembered is not None:
-            # from_db takes the values in the model's field order, not ours.
             fields = dict(zip(USER_FIELDS, remembered, strict=True))
-            model = get_user_model()
-            names = [f.attname for f in model._meta.concrete_fields if f.attname in fields]
-            user = model.from_db(DEFAULT_DB_ALIAS, names, [fields[name] for name in names])
+            names = _model_order()
+            user = get_user_model().from_db(
+                DEFAULT_DB_ALIAS, names, [fields[name] for name in names]
+            )
             return user, Token(key=key, user=user)
         user, token = super().authenticate_credentials(key)  # refuses what it must
-        try:
-            cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
-        except cache_down() as exc:
-            cache_unavailable("token", exc)  # read from the database next time too
+        if reached:
+            try:
+                cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
+            except cache_down() as exc:
+                cache_unavailable("token", exc)  # read from the database next time too
         return user, token
 
 
 def forget_token(sender, instance: Token, **kwargs) -> None:
+    if cache_skipped("token"):
+        return  # the TTL bounds it (above)
     try:
         cache.delete(cache_key(instance.key))
     except cache_down() as exc:
@@ -82,7 +101,9 @@ def forget_token(sender, instance: Token, **kwargs) -> None:
 
 
 def forget_tokens_of_user(sender, instance, **kwargs) -> None:
-    keys = Token.objects.filter(user_id=instance.pk).values_list("key", flat=True)
+    keys = list(Token.objects.filter(user_id=instance.pk).values_list("key", flat=True))
+    if not keys or cache_skipped("token"):
+        return  # nothing to forget; or the cache is down, and the TTL bounds it (above)
     try:
         cache.delete_many([cache_key(key) for key in keys])
     except cache_down() as exc:

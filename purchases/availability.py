@@ -31,16 +31,23 @@ event changes it: it has one version of its own, moved with every event's
 invalidated exactly as often, and each read would fetch every event's
 version).
 
+The cache down (docs/operations.md, "Cache down"): a read is built from the
+database, without an ETag, and a version move is lost (the TTL bounds it);
+each is counted, the outage logged once, and the cache not asked again for
+``CACHE_RETRY_SECONDS`` (``purchases/cache_outage.py``). Only a cache that
+cannot be reached is caught: anything else a cache call raises (an entry
+that does not unpickle, a bug) is not hidden behind the database's answer.
+
 A cached value informs a buyer and is never an input to a write: the
 purchase decides under row locks (``purchases/lock_objects.py``) and reads
-nothing here. This module imports only Django and the settings, so that the
-saga can announce its changes.
+nothing here. This module imports only Django, the settings and
+``cache_outage`` (which imports nothing of ours), so that the saga can
+announce its changes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -51,7 +58,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-logger = logging.getLogger(__name__)
+from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
 
 _EVENTS = "events"  # the events list's scope, beside each event's id
 
@@ -94,12 +101,14 @@ def availability_bump(event_id: int) -> None:
     """Move the versions of ``event_id`` and of the events list, now (what a
     change's commit runs). One round trip; a move that cannot reach the cache
     is lost, and the TTL bounds how long the orphaned entries are served."""
+    if cache_skipped("catalog"):
+        return  # lost: the commit stands, the TTL is the net
     try:
         cache.delete_many([_version_key(event_id), _version_key(_EVENTS)])
-    except Exception:  # whatever the backend raises: the commit stands, the TTL is the net
-        logger.warning(
-            "availability invalidation lost", extra={"event_id": event_id}, exc_info=True
-        )
+    except cache_down() as exc:
+        cache_unavailable("catalog", exc)  # lost: the commit stands, the TTL is the net
+    else:
+        cache_answered()
 
 
 def cached_event_seats(
@@ -126,10 +135,11 @@ def _cached(
 def _cached(
     scope: int | str, build: Callable[[], bytes | None], held: Collection[str]
 ) -> Catalog | None:
-    if not settings.AVAILABILITY_CACHE:
+    if not settings.AVAILABILITY_CACHE or cache_skipped("catalog"):
         return _from_database(build)
     try:
         found = cache.get_many([_version_key(scope), _tag_key(scope)])
+        cache_answered()
         drawn = found.get(_version_key(scope)) is None
         version = found.get(_version_key(scope)) or _draw_version(_version_key(scope))
         tag = found.get(_tag_key(scope))
@@ -139,8 +149,8 @@ def _cached(
             entry = cache.get(_body_key(scope, version))
             if entry is not None:
                 return Catalog(etag=entry["etag"], body=entry["body"])
-    except Exception:  # whatever the backend raises: the catalog still answers
-        logger.warning("availability cache unreachable", extra={"scope": scope}, exc_info=True)
+    except cache_down() as exc:  # the catalog still answers
+        cache_unavailable("catalog", exc)
         return _from_database(build)
     # The database is read after the version: a change committed after this
     # read moves the version, so this entry cannot hide it past the move.
@@ -160,8 +170,8 @@ def _cached(
             },
             settings.AVAILABILITY_MAX_STALE_SECONDS,
         )
-    except Exception:  # whatever the backend raises: the next read builds it again
-        logger.warning("availability cache unreachable", extra={"scope": scope}, exc_info=True)
+    except cache_down() as exc:  # the next read builds it again
+        cache_unavailable("catalog", exc)
     return Catalog(etag=etag, body=None if _names(held, etag) else body)
 
 
@@ -179,8 +189,8 @@ def _from_database(build: Callable[[], bytes | None]) -> Catalog | None:
 def _forget_version(version_key: str) -> None:
     try:
         cache.delete(version_key)
-    except Exception:  # whatever the backend raises: a stray key, nothing worse
-        logger.warning("availability cache unreachable", exc_info=True)
+    except cache_down() as exc:  # a stray key, nothing worse
+        cache_unavailable("catalog", exc)
 
 
 def _draw_version(version_key: str) -> str:

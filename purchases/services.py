@@ -20,7 +20,7 @@ from .saga.confirm import confirm
 from .saga.driver import DRIVES, saga_drive
 from .saga.expiry import saga_expire_hold
 from .saga.reconcile import saga_reconcile
-from .saga.start import PurchaseStarted, purchase_start, request_fingerprint
+from .saga.start import PurchaseStarted, purchase_replay, purchase_start, request_fingerprint
 from .saga.step import Ask, gateway_or_default, gateway_step, record_answer
 from .saga.transition import (
     RESUMER,
@@ -49,6 +49,7 @@ __all__ = [
     "move",
     "note_decision",
     "purchase_refund",
+    "purchase_replay",
     "purchase_start",
     "raise_operator_alert",
     "record_answer",

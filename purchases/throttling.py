@@ -11,13 +11,14 @@ commands per purchase start (5 % of the web's CPU per reserve under
 same history and both pass. The script trims, counts and appends in one
 atomic step. The window, the count and ``Retry-After`` are DRF's.
 
-What counts (docs/api.md, "Throttling"): the API decides the throttle after
-the request's key and body are valid, and a start that turns out not to
-count gives its step back (``refund``): a replay of a key, and a refusal of
-the input (``400``, ``422``). A start refused for its seats (``409``) counts:
-it is a real attempt at them, what a scalper repeats. A key that already has
-an answer replays it whatever the count says (``allow_start``): its first
-answer wins over any refusal.
+What counts (docs/api.md, "Throttling"; ``purchase_start_throttled``, the
+one decision for the API and the pages): the throttle is decided after the
+request's key and body are valid, and a start that turns out not to count
+gives its step back (``refund``): a replay of a key, and a refusal of the
+input (``400``, ``422``). A start refused for its seats (``409``) counts:
+it is a real attempt at them, what a scalper repeats. Over the rate, a key
+that already has an answer replays it (its first answer wins over any
+refusal), read without starting anything.
 
 The cache down (docs/operations.md, "Cache down"; ``purchases/cache_outage.py``
 counts and logs it): the purchase throttle counts the user's purchases
@@ -42,7 +43,9 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from config.cache import RedisCache
 
-from .cache_outage import cache_answered, cache_down, cache_unavailable
+from . import services
+from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
+from .errors import IdempotencyKeyReused, UnknownEvent, UnknownSeats
 from .models import IdempotencyRecord
 
 # KEYS[1]: the user's history, newest first; ARGV: now, the window in
@@ -85,15 +88,6 @@ class PurchaseStartThrottle(UserRateThrottle):
     def get_rate(self):
         return settings.PURCHASE_THROTTLE_RATE
 
-    def allow_start(self, request, view, *, idempotency_key: str) -> bool:
-        """Whether a purchase start with this key may go on: the window has
-        room (a step counted: ``refund`` gives it back if the start turns out
-        not to count), or the key already has an answer, which it replays
-        uncounted whatever the count says."""
-        if self.allow_request(request, view):
-            return True
-        return _answered(user=request.user, idempotency_key=idempotency_key)
-
     def refund(self) -> None:
         """Give back the step this start took: it replayed, or its input was
         refused. Nothing when nothing was counted."""
@@ -106,7 +100,7 @@ class PurchaseStartThrottle(UserRateThrottle):
         elif counted == "redis":
             backend = caches[DEFAULT_CACHE_ALIAS]
             try:
-                client = backend._cache.get_client(self.key, write=True)  # type: ignore[attr-defined]
+                client = _redis_client(backend, self.key)
                 client.lrem(backend.make_key(f"{self.key}:log"), 1, repr(self.now))
             except cache_down() as exc:
                 cache_unavailable("purchase_throttle", exc)  # the step stays: it counts
@@ -123,9 +117,10 @@ class PurchaseStartThrottle(UserRateThrottle):
         if self.key is None:
             return True
         self.now = self.timer()
+        if cache_skipped("purchase_throttle"):  # found down a moment ago: not asked
+            return self._allow_from_database(request)
         try:
-            # Django's private client (config/cache.py keeps one per pool).
-            client = backend._cache.get_client(self.key, write=True)
+            client = _redis_client(backend, self.key)
             allowed, count, oldest = _slide(client)(
                 # A list, not DRF's pickled one: a key of its own.
                 keys=[backend.make_key(f"{self.key}:log")],
@@ -171,6 +166,13 @@ class PurchaseStartThrottle(UserRateThrottle):
 _script: Any = None
 
 
+def _redis_client(backend: Any, key: Any) -> Any:
+    """The Redis client the cache (a ``RedisCache``) writes ``key`` with:
+    Django's private one (config/cache.py keeps one per pool), reached here
+    only."""
+    return backend._cache.get_client(key, write=True)
+
+
 def _slide(client) -> Any:
     """The script, registered once (then run by its SHA; redis-py loads it
     again into a Redis that lost it)."""
@@ -178,14 +180,6 @@ def _slide(client) -> Any:
     if _script is None:
         _script = client.register_script(_SLIDE)
     return _script
-
-
-def _answered(*, user, idempotency_key: str) -> bool:
-    """Whether this user's key already has an answer (the purchase start
-    replays it). Asked only of a start the count refused."""
-    if not user.is_authenticated:
-        return False
-    return IdempotencyRecord.objects.filter(user_id=user.pk, key=idempotency_key).exists()
 
 
 # The token throttle's count while the cache is down: this process's own.
@@ -203,6 +197,11 @@ class TokenThrottle(AnonRateThrottle):
         return settings.AUTH_TOKEN_THROTTLE_RATE
 
     def allow_request(self, request, view) -> bool:
+        if self.rate is not None and cache_skipped("token_throttle"):
+            # Found down a moment ago: not asked (DRF's documented ``cache``
+            # attribute, this one throttle object's).
+            self.cache = LOCAL_COUNTS
+            return super().allow_request(request, view)
         try:
             allowed = super().allow_request(request, view)
         except cache_down() as exc:
@@ -213,3 +212,40 @@ class TokenThrottle(AnonRateThrottle):
         if self.rate is not None:
             cache_answered()
         return allowed
+
+
+class PurchaseThrottled(Exception):
+    """Over ``PURCHASE_THROTTLE_RATE``, and the key has no answer to replay."""
+
+    def __init__(self, wait: float | None):
+        super().__init__("purchase starts throttled")
+        self.wait = wait
+
+
+def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseStarted:
+    """``services.purchase_start`` behind the purchase throttle, as the API
+    and the pages decide it (docs/api.md, "Throttling"), called once the key
+    and the body are valid (bad input spent nothing before it).
+
+    A start counts when it reaches the seats: a purchase started, or seats
+    refused (``SeatUnavailable``, ``NotEnoughSeats``: a real attempt at them,
+    what a scalper repeats). A replay of the key and a refusal of the input
+    (``IdempotencyKeyReused``, ``UnknownEvent``, ``UnknownSeats``) give their
+    step back. Over the rate, the key's first answer is replayed if it has
+    one (it wins over any refusal), from one indexed read and without
+    starting anything; else ``PurchaseThrottled``.
+    """
+    throttle = PurchaseStartThrottle()
+    if not throttle.allow_request(request, view):
+        replay = services.purchase_replay(user=request.user, **start)
+        if replay is None:
+            raise PurchaseThrottled(throttle.wait())
+        return replay
+    try:
+        started = services.purchase_start(user=request.user, **start)
+    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats):
+        throttle.refund()
+        raise
+    if not started.created:
+        throttle.refund()
+    return started

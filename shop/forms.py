@@ -26,6 +26,7 @@ TEST_PAYMENT_METHODS = [
     ),
     ("pm_card_unreachable", "Test card: bank unreachable (pm_card_unreachable)"),
 ]
+TEST_METHOD_TOKENS = frozenset(token for token, _ in TEST_PAYMENT_METHODS)
 
 
 def new_idempotency_key() -> str:

@@ -31,7 +31,7 @@ from common.money import format_money
 
 # The catalog's bodies come from purchases/catalog_answers.py, as the API's
 # do: both read one cache entry per event.
-from purchases import catalog_answers, selectors, services
+from purchases import catalog_answers, selectors
 from purchases.buyer_history import buyer_history
 from purchases.errors import (
     IdempotencyKeyReused,
@@ -40,10 +40,10 @@ from purchases.errors import (
     UnknownEvent,
     UnknownSeats,
 )
-from purchases.throttling import PurchaseStartThrottle
+from purchases.throttling import PurchaseThrottled, purchase_start_throttled
 
 from . import display
-from .forms import PurchaseForm, new_idempotency_key
+from .forms import TEST_METHOD_TOKENS, PurchaseForm, new_idempotency_key
 
 # How often a waiting purchase page asks whether its purchase moved (the
 # fragment's poll; docs/api.md, "Pages for buyers", measures its cost).
@@ -103,10 +103,14 @@ def _log_in_to_buy(request, event_id: int):
     seats = [ref for ref in request.POST.getlist("seats") if 0 < len(ref) <= 10]
     if seats:
         choice.setlist("seats", seats[:_CARRIED_SEATS])
-    for name, longest in (("quantity", 30), ("payment_method", 100)):
-        value = request.POST.get(name, "")
-        if 0 < len(value) <= longest:
-            choice[name] = value
+    quantity = request.POST.get("quantity", "")
+    if 0 < len(quantity) <= 30:
+        choice["quantity"] = quantity
+    # Only one of the fake gateway's test cards: a real processor's payment
+    # method is the buyer's, and a URL ends up in logs, history and Referer.
+    method = request.POST.get("payment_method", "")
+    if settings.FAKE_GATEWAY_ENABLED and method in TEST_METHOD_TOKENS:
+        choice["payment_method"] = method
     seat_map = reverse("shop-seat-map", args=[event_id])
     response = redirect_to_login(f"{seat_map}?{choice.urlencode()}" if choice else seat_map)
     response.status_code = 303
@@ -166,16 +170,24 @@ def _purchase_post(request, event_id: int):
             chosen=chosen,
             problem={"code": "invalid", "field": _form_field(form), "text": _form_problem(form)},
         )
-    # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE), decided
-    # as the API decides it (docs/api.md, "Throttling"): a page and the API
-    # count one user's starts together; bad input spent nothing above; a key
-    # that already has an answer replays it whatever the count says, and a
-    # start that turns out not to count gives its step back.
-    throttle = PurchaseStartThrottle()
-    key = form.cleaned_data["idempotency_key"]
-    if not throttle.allow_start(request, None, idempotency_key=key):  # its key needs no view
-        wait = throttle.wait()
-        retry_after = max(1, math.ceil(wait)) if wait is not None else None
+    data = form.request
+    try:
+        # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE),
+        # decided as the API decides it (docs/api.md, "Throttling"): a page
+        # and the API count one user's starts together. Seats named, or best
+        # available (N adjacent seats the service chooses): the form holds
+        # exactly one.
+        started = purchase_start_throttled(
+            request,
+            None,  # the throttle's key needs no view
+            idempotency_key=form.cleaned_data["idempotency_key"],
+            event_id=data["event"],
+            seat_refs=data.get("seats"),
+            quantity=data.get("quantity"),
+            payment_method=data["payment_method"],
+        )
+    except PurchaseThrottled as exc:
+        retry_after = max(1, math.ceil(exc.wait)) if exc.wait is not None else None
         response = render(
             request,
             "shop/throttled.html",
@@ -185,29 +197,6 @@ def _purchase_post(request, event_id: int):
         if retry_after is not None:
             response["Retry-After"] = str(retry_after)
         return response
-    response, counts = _start(request, event_id, form, chosen)
-    if not counts:
-        throttle.refund()
-    return response
-
-
-def _start(
-    request, event_id: int, form: PurchaseForm, chosen: list[str]
-) -> tuple[HttpResponse, bool]:
-    """The start's page, and whether it counts for the throttle (as the
-    API's): a purchase started, or seats refused (a real attempt at them)."""
-    data = form.request
-    try:
-        # Seats named, or best available (docs/api.md, "Best available"): N
-        # adjacent seats the service chooses; the form holds exactly one.
-        started = services.purchase_start(
-            user=request.user,
-            idempotency_key=form.cleaned_data["idempotency_key"],
-            event_id=data["event"],
-            seat_refs=data.get("seats"),
-            quantity=data.get("quantity"),
-            payment_method=data["payment_method"],
-        )
     except SeatUnavailable as exc:
         taken = ", ".join(exc.seats)
         return _seat_map(
@@ -223,7 +212,7 @@ def _start(
                 f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
                 f"Nothing was charged. The map below is up to date: choose again.",
             },
-        ), True
+        )
     except IdempotencyKeyReused as exc:
         return _seat_map(
             request,
@@ -236,7 +225,7 @@ def _start(
                 "text": "This form was already used for another purchase (see your purchases). "
                 "Nothing new was bought; choose again below to make a new purchase.",
             },
-        ), False
+        )
     except (UnknownSeats, UnknownEvent) as exc:
         return _seat_map(
             request,
@@ -249,7 +238,7 @@ def _start(
                 "field": "event" if isinstance(exc, UnknownEvent) else "seats",
                 "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
             },
-        ), False
+        )
     except NotEnoughSeats as exc:
         return _seat_map(
             request,
@@ -263,11 +252,11 @@ def _start(
                 f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
                 f"in all). Nothing was charged. Choose seats on the map, or ask for fewer.",
             },
-        ), True
+        )
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
     # 303: the browser GETs the purchase; a reload there cannot POST again.
     response.status_code = 303
-    return response, started.created
+    return response
 
 
 def _seat_words(seats: list[str]) -> str:

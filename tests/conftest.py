@@ -21,6 +21,7 @@ from outbox.models import OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway.inprocess import InProcessFakeGateway
 from payments.registry import override_gateway
+from purchases import cache_outage
 from purchases.availability import availability_bump
 from purchases.models import (
     IdempotencyRecord,
@@ -31,6 +32,17 @@ from purchases.models import (
 )
 
 from .factories import EventFactory, UserFactory
+
+
+@pytest.fixture(autouse=True)
+def _cache_outage_closed():
+    """Each test starts with the cache taken as up: a test that made a cache
+    call fail would otherwise leave this process skipping the cache for
+    CACHE_RETRY_SECONDS (purchases/cache_outage.py), in whatever test runs
+    next."""
+    cache_outage.cache_answered()
+    yield
+    cache_outage.cache_answered()
 
 
 @pytest.fixture

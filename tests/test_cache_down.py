@@ -11,8 +11,10 @@ everyone else). Requests go through the API client to real PostgreSQL."""
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
+from django.core.cache import caches
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
@@ -45,6 +47,49 @@ def cache_down(settings):
     settings.CACHES = {"default": {**config, "LOCATION": f"redis://127.0.0.1:{port}/15"}}
     yield port
     cache_outage.cache_answered()
+
+
+@pytest.fixture
+def cache_hangs(settings):
+    """The default cache, pointed at a socket of 127.0.0.1 that accepts
+    connections (the kernel's backlog) and never answers: a cut link, not a
+    refusal, so every call waits out its timeout (0.2 s here). Yields the
+    listening socket: its accepted connections are the calls' attempts."""
+    config = settings.CACHES["default"]
+    assert config["BACKEND"] == "config.cache.RedisCache", "tested on Redis (tests/settings.py)"
+    cache_outage.cache_answered()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        options = {**config.get("OPTIONS", {}), "socket_timeout": 0.2}
+        options["socket_connect_timeout"] = 0.2
+        location = f"redis://127.0.0.1:{port}/15"
+        settings.CACHES = {"default": {**config, "LOCATION": location, "OPTIONS": options}}
+        yield listener
+    cache_outage.cache_answered()
+
+
+def _connections(listener: socket.socket, accepted: list[socket.socket]) -> int:
+    """How many connections reached the silent cache so far (each accepted and
+    kept, unread, until the test ends)."""
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except BlockingIOError:
+            return len(accepted)
+        accepted.append(connection)
+
+
+@pytest.fixture
+def clock(monkeypatch, settings):
+    """The outage's clock (cache_outage.clock), moved by the test; the cache
+    is asked again CACHE_RETRY_SECONDS after a call found it down."""
+    settings.CACHE_RETRY_SECONDS = 5.0
+    now = [1000.0]
+    monkeypatch.setattr(cache_outage, "clock", lambda: now[0])
+    return now
 
 
 @pytest.fixture
@@ -170,11 +215,15 @@ def test_a_login_on_the_pages_and_a_user_saved_answer_with_the_cache_down(cache_
     login = page.post("/accounts/login/", {"username": "buyer", "password": PASSWORD})
     assert login.status_code == 302, login.content
     assert page.get("/").status_code == 200
-    Token.objects.create(user=buyer).delete()  # forgets the token: nothing to reach
+    before = _unavailable("token")
+
+    Token.objects.create(user=buyer).delete()  # forgets the token: the cache is not there
+
+    assert _unavailable("token") - before == 1  # the forgetting fell back, and said so
 
 
 @pytest.mark.django_db
-def test_each_fallback_is_counted_and_the_outage_logged_once(cache_down, buyer, caplog):
+def test_each_fallback_is_counted_and_the_outage_logged_once(buyer, cache_down, caplog):
     client = _api(buyer)
     before = _unavailable("token")
 
@@ -183,8 +232,9 @@ def test_each_fallback_is_counted_and_the_outage_logged_once(cache_down, buyer, 
     down = [r for r in caplog.records if r.name == "purchases.cache_outage"]
 
     assert answers == [200] * 5
-    # the token's read and its write after the database answered
-    assert _unavailable("token") - before == 10
+    # one per request: its token's look-up (not remembered after the
+    # database answered: the cache is down)
+    assert _unavailable("token") - before == 5
     assert [(r.levelno, r.getMessage()) for r in down] == [
         (logging.WARNING, "cache unreachable: falling back to the database until it answers")
     ]
@@ -192,19 +242,97 @@ def test_each_fallback_is_counted_and_the_outage_logged_once(cache_down, buyer, 
 
 @pytest.mark.django_db
 def test_the_outage_ends_with_one_line_when_the_cache_answers_again(
-    cache_back, cache_down, buyer, caplog
+    cache_back, cache_down, buyer, caplog, clock, settings
 ):
     client = _api(buyer)
     assert client.get("/api/purchases/").status_code == 200
 
     caplog.clear()
     cache_back()
+    clock[0] += settings.CACHE_RETRY_SECONDS  # the cache is asked again
     with caplog.at_level(logging.INFO, logger="purchases.cache_outage"):
         answers = [client.get("/api/purchases/").status_code for _ in range(3)]
 
     assert answers == [200] * 3
     lines = [r for r in caplog.records if r.name == "purchases.cache_outage"]
     assert [(r.levelno, r.getMessage()) for r in lines] == [(logging.INFO, "cache reachable again")]
+
+
+@pytest.mark.django_db
+def test_a_cache_that_hangs_is_waited_for_once_then_asked_again_after_the_retry_interval(
+    buyer, cache_hangs, clock, settings, caplog
+):
+    """Once a call has waited out its timeout, the cache is not asked for
+    CACHE_RETRY_SECONDS: N requests wait once, not N times (measured at the
+    socket: the attempts that reached it)."""
+    client, accepted = _api(buyer), list[socket.socket]()
+    before = {use: _unavailable(use) for use in ("token", "catalog")}
+
+    with caplog.at_level(logging.INFO, logger="purchases.cache_outage"):
+        assert client.get("/api/purchases/").status_code == 200
+        first = _connections(cache_hangs, accepted)
+        answers = [client.get("/api/purchases/").status_code for _ in range(4)]
+        answers += [_api().get("/api/events/").status_code for _ in range(2)]
+        meanwhile = _connections(cache_hangs, accepted)
+
+        clock[0] += settings.CACHE_RETRY_SECONDS  # the interval is over: one call tries
+        answers.append(client.get("/api/purchases/").status_code)
+        retried = _connections(cache_hangs, accepted)
+        answers.append(client.get("/api/purchases/").status_code)  # that try failed: skipped
+        after = _connections(cache_hangs, accepted)
+
+    assert answers == [200] * 8
+    assert first >= 1, "the first look-up did not reach the cache"
+    assert meanwhile == first, f"{meanwhile - first} more attempts within the interval"
+    assert retried > first, "the cache was not asked again after the interval"
+    assert after == retried
+    # each request's fall-back is counted, the skipped ones too
+    assert _unavailable("token") - before["token"] == 7
+    assert _unavailable("catalog") - before["catalog"] == 2
+    lines = [r for r in caplog.records if r.name == "purchases.cache_outage"]
+    assert [r.levelno for r in lines] == [logging.WARNING]
+    for connection in accepted:
+        connection.close()
+
+
+@pytest.mark.django_db
+def test_a_catalog_read_with_the_cache_down_is_counted_and_logged_once(cache_down, caplog):
+    event = EventFactory(seats=["A1", "A2"])
+    before = _unavailable("catalog")
+
+    with caplog.at_level(logging.INFO):
+        seats = [_api().get(f"/api/events/{event.pk}/seats/") for _ in range(3)]
+        listed = _api().get("/api/events/")
+
+    assert [a.status_code for a in [*seats, listed]] == [200] * 4
+    assert all("ETag" not in a for a in [*seats, listed])
+    assert _unavailable("catalog") - before == 4
+    logged = [
+        (r.name, r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name.startswith("purchases.")
+    ]
+    assert logged == [
+        (
+            "purchases.cache_outage",
+            logging.WARNING,
+            "cache unreachable: falling back to the database until it answers",
+        )
+    ]
+
+
+@pytest.mark.django_db
+def test_a_catalog_cache_error_that_is_not_an_outage_is_not_swallowed(monkeypatch):
+    """Only a cache that cannot be reached falls back; anything else the
+    cache raises is a bug, and answers 500 (docs/operations.md, "Cache down")."""
+    event = EventFactory(seats=["A1"])
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug in the cache's use")
+
+    monkeypatch.setattr(caches["default"], "get_many", bug)
+
+    assert _api().get(f"/api/events/{event.pk}/seats/").status_code == 500
 
 
 # --- /readyz ---------------------------------------------------------------------------

@@ -215,6 +215,23 @@ def test_buy_by_an_anonymous_visitor_asks_for_a_login_and_starts_nothing(client,
     assert set(Seat.objects.values_list("status", flat=True)) == {"available"}
 
 
+@pytest.mark.parametrize("fake_gateway", [True, False])
+def test_only_a_test_card_is_carried_through_the_login(client, hall, settings, fake_gateway):
+    # A real processor's payment method is the buyer's: the login's URL ends
+    # up in access logs, the browser's history and Referer headers.
+    settings.FAKE_GATEWAY_ENABLED = fake_gateway
+    carried = {}
+    for method in ("pm_card_visa", "pm_1Qx9realPaymentMethod"):
+        answer = buy(client, hall, seats=["A2"], method=method)
+        [back] = parse_qs(answer["Location"].partition("?")[2])["next"]
+        carried[method] = parse_qs(back.partition("?")[2]).get("payment_method")
+
+    assert carried == {
+        "pm_card_visa": ["pm_card_visa"] if fake_gateway else None,
+        "pm_1Qx9realPaymentMethod": None,
+    }
+
+
 def test_the_choice_comes_back_through_the_login_to_the_seat_map(client, alice, hall):
     answer = buy(client, hall, quantity=3, method="pm_card_chargeDeclined")
     login_page = client.get(answer["Location"])

@@ -9,6 +9,8 @@ flush what other sessions keep there)."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -133,3 +135,23 @@ def test_seats_taken_still_spend_the_throttle(buyer, hall):
     answers = [post(buyer, purchase_body(hall, ["A1"]), new_key()) for _ in range(4)]
 
     assert [a.status_code for a in answers] == [409, 409, 409, 429]
+
+
+def test_over_the_rate_nothing_starts_and_no_seat_is_read(buyer, hall):
+    # A throttled user must not be able to run the start's transaction at
+    # will: over the rate, a used key with another body is answered from the
+    # key's record (422), and a fresh key with unknown seats is throttled
+    # (429), neither reading a seat.
+    key = new_key()
+    assert post(buyer, purchase_body(hall, ["A1"]), key).status_code == 202
+    for ref in ("A2", "A3"):
+        assert post(buyer, purchase_body(hall, [ref]), new_key()).status_code == 202
+
+    with CaptureQueriesContext(connection) as queries:
+        answers = [
+            post(buyer, purchase_body(hall, ["A4"]), key).status_code,
+            post(buyer, purchase_body(hall, ["Z99"]), new_key()).status_code,
+        ]
+
+    assert answers == [422, 429]
+    assert [q["sql"] for q in queries if "purchases_seat" in q["sql"]] == []

@@ -146,6 +146,25 @@ def purchase_start(
         )
 
 
+def purchase_replay(
+    *,
+    user,
+    idempotency_key: str,
+    event_id: int,
+    seat_refs: list[str] | None = None,
+    quantity: int | None = None,
+    payment_method: str,
+) -> PurchaseStarted | None:
+    """The first answer of the user's key for this body, starting nothing:
+    None when the key has none, ``IdempotencyKeyReused`` when it answered
+    another body. One indexed read, for a start that may not run (the
+    throttle's: purchases/throttling.py)."""
+    fingerprint = request_fingerprint(
+        event_id=event_id, seat_refs=seat_refs, quantity=quantity, payment_method=payment_method
+    )
+    return _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
+
+
 def _purchase_start(
     *,
     user,
