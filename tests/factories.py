@@ -40,7 +40,7 @@ class EventFactory(ModelFactory[Event]):
     starts_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
 
     @factory.post_generation
-    def seats(event, create, extracted, **kwargs):
+    def seats(event: Event, create, extracted, **kwargs):  # the built Event, not the factory
         # EventFactory(seats=["A1", "A2"]) or the default: row A, seats 1-4.
         refs = extracted if extracted is not None else [f"A{n}" for n in range(1, 5)]
         price = kwargs.get("price", 2500)
