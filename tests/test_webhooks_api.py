@@ -167,7 +167,7 @@ def _call(client, world, method, path, body):
     return getattr(client, method)(path)
 
 
-def _state() -> tuple:
+def webhook_state() -> tuple:
     """Everything a refused request must leave as it was."""
     return (
         list(
@@ -182,23 +182,23 @@ def _state() -> tuple:
 
 @pytest.mark.parametrize("method, path, body, _", ROUTES, ids=ROUTE_IDS)
 def test_anonymous_is_401_with_www_authenticate_and_changes_nothing(world, method, path, body, _):
-    before = _state()
+    before = webhook_state()
 
     response = _call(APIClient(), world, method, path, body)
 
     _assert_error(response, 401, "not_authenticated")
     assert response["WWW-Authenticate"] == "Token"
-    assert _state() == before
+    assert webhook_state() == before
 
 
 @pytest.mark.parametrize("method, path, body, _", ROUTES, ids=ROUTE_IDS)
 def test_a_user_who_is_not_staff_is_403_and_changes_nothing(world, user_api, method, path, body, _):
-    before = _state()
+    before = webhook_state()
 
     response = _call(user_api, world, method, path, body)
 
     _assert_error(response, 403, "permission_denied")
-    assert _state() == before
+    assert webhook_state() == before
 
 
 @pytest.mark.parametrize("method, path, body, status", ROUTES, ids=ROUTE_IDS)
@@ -446,12 +446,12 @@ def test_patch_with_a_bad_body_is_400_naming_the_field_and_changes_nothing(
 ):
     endpoint = _endpoint(closed_url)
     settings.WEBHOOK_ALLOW_LOCAL_URLS = False  # for the private address
-    before = _state()
+    before = webhook_state()
 
     response = staff_api.patch(f"{ENDPOINTS}{endpoint.pk}/", body, format="json")
 
     _assert_invalid(response, field)
-    assert _state() == before
+    assert webhook_state() == before
 
 
 def test_a_disabled_endpoint_gets_no_delivery_for_a_new_confirmed_purchase(
@@ -613,12 +613,12 @@ def test_resend_through_another_endpoints_path_is_404(staff_api, closed_url, buy
     _endpoint(closed_url)
     other = _endpoint(f"{closed_url}/other", events=["purchase.refunded"])
     delivery = _failed_delivery(buyer, show, "A1")
-    before = _state()
+    before = webhook_state()
 
     response = staff_api.post(f"{ENDPOINTS}{other.pk}/deliveries/{delivery.pk}/resend/")
 
     _assert_error(response, 404, "not_found")
-    assert _state() == before
+    assert webhook_state() == before
 
 
 def test_delete_is_204_then_every_route_of_it_is_404(staff_api, closed_url, buyer, show, gateway):

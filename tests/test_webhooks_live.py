@@ -280,7 +280,10 @@ def test_a_real_worker_retries_with_the_same_webhook_id_fails_after_the_schedule
     )
     failed = WebhookDelivery.objects.get(saga_id=failing["id"])
     staff = UserFactory(username="ops", password="pw-ops", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="resend_webhookdelivery"))
+    # What the admin's Resend takes: the action's permission, on a list the user can see.
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["resend_webhookdelivery", "view_webhookdelivery"])
+    )
     token = http.post(
         "/api/auth/token/", json={"username": staff.username, "password": "pw-ops"}
     ).json()["token"]

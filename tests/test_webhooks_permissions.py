@@ -16,14 +16,14 @@ from django.contrib.auth.models import Permission
 from django.urls import URLPattern, reverse
 from rest_framework.test import APIClient
 
-from outbox.models import OutboxMessage
 from purchases.services import saga_charge
 from webhooks import urls as webhook_urls
-from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.models import WebhookDelivery
 from webhooks.services import webhook_endpoint_create
 
 from .conftest import _client_for, drain_outbox, start_purchase
 from .factories import EventFactory, UserFactory
+from .test_webhooks_api import webhook_state
 
 pytestmark = pytest.mark.django_db
 
@@ -169,19 +169,6 @@ def _call(client, world, name: str, method: str):
     return getattr(client, method)(path)
 
 
-def _state() -> tuple:
-    """Everything a refused request must leave as it was."""
-    return (
-        list(
-            WebhookEndpoint.objects.order_by("pk").values_list(
-                "pk", "url", "description", "enabled", "secret"
-            )
-        ),
-        list(WebhookDelivery.objects.order_by("pk").values_list("pk", "status", "armed_attempt")),
-        list(OutboxMessage.objects.order_by("pk").values_list("pk", flat=True)),
-    )
-
-
 def _staff(*codenames: str, **flags) -> APIClient:
     user = UserFactory(username="staff-" + ("-".join(codenames) or "none"), is_staff=True, **flags)
     user.user_permissions.add(
@@ -194,11 +181,11 @@ def _walk(client, world) -> dict[tuple[str, str], int]:
     """Every call of the URL conf, once each; refused ones must change nothing."""
     answers = {}
     for name, method in _ordered(_calls()):
-        before = _state()
+        before = webhook_state()
         response = _call(client, world, name, method)
         answers[(name, method)] = response.status_code
         if response.status_code in (401, 403):
-            assert _state() == before, (name, method)
+            assert webhook_state() == before, (name, method)
             if method != "head":
                 code = "not_authenticated" if response.status_code == 401 else "permission_denied"
                 assert response.json()["code"] == code, response.content
