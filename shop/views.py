@@ -162,14 +162,8 @@ def _purchase_post(request, event_id: int):
     form = PurchaseForm(request.POST, event_id=event_id)
     chosen = request.POST.getlist("seats")
     if not form.is_valid():
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=400,
-            chosen=chosen,
-            problem={"code": "invalid", "field": _form_field(form), "text": _form_problem(form)},
-        )
+        problem = {"code": "invalid", "field": _form_field(form), "text": _form_problem(form)}
+        return _seat_map(request, event_id, form, status=400, chosen=chosen, problem=problem)
     data = form.request
     try:
         # The API's throttle, its scope and rate (PURCHASE_THROTTLE_RATE),
@@ -187,76 +181,70 @@ def _purchase_post(request, event_id: int):
             payment_method=data["payment_method"],
         )
     except PurchaseThrottled as exc:
-        retry_after = max(1, math.ceil(exc.wait)) if exc.wait is not None else None
-        response = render(
-            request,
-            "shop/throttled.html",
-            {"retry_after": retry_after, "event_id": event_id},
-            status=429,
-        )
-        if retry_after is not None:
-            response["Retry-After"] = str(retry_after)
-        return response
-    except SeatUnavailable as exc:
-        taken = ", ".join(exc.seats)
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=409,
-            chosen=chosen,
-            problem={
-                "code": exc.code,
-                "seats": exc.seats,
-                "text": f"Sorry, {_seat_words(exc.seats)} {taken} "
-                f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
-                f"Nothing was charged. The map below is up to date: choose again.",
-            },
-        )
-    except IdempotencyKeyReused as exc:
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=422,
-            chosen=chosen,
-            problem={
-                "code": exc.code,
-                "text": "This form was already used for another purchase (see your purchases). "
-                "Nothing new was bought; choose again below to make a new purchase.",
-            },
-        )
-    except (UnknownSeats, UnknownEvent) as exc:
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=400,
-            chosen=chosen,
-            problem={
-                "code": "invalid",
-                "field": "event" if isinstance(exc, UnknownEvent) else "seats",
-                "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
-            },
-        )
-    except NotEnoughSeats as exc:
-        return _seat_map(
-            request,
-            event_id,
-            form,
-            status=409,
-            chosen=chosen,
-            problem={
-                "code": exc.code,
-                "text": f"No row has {data.get('quantity')} free seats side by side "
-                f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
-                f"in all). Nothing was charged. Choose seats on the map, or ask for fewer.",
-            },
-        )
+        return _throttled(request, event_id, wait=exc.wait)
+    except (
+        SeatUnavailable,
+        IdempotencyKeyReused,
+        UnknownSeats,
+        UnknownEvent,
+        NotEnoughSeats,
+    ) as exc:
+        status, problem = _refusal(exc, quantity=data.get("quantity"))
+        return _seat_map(request, event_id, form, status=status, chosen=chosen, problem=problem)
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
     # 303: the browser GETs the purchase; a reload there cannot POST again.
     response.status_code = 303
     return response
+
+
+# What the service refuses a start for, each told on the seat map (_refusal).
+_REFUSALS = (SeatUnavailable, IdempotencyKeyReused, UnknownSeats, UnknownEvent, NotEnoughSeats)
+
+
+def _throttled(request, event_id: int, *, wait: float | None) -> HttpResponse:
+    """429 with ``Retry-After`` and a page that says when to try again."""
+    retry_after = max(1, math.ceil(wait)) if wait is not None else None
+    response = render(
+        request,
+        "shop/throttled.html",
+        {"retry_after": retry_after, "event_id": event_id},
+        status=429,
+    )
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def _refusal(exc: Exception, *, quantity: int | None) -> tuple[int, dict]:
+    """The status and the problem, in words, of a start the service refused
+    (the API's status for the same refusal)."""
+    if isinstance(exc, SeatUnavailable):
+        taken = ", ".join(exc.seats)
+        return 409, {
+            "code": exc.code,
+            "seats": exc.seats,
+            "text": f"Sorry, {_seat_words(exc.seats)} {taken} "
+            f"{'was' if len(exc.seats) == 1 else 'were'} just taken by someone else. "
+            f"Nothing was charged. The map below is up to date: choose again.",
+        }
+    if isinstance(exc, IdempotencyKeyReused):
+        return 422, {
+            "code": exc.code,
+            "text": "This form was already used for another purchase (see your purchases). "
+            "Nothing new was bought; choose again below to make a new purchase.",
+        }
+    if isinstance(exc, NotEnoughSeats):
+        return 409, {
+            "code": exc.code,
+            "text": f"No row has {quantity} free seats side by side "
+            f"({exc.available} {'seat is' if exc.available == 1 else 'seats are'} free "
+            f"in all). Nothing was charged. Choose seats on the map, or ask for fewer.",
+        }
+    return 400, {  # UnknownSeats, UnknownEvent
+        "code": "invalid",
+        "field": "event" if isinstance(exc, UnknownEvent) else "seats",
+        "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
+    }
 
 
 def _seat_words(seats: list[str]) -> str:
