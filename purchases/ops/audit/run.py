@@ -81,20 +81,29 @@ def audit_run(
         report.finished_at = now + timedelta(seconds=time.perf_counter() - started)
         pulse.seen = report.sagas_checked
         pulse.acted = len(report.violations)
-        # A short transaction at the end: no gateway call is made inside it.
-        with transaction.atomic(durable=True):
-            run = AuditRun.objects.create(
-                started_at=report.started_at,
-                finished_at=report.finished_at,
-                sagas_checked=report.sagas_checked,
-                violations=len(report.violations),
-                report=[v.as_dict() for v in report.violations],
-                unverified=len(report.unverified),
-                unverified_report=[u.as_dict() for u in report.unverified],
-                gateway_url=report.gateway_url,
-            )
+        run = _record_run(report)
         report.run_id = run.pk
 
+    _log_report(report, run)
+    return report
+
+
+def _record_run(report: AuditReport) -> AuditRun:
+    # A short transaction at the end: no gateway call is made inside it.
+    with transaction.atomic(durable=True):
+        return AuditRun.objects.create(
+            started_at=report.started_at,
+            finished_at=report.finished_at,
+            sagas_checked=report.sagas_checked,
+            violations=len(report.violations),
+            report=[v.as_dict() for v in report.violations],
+            unverified=len(report.unverified),
+            unverified_report=[u.as_dict() for u in report.unverified],
+            gateway_url=report.gateway_url,
+        )
+
+
+def _log_report(report: AuditReport, run: AuditRun) -> None:
     for v in report.violations:
         logger.error(
             "audit violation %s: %s",
@@ -132,7 +141,6 @@ def audit_run(
             "findings": len(report.findings),
         },
     )
-    return report
 
 
 def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:

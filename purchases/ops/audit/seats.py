@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from ...models import PurchaseSaga, ReservationSeat, ReservationStatus, Seat, SeatStatus
 from ...saga.states import SagaState
@@ -15,9 +15,28 @@ from .report import SEAT_SOLD_ONCE
 
 S = SagaState
 
+# What the two reservation-vs-seat-status checks report about a seat link.
+_LINK_FIELDS = (
+    "seat__ref",
+    "seat__status",
+    "released_at",
+    "reservation__ref",
+    "reservation__status",
+    "reservation__saga__id",
+    "reservation__saga__intent_id",
+)
+
 
 def check_seats(ctx: AuditContext) -> None:
     live = ReservationSeat.objects.filter(released_at__isnull=True)
+    _check_doubled(ctx, live)
+    _check_sold_unconfirmed(ctx, live)
+    _check_confirmed_unsold(ctx)
+    _check_sold_to_nobody(ctx, live)
+    _check_confirmed_saga_reservation(ctx)
+
+
+def _check_doubled(ctx: AuditContext, live: QuerySet[ReservationSeat]) -> None:
     doubled = list(
         live.values("seat_id")
         .annotate(n=Count("id"))
@@ -48,19 +67,12 @@ def check_seats(ctx: AuditContext) -> None:
                 + ", ".join(r["reservation__ref"] for r in rows),
             )
 
-    fields = (
-        "seat__ref",
-        "seat__status",
-        "released_at",
-        "reservation__ref",
-        "reservation__status",
-        "reservation__saga__id",
-        "reservation__saga__intent_id",
-    )
+
+def _check_sold_unconfirmed(ctx: AuditContext, live: QuerySet[ReservationSeat]) -> None:
     for row in (
         live.filter(seat__status=SeatStatus.SOLD)
         .exclude(reservation__status=ReservationStatus.CONFIRMED)
-        .values(*fields)
+        .values(*_LINK_FIELDS)
     ):
         ctx.flag(
             SEAT_SOLD_ONCE,
@@ -69,10 +81,13 @@ def check_seats(ctx: AuditContext) -> None:
             f"seat {row['seat__ref']} is sold but its reservation {row['reservation__ref']} "
             f"is {row['reservation__status']}",
         )
+
+
+def _check_confirmed_unsold(ctx: AuditContext) -> None:
     for row in (
         ReservationSeat.objects.filter(reservation__status=ReservationStatus.CONFIRMED)
         .filter(Q(released_at__isnull=False) | ~Q(seat__status=SeatStatus.SOLD))
-        .values(*fields)
+        .values(*_LINK_FIELDS)
     ):
         what = "was released" if row["released_at"] else f"is {row['seat__status']}"
         ctx.flag(
@@ -81,6 +96,9 @@ def check_seats(ctx: AuditContext) -> None:
             row["reservation__saga__intent_id"],
             f"confirmed reservation {row['reservation__ref']}: seat {row['seat__ref']} {what}",
         )
+
+
+def _check_sold_to_nobody(ctx: AuditContext, live: QuerySet[ReservationSeat]) -> None:
     for seat in (
         Seat.objects.filter(status=SeatStatus.SOLD)
         .exclude(Exists(live.filter(seat_id=OuterRef("pk"))))
@@ -92,6 +110,9 @@ def check_seats(ctx: AuditContext) -> None:
             None,
             f"seat {seat['ref']} of event {seat['event_id']} is sold to no reservation",
         )
+
+
+def _check_confirmed_saga_reservation(ctx: AuditContext) -> None:
     # A paid purchase whose reservation was let go: its seats can be sold again.
     for saga in (
         PurchaseSaga.objects.filter(state=S.CONFIRMED)
