@@ -175,14 +175,7 @@ def _purchase_start(
     payment_method: str,
     now: datetime | None,
 ) -> PurchaseStarted:
-    if (seat_refs is None) == (quantity is None):
-        raise ValueError("give exactly one of seat_refs and quantity")
-    if quantity is not None and (
-        isinstance(quantity, bool)
-        or not isinstance(quantity, int)
-        or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE
-    ):
-        raise ValueError(f"quantity must be 1 to {settings.MAX_SEATS_PER_PURCHASE}")
+    _check_choice(seat_refs=seat_refs, quantity=quantity)
     now = clock(now)
     fingerprint = request_fingerprint(
         event_id=event_id,
@@ -190,63 +183,19 @@ def _purchase_start(
         quantity=quantity,
         payment_method=payment_method,
     )
-    saga = PurchaseSaga(
-        event_id=event_id,
-        buyer=user,
-        payment_method=payment_method,
-        state=S.PENDING,
-        version=1,
-        created_at=now,
-        updated_at=now,
-        trace_context=tracing.traceparent(),
-    )
+    saga = _new_saga(event_id=event_id, user=user, payment_method=payment_method, now=now)
     hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
-    # One transaction and one commit; a replay (the key is taken) and every
-    # refusal roll it back.
     try:
-        with transaction.atomic(durable=True):
-            if quantity is None:
-                assert seat_refs is not None  # exactly one of the two: checked above
-                seats = _priced_seats(event_id=event_id, seat_refs=seat_refs, saga=saga)
-            else:
-                candidates = _best_available_candidates(event_id=event_id)
-                block = _best_block(candidates, quantity=quantity)
-                if block is None:
-                    raise _Refused(_no_block(event_id=event_id, available=len(candidates)))
-                seats = block
-                _price(saga, seats)
-            purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
-            # First write: a concurrent duplicate waits here on the unique
-            # index until we commit or roll back, then replays our answer.
-            # Before any seat is locked: a transaction waiting here holds no
-            # seat, so it is in no cycle of waits with a seat's holder.
-            if not _claim_key(
-                user=user,
-                key=idempotency_key,
-                fingerprint=fingerprint,
-                purchase=purchase,
-                saga_id=saga.id,
-                now=now,
-            ):
-                raise _KeyTaken
-            if quantity is None:
-                _hold_named(saga, seats=seats)
-            else:
-                held = _hold_best_available(
-                    event_id=event_id, quantity=quantity, candidates=candidates, first=seats
-                )
-                if held != seats:
-                    # Another buyer took (or is taking) a seat of the first
-                    # pick: the answer stored with the key is this block's.
-                    seats = held
-                    _price(saga, seats)
-                    purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
-                    IdempotencyRecord.objects.filter(user=user, key=idempotency_key).update(
-                        response_body=purchase
-                    )
-            _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
-            saga_id = str(saga.id)
-            transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
+        purchase = _start_in_one_transaction(
+            saga,
+            user=user,
+            idempotency_key=idempotency_key,
+            fingerprint=fingerprint,
+            seat_refs=seat_refs,
+            quantity=quantity,
+            hold_expires_at=hold_expires_at,
+            now=now,
+        )
     except (_KeyTaken, _Refused) as exc:
         # The key's first answer wins over any refusal of this body: the same
         # body replays it, another body is refused as a reused key (422).
@@ -257,13 +206,140 @@ def _purchase_start(
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
 
+    _announce_started(saga, purchase=purchase, quantity=quantity)
+    return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
+
+
+def _check_choice(*, seat_refs: list[str] | None, quantity: int | None) -> None:
+    """Exactly one of the seats named and a quantity; a quantity 1 to
+    ``MAX_SEATS_PER_PURCHASE``. Anything else is a caller's mistake."""
+    if (seat_refs is None) == (quantity is None):
+        raise ValueError("give exactly one of seat_refs and quantity")
+    if quantity is not None and (
+        isinstance(quantity, bool)
+        or not isinstance(quantity, int)
+        or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE
+    ):
+        raise ValueError(f"quantity must be 1 to {settings.MAX_SEATS_PER_PURCHASE}")
+
+
+def _new_saga(*, event_id: int, user, payment_method: str, now: datetime) -> PurchaseSaga:
+    """The saga PENDING, not saved yet (``_record`` inserts it)."""
+    return PurchaseSaga(
+        event_id=event_id,
+        buyer=user,
+        payment_method=payment_method,
+        state=S.PENDING,
+        version=1,
+        created_at=now,
+        updated_at=now,
+        trace_context=tracing.traceparent(),
+    )
+
+
+def _start_in_one_transaction(
+    saga: PurchaseSaga,
+    *,
+    user,
+    idempotency_key: str,
+    fingerprint: str,
+    seat_refs: list[str] | None,
+    quantity: int | None,
+    hold_expires_at: datetime,
+    now: datetime,
+) -> dict:
+    """Pick, claim the key, hold and record; returns the purchase answered.
+    ``_KeyTaken`` when the key has an answer, ``_Refused`` for a refusal the
+    key's answer may override; either rolls everything back."""
+    # One transaction and one commit; a replay (the key is taken) and every
+    # refusal roll it back.
+    with transaction.atomic(durable=True):
+        seats, candidates = _pick_seats(saga, seat_refs=seat_refs, quantity=quantity)
+        purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
+        # First write: a concurrent duplicate waits here on the unique
+        # index until we commit or roll back, then replays our answer.
+        # Before any seat is locked: a transaction waiting here holds no
+        # seat, so it is in no cycle of waits with a seat's holder.
+        if not _claim_key(
+            user=user,
+            key=idempotency_key,
+            fingerprint=fingerprint,
+            purchase=purchase,
+            saga_id=saga.id,
+            now=now,
+        ):
+            raise _KeyTaken
+        if quantity is None:
+            _hold_named(saga, seats=seats)
+        else:
+            assert candidates is not None  # read by _pick_seats for a quantity
+            seats, purchase = _hold_quantity(
+                saga,
+                quantity=quantity,
+                candidates=candidates,
+                first=seats,
+                purchase=purchase,
+                user=user,
+                idempotency_key=idempotency_key,
+                hold_expires_at=hold_expires_at,
+            )
+        _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
+        saga_id = str(saga.id)
+        transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
+    return purchase
+
+
+def _pick_seats(
+    saga: PurchaseSaga, *, seat_refs: list[str] | None, quantity: int | None
+) -> tuple[list[Seat], list[Seat] | None]:
+    """The seats named, or the best block of ``quantity``, priced on the
+    saga, without a lock; and the candidates read for a quantity (None for
+    seats named). ``_Refused`` when there are none to pick."""
+    if quantity is None:
+        assert seat_refs is not None  # exactly one of the two: checked above
+        return _priced_seats(event_id=saga.event_id, seat_refs=seat_refs, saga=saga), None
+    candidates = _best_available_candidates(event_id=saga.event_id)
+    block = _best_block(candidates, quantity=quantity)
+    if block is None:
+        raise _Refused(_no_block(event_id=saga.event_id, available=len(candidates)))
+    _price(saga, block)
+    return block, candidates
+
+
+def _hold_quantity(
+    saga: PurchaseSaga,
+    *,
+    quantity: int,
+    candidates: list[Seat],
+    first: list[Seat],
+    purchase: dict,
+    user,
+    idempotency_key: str,
+    hold_expires_at: datetime,
+) -> tuple[list[Seat], dict]:
+    """Hold ``first`` or the next best block (``_hold_best_available``);
+    returns the seats held and the purchase answered for them."""
+    held = _hold_best_available(
+        event_id=saga.event_id, quantity=quantity, candidates=candidates, first=first
+    )
+    if held == first:
+        return first, purchase
+    # Another buyer took (or is taking) a seat of the first pick: the answer
+    # stored with the key is this block's.
+    _price(saga, held)
+    purchase = _purchase(saga, seats=held, hold_expires_at=hold_expires_at)
+    IdempotencyRecord.objects.filter(user=user, key=idempotency_key).update(response_body=purchase)
+    return held, purchase
+
+
+def _announce_started(saga: PurchaseSaga, *, purchase: dict, quantity: int | None) -> None:
+    """The start's span attributes and log line, after the commit."""
     if tracing.enabled():
         tracing.set_attributes(
             {"saga.id": saga.id, "intent.id": saga.intent_id, "saga.state.to": S.PENDING.value}
         )
     chosen = {} if quantity is None else {"quantity": quantity}
     logger.info("purchase started", **log_extra(saga, seats=",".join(purchase["seats"]), **chosen))
-    return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
 
 
 class _KeyTaken(Exception):
