@@ -303,6 +303,22 @@ def webhook_publish(
         )
         if at_once is not None:
             return at_once
+    return _publish_statement_by_statement(
+        event_type=event_type, saga_id=saga_id, event_id=event_id, data=data, now=now
+    )
+
+
+def _publish_statement_by_statement(
+    *,
+    event_type: str,
+    saga_id,
+    event_id: int,
+    data: dict | Callable[[], dict],
+    now: datetime,
+) -> list[WebhookDelivery]:
+    """:func:`webhook_publish` as separate statements (SQLite, ``data`` given
+    as a function, or the attempts' rows delivered in place): the endpoints'
+    read, then the deliveries, then their first attempts' outbox rows."""
     # A handful of endpoints: filtered here, so that SQLite (the embedded
     # mode, no JSON containment) reads them the same way.
     endpoint_ids = [
@@ -596,6 +612,41 @@ def record_attempts(records: list[AttemptRecord]) -> list[str]:
     deliveries = lock_objects.deliveries_for_update(
         delivery_ids=[record.delivery_id for record in records]
     )
+    written = _record_attempts_once(_attempt_rows(records, deliveries))
+    verdicts: list[str] = []
+    changed: dict[int, WebhookDelivery] = {}
+    logged: list[tuple[WebhookDelivery, AttemptRecord, str, bool]] = []
+    for record in records:
+        delivery = deliveries.get(record.delivery_id)
+        if delivery is None:
+            verdicts.append("skipped: no such delivery (its endpoint was deleted)")
+            continue
+        if (delivery.pk, record.attempt) not in written:
+            verdicts.append("skipped: this attempt was recorded by another worker")
+            continue
+        written.discard((delivery.pk, record.attempt))  # a second record of it here: taken
+        verdict, alert = _owe_next(delivery, record, schedule=schedule)
+        changed[delivery.pk] = delivery
+        verdicts.append(verdict)
+        logged.append((delivery, record, verdict, alert))
+    # Written once (docs/performance.md, "Statements written once"): the
+    # ORM's save(update_fields=...) was a tenth of the webhook pool's time.
+    rows_sql.update_fields_many(
+        list(changed.values()),
+        ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"],
+    )
+    for delivery, record, verdict, alert in logged:
+        _log_attempt(
+            delivery, attempt=record.attempt, verdict=verdict, answer=record.answer, alert=alert
+        )
+    return verdicts
+
+
+def _attempt_rows(
+    records: list[AttemptRecord], deliveries: dict[int, WebhookDelivery]
+) -> list[WebhookAttempt]:
+    """The attempts' rows to write, in the records' order: one per (delivery,
+    number), the first record's; none for a delivery that is gone."""
     rows: dict[tuple[int, int], WebhookAttempt] = {}
     for record in records:
         delivery = deliveries.get(record.delivery_id)
@@ -615,53 +666,32 @@ def record_attempts(records: list[AttemptRecord]) -> list[str]:
                     response_excerpt=answer.excerpt[:500],
                 ),
             )
-    written = _record_attempts_once(list(rows.values()))
-    verdicts: list[str] = []
-    changed: dict[int, WebhookDelivery] = {}
-    logged: list[tuple[WebhookDelivery, AttemptRecord, str, bool]] = []
-    for record in records:
-        delivery = deliveries.get(record.delivery_id)
-        if delivery is None:
-            verdicts.append("skipped: no such delivery (its endpoint was deleted)")
-            continue
-        if (delivery.pk, record.attempt) not in written:
-            verdicts.append("skipped: this attempt was recorded by another worker")
-            continue
-        written.discard((delivery.pk, record.attempt))  # a second record of it here: taken
-        done_at = record.now or timezone.now()
-        attempt, answer = record.attempt, record.answer
-        alert = False
-        if delivery.status != PENDING or delivery.armed_attempt != attempt:
-            verdict = "recorded"  # evidence only: the delivery moved meanwhile
-        elif answer.ok:
-            verdict = "delivered"
-            delivery.status, delivery.delivered_at = DELIVERED, done_at
-            delivery.next_attempt_at = None
-        elif record.final or attempt > len(schedule):
-            verdict = "failed"
-            delivery.status, delivery.failed_at = FAILED, done_at
-            delivery.next_attempt_at = None
-            alert = not record.final  # the schedule ran out: someone must look
-        else:
-            verdict = "retry"
-            due = done_at + timedelta(seconds=schedule[attempt - 1])
-            delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
-            # if_absent: a second arming of the same attempt is the same row.
-            _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
-        changed[delivery.pk] = delivery
-        verdicts.append(verdict)
-        logged.append((delivery, record, verdict, alert))
-    # Written once (docs/performance.md, "Statements written once"): the
-    # ORM's save(update_fields=...) was a tenth of the webhook pool's time.
-    rows_sql.update_fields_many(
-        list(changed.values()),
-        ["status", "delivered_at", "failed_at", "armed_attempt", "next_attempt_at"],
-    )
-    for delivery, record, verdict, alert in logged:
-        _log_attempt(
-            delivery, attempt=record.attempt, verdict=verdict, answer=record.answer, alert=alert
-        )
-    return verdicts
+    return list(rows.values())
+
+
+def _owe_next(
+    delivery: WebhookDelivery, record: AttemptRecord, *, schedule: list[int]
+) -> tuple[str, bool]:
+    """What a recorded attempt leaves its (locked) delivery owing: the
+    verdict, and whether to alert. Changes ``delivery`` in memory (the
+    caller writes it) and, for a retry, arms the next attempt."""
+    done_at = record.now or timezone.now()
+    attempt, answer = record.attempt, record.answer
+    if delivery.status != PENDING or delivery.armed_attempt != attempt:
+        return "recorded", False  # evidence only: the delivery moved meanwhile
+    if answer.ok:
+        delivery.status, delivery.delivered_at = DELIVERED, done_at
+        delivery.next_attempt_at = None
+        return "delivered", False
+    if record.final or attempt > len(schedule):
+        delivery.status, delivery.failed_at = FAILED, done_at
+        delivery.next_attempt_at = None
+        return "failed", not record.final  # the schedule ran out: someone must look
+    due = done_at + timedelta(seconds=schedule[attempt - 1])
+    delivery.armed_attempt, delivery.next_attempt_at = attempt + 1, due
+    # if_absent: a second arming of the same attempt is the same row.
+    _arm(delivery, attempt=attempt + 1, due_at=due, now=done_at, if_absent=True)
+    return "retry", False
 
 
 def _record_attempts_once(rows: list[WebhookAttempt]) -> set[tuple[int, int]]:
