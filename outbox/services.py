@@ -334,36 +334,13 @@ def outbox_replay(
     is written; the lines say what would run.
     """
     ids = sorted(set(ids)) if ids is not None else None
-    if consumer is not None and not routed_topics(consumer):
-        raise ReplayRefused(
-            f"{consumer} is not routed to any topic in OUTBOX_CONSUMERS; routed consumers: "
-            + ", ".join(sorted({n for names in settings.OUTBOX_CONSUMERS.values() for n in names}))
-        )
-    if since and until and since >= until:
-        raise ReplayRefused(
-            f"since ({since.isoformat()}) is not before until ({until.isoformat()})"
-        )
+    _replay_check(consumer=consumer, since=since, until=until)
     now = now or timezone.now()
     selection = _replay_selection(ids=ids, topic=topic, consumer=consumer, since=since, until=until)
     result = ReplayResult(dry_run=dry_run)
-    after = 0
-    while True:
-        batch = selection.filter(pk__gt=after).order_by("pk")
-        if dry_run:
-            rows = list(batch[:REPLAY_BATCH])
-            result.lines += _replay_lines(rows, consumer=consumer)
-        else:
-            with transaction.atomic(durable=True):
-                # Locked and read again under the lock: a line says what the
-                # replay did, not what was true a moment before.
-                rows = list(batch.select_for_update(of=("self",))[:REPLAY_BATCH])
-                lines = _replay_lines(rows, consumer=consumer)
-                _replay_rows(lines, consumer=consumer, now=now)
-            result.lines += lines
-            _log_replay(lines, consumer=consumer, operator=operator, reason=reason)
-        if len(rows) < REPLAY_BATCH:
-            break
-        after = rows[-1].pk
+    result.lines += _replay_batches(
+        selection, consumer=consumer, dry_run=dry_run, operator=operator, reason=reason, now=now
+    )
     if ids:
         result.lines += _refused_lines(
             ids,
@@ -375,6 +352,51 @@ def outbox_replay(
         )
         result.lines.sort(key=lambda line: line.message_id)
     return result
+
+
+def _replay_check(*, consumer: str | None, since: datetime | None, until: datetime | None) -> None:
+    """Refuse filters that make no sense: a consumer routed nowhere, an empty window."""
+    if consumer is not None and not routed_topics(consumer):
+        raise ReplayRefused(
+            f"{consumer} is not routed to any topic in OUTBOX_CONSUMERS; routed consumers: "
+            + ", ".join(sorted({n for names in settings.OUTBOX_CONSUMERS.values() for n in names}))
+        )
+    if since and until and since >= until:
+        raise ReplayRefused(
+            f"since ({since.isoformat()}) is not before until ({until.isoformat()})"
+        )
+
+
+def _replay_batches(
+    selection: QuerySet[OutboxMessage],
+    *,
+    consumer: str | None,
+    dry_run: bool,
+    operator: str,
+    reason: str,
+    now: datetime,
+) -> list[ReplayLine]:
+    """Replay ``selection`` in batches of ``REPLAY_BATCH`` by pk, a transaction each."""
+    replayed: list[ReplayLine] = []
+    after = 0
+    while True:
+        batch = selection.filter(pk__gt=after).order_by("pk")
+        if dry_run:
+            rows = list(batch[:REPLAY_BATCH])
+            replayed += _replay_lines(rows, consumer=consumer)
+        else:
+            with transaction.atomic(durable=True):
+                # Locked and read again under the lock: a line says what the
+                # replay did, not what was true a moment before.
+                rows = list(batch.select_for_update(of=("self",))[:REPLAY_BATCH])
+                lines = _replay_lines(rows, consumer=consumer)
+                _replay_rows(lines, consumer=consumer, now=now)
+            replayed += lines
+            _log_replay(lines, consumer=consumer, operator=operator, reason=reason)
+        if len(rows) < REPLAY_BATCH:
+            break
+        after = rows[-1].pk
+    return replayed
 
 
 def _log_replay(lines: list[ReplayLine], *, consumer, operator: str, reason: str) -> None:

@@ -524,44 +524,19 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         self, request, saga, action, operator, reason, *, override=False
     ) -> _ResultRow:
         before = saga.state
-        # The operator confirmed what the dry run showed at this version; a
-        # saga that moved since is looked at again, not acted on blind.
-        seen = request.POST.get(f"version_{saga.pk}")
-        if seen and seen != str(saga.version):
-            return _ResultRow(
-                saga,
-                before,
-                before,
-                "refused",
-                f"moved on since the dry run (v{seen} → v{saga.version}, now {before}): look again",
-            )
-        # The table's verdict only: the gateway is asked by the action itself,
-        # after the operator's note is on the record.
-        plan = action_plan(saga=saga, action=action, ask_gateway=False)
-        if not plan.allowed:
-            return _ResultRow(saga, before, before, "refused", plan.why)
-        written_before = set(
-            LedgerEntry.objects.filter(saga_id=saga.pk).values_list("pk", flat=True)
-        )
+        refusal = _runbook_refusal(request, saga, action)
+        if refusal is not None:
+            return _ResultRow(saga, before, before, "refused", refusal)
+        written_before = _ledger_ids(saga.pk)
         extra = {
             "saga_id": str(saga.pk),
             "runbook_action": action.value,
             "operator": operator,
             "override": override,
         }
-        try:
-            action_run(
-                saga_id=saga.pk, action=action, operator=operator, reason=reason, override=override
-            )
-        except (ActionRefused, IllegalTransition) as exc:
-            outcome, message = "refused", str(exc)
-        except DomainError as exc:
-            outcome, message = "failed", f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # one saga's failure must not stop the others
-            logger.exception("runbook action failed", extra=extra)
-            outcome, message = "failed", f"{type(exc).__name__}: {exc}"
-        else:
-            outcome, message = "done", ""
+        outcome, message = _runbook_attempt(
+            saga, action, operator, reason, override=override, extra=extra
+        )
         fresh = PurchaseSaga.objects.get(pk=saga.pk)
         if outcome == "done":
             message = (
@@ -580,14 +555,60 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             f'Runbook "{LABELS[action]}" ({action.value}); reason: "{reason}"; '
             f"result: {outcome}: {message}",
         )
-        written = [
-            f"{e.kind} {'+' if e.amount > 0 else ''}{format_money(e.amount, e.currency)}"
-            f"{' (' + e.gateway_reference + ')' if e.gateway_reference else ''}"
-            for e in LedgerEntry.objects.filter(saga_id=saga.pk)
-            .exclude(pk__in=written_before)
-            .order_by("created_at", "id")
-        ]
+        written = _ledger_written(saga.pk, written_before)
         return _ResultRow(saga, before, fresh.state, outcome, message, written)
+
+
+def _runbook_refusal(request, saga, action: Action) -> str | None:
+    """Why the confirmed ``action`` is not run on ``saga`` after all; None to run it."""
+    # The operator confirmed what the dry run showed at this version; a
+    # saga that moved since is looked at again, not acted on blind.
+    seen = request.POST.get(f"version_{saga.pk}")
+    if seen and seen != str(saga.version):
+        return (
+            f"moved on since the dry run (v{seen} → v{saga.version}, now {saga.state}): look again"
+        )
+    # The table's verdict only: the gateway is asked by the action itself,
+    # after the operator's note is on the record.
+    plan = action_plan(saga=saga, action=action, ask_gateway=False)
+    if not plan.allowed:
+        return plan.why
+    return None
+
+
+def _runbook_attempt(
+    saga, action: Action, operator: str, reason: str, *, override: bool, extra: dict
+) -> tuple[str, str]:
+    """Run ``action`` on ``saga``: its outcome ("done", "refused", "failed") and why."""
+    try:
+        action_run(
+            saga_id=saga.pk, action=action, operator=operator, reason=reason, override=override
+        )
+    except (ActionRefused, IllegalTransition) as exc:
+        outcome, message = "refused", str(exc)
+    except DomainError as exc:
+        outcome, message = "failed", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # one saga's failure must not stop the others
+        logger.exception("runbook action failed", extra=extra)
+        outcome, message = "failed", f"{type(exc).__name__}: {exc}"
+    else:
+        outcome, message = "done", ""
+    return outcome, message
+
+
+def _ledger_ids(saga_id) -> set:
+    return set(LedgerEntry.objects.filter(saga_id=saga_id).values_list("pk", flat=True))
+
+
+def _ledger_written(saga_id, written_before: set) -> list[str]:
+    """The saga's ledger entries not in ``written_before``, as the result page shows them."""
+    return [
+        f"{e.kind} {'+' if e.amount > 0 else ''}{format_money(e.amount, e.currency)}"
+        f"{' (' + e.gateway_reference + ')' if e.gateway_reference else ''}"
+        for e in LedgerEntry.objects.filter(saga_id=saga_id)
+        .exclude(pk__in=written_before)
+        .order_by("created_at", "id")
+    ]
 
 
 # --- the catalogue ------------------------------------------------------------------
