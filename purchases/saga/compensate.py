@@ -68,7 +68,28 @@ def saga_compensate(
     (CONFIRMED for a refund, UNKNOWN_EXPIRED for an operator's verdict).
     """
     gateway = gateway_or_default(gateway)
+    return gateway_step(
+        step="compensate",
+        saga_id=saga_id,
+        decide=_compensate_decide(
+            saga_id=saga_id, now=now, by=by, reason=reason, may_start_from=may_start_from
+        ),
+        call=lambda saga, ask: gateway.refund(
+            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"
+        ),
+        record=_compensate_record(saga_id=saga_id, now=now, by=by),
+        now=now,
+    )
 
+
+def _compensate_decide(
+    *,
+    saga_id,
+    now: datetime | None,
+    by: By,
+    reason: str,
+    may_start_from: frozenset[SagaState],
+):
     def decide(saga: PurchaseSaga, at: datetime) -> Ask | Next:
         if saga.awaiting_operator_since is not None and by.actor != Actor.OPERATOR:
             # The gateway contradicted the ledger: only an operator's verdict
@@ -85,6 +106,10 @@ def saga_compensate(
             return Ask("refund", saga.version)
         return lambda: _finish(saga_id=saga_id, refund_reference="", now=now, by=by)
 
+    return decide
+
+
+def _compensate_record(*, saga_id, now: datetime | None, by: By):
     def record(saga: PurchaseSaga, ask: Ask, result, at: datetime) -> Next:
         if saga.version != ask.version or saga.state != S.COMPENSATING:
             return None
@@ -104,16 +129,7 @@ def saga_compensate(
         reference = f"refund:{saga.intent_id}"
         return lambda: _finish(saga_id=saga_id, refund_reference=reference, now=now, by=by)
 
-    return gateway_step(
-        step="compensate",
-        saga_id=saga_id,
-        decide=decide,
-        call=lambda saga, ask: gateway.refund(
-            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"
-        ),
-        record=record,
-        now=now,
-    )
+    return record
 
 
 def _wait_for_an_operator(saga: PurchaseSaga, *, at: datetime, by: By) -> None:

@@ -49,7 +49,17 @@ def saga_reconcile(
     place in the backoff schedule; ``expected_version`` the version its timer
     was armed at (a probe of an older episode does nothing)."""
     gateway = gateway_or_default(gateway)
+    return gateway_step(
+        step="reconcile",
+        saga_id=saga_id,
+        decide=_reconcile_decide(attempt=attempt, expected_version=expected_version),
+        call=lambda saga, ask: gateway.retrieve(saga.intent_id),
+        record=_reconcile_record(gateway, attempt=attempt, now=now, by=by),
+        now=now,
+    )
 
+
+def _reconcile_decide(*, attempt: int, expected_version: int | None):
     def decide(saga: PurchaseSaga, at: datetime) -> Ask | Next:
         if saga.state not in (S.UNKNOWN, S.CHARGING) or (
             expected_version is not None and saga.version != expected_version
@@ -58,6 +68,10 @@ def saga_reconcile(
             return None
         return Ask("retrieve", saga.version, attempt=attempt)
 
+    return decide
+
+
+def _reconcile_record(gateway: PaymentGateway, *, attempt: int, now: datetime | None, by: By):
     def record(saga: PurchaseSaga, ask: Ask, lookup, at: datetime) -> Next:
         if saga.version != ask.version:
             return None
@@ -82,14 +96,7 @@ def saga_reconcile(
                 saga, status=status, attempt=attempt, at=at, gateway=gateway, now=now, by=by
             )
         if status in SETTLED_BEHIND_OUR_BACK:
-            move(
-                saga,
-                S.UNKNOWN_EXPIRED,
-                at=at,
-                by=by,
-                reason=f"gateway reports {status.value} for an unsettled saga",
-            )
-            raise_operator_alert(saga, why=f"gateway reports {status.value}", now=at)
+            _escalate_settled_behind_our_back(saga, status=status, at=at, by=by)
             return None
         note_decision(
             saga, at=at, by=by, reason=f"reconcile probe {attempt}: no answer ({lookup.detail})"
@@ -97,14 +104,20 @@ def saga_reconcile(
         next_probe_or_escalate(saga, probe=attempt + 1, at=at, by=by)
         return None
 
-    return gateway_step(
-        step="reconcile",
-        saga_id=saga_id,
-        decide=decide,
-        call=lambda saga, ask: gateway.retrieve(saga.intent_id),
-        record=record,
-        now=now,
+    return record
+
+
+def _escalate_settled_behind_our_back(
+    saga: PurchaseSaga, *, status: IntentStatus, at: datetime, by: By
+) -> None:
+    move(
+        saga,
+        S.UNKNOWN_EXPIRED,
+        at=at,
+        by=by,
+        reason=f"gateway reports {status.value} for an unsettled saga",
     )
+    raise_operator_alert(saga, why=f"gateway reports {status.value}", now=at)
 
 
 def _charge_again_unless_the_hold_ran_out(
