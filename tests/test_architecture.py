@@ -123,3 +123,36 @@ def test_every_topic_is_routed_and_every_consumer_imports(settings):
         "purchases.E001",
         "purchases.E002",
     ]
+
+
+# No product function over this many lines, from its def to its last line
+# (issue 31): a function that needs more is two things.
+LONGEST_FUNCTION = 60
+
+
+def _long_functions(source: str) -> list[tuple[str, int]]:
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+
+
+def test_the_length_check_finds_a_long_function():
+    body = "".join(f"    x{n} = {n}\n" for n in range(LONGEST_FUNCTION))
+    assert _long_functions(f"def short():\n    pass\n\n\ndef long():\n{body}") == [
+        ("long", LONGEST_FUNCTION + 1)
+    ]
+
+
+def test_no_product_function_is_longer_than_the_limit():
+    long = [
+        f"{path.relative_to(ROOT)}: {name} ({lines} lines)"
+        for package in (*PACKAGES, "shop")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts
+        for name, lines in _long_functions(path.read_text())
+    ]
+    assert long == []
