@@ -38,7 +38,7 @@ from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
+from .cache_outage import cache_call
 
 # What a request reads of its user (permissions: is_active, is_staff,
 # is_superuser); never the password.
@@ -65,16 +65,7 @@ class CachedTokenAuthentication(TokenAuthentication):
             return super().authenticate_credentials(key)
         # Whether the cache answered the look-up: a cache that did not is not
         # asked to remember either (the request would wait for it twice).
-        reached = False
-        remembered = None
-        if not cache_skipped("token"):
-            try:
-                remembered = cache.get(cache_key(key))
-            except cache_down() as exc:
-                cache_unavailable("token", exc)
-            else:
-                cache_answered()
-                reached = True
+        reached, remembered = cache_call("token", functools.partial(cache.get, cache_key(key)))
         if remembered is not None:
             fields = dict(zip(USER_FIELDS, remembered, strict=True))
             names = _model_order()
@@ -83,31 +74,26 @@ class CachedTokenAuthentication(TokenAuthentication):
             )
             return user, Token(key=key, user=user)
         user, token = super().authenticate_credentials(key)  # refuses what it must
-        if reached:
-            try:
-                cache.set(cache_key(key), [getattr(user, name) for name in USER_FIELDS], seconds)
-            except cache_down() as exc:
-                cache_unavailable("token", exc)  # read from the database next time too
+        if reached:  # read from the database next time too, if this one fails
+            remember = [getattr(user, name) for name in USER_FIELDS]
+            cache_call("token", functools.partial(cache.set, cache_key(key), remember, seconds))
         return user, token
 
 
+# Forgetting while the cache is down is lost: the TTL bounds it (above).
+
+
 def forget_token(sender, instance: Token, **kwargs) -> None:
-    if cache_skipped("token"):
-        return  # the TTL bounds it (above)
-    try:
-        cache.delete(cache_key(instance.key))
-    except cache_down() as exc:
-        cache_unavailable("token", exc)  # the TTL bounds it (above)
+    cache_call("token", functools.partial(cache.delete, cache_key(instance.key)))
 
 
 def forget_tokens_of_user(sender, instance, **kwargs) -> None:
-    keys = list(Token.objects.filter(user_id=instance.pk).values_list("key", flat=True))
-    if not keys or cache_skipped("token"):
-        return  # nothing to forget; or the cache is down, and the TTL bounds it (above)
-    try:
-        cache.delete_many([cache_key(key) for key in keys])
-    except cache_down() as exc:
-        cache_unavailable("token", exc)  # the TTL bounds it (above)
+    keys = [
+        cache_key(key)
+        for key in Token.objects.filter(user_id=instance.pk).values_list("key", flat=True)
+    ]
+    if keys:  # a user with no token has nothing to forget
+        cache_call("token", functools.partial(cache.delete_many, keys))
 
 
 def connect() -> None:

@@ -58,7 +58,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
+from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
 
 _EVENTS = "events"  # the events list's scope, beside each event's id
 
@@ -101,14 +101,10 @@ def availability_bump(event_id: int) -> None:
     """Move the versions of ``event_id`` and of the events list, now (what a
     change's commit runs). One round trip; a move that cannot reach the cache
     is lost, and the TTL bounds how long the orphaned entries are served."""
-    if cache_skipped("catalog"):
-        return  # lost: the commit stands, the TTL is the net
-    try:
-        cache.delete_many([_version_key(event_id), _version_key(_EVENTS)])
-    except cache_down() as exc:
-        cache_unavailable("catalog", exc)  # lost: the commit stands, the TTL is the net
-    else:
-        cache_answered()
+    # A move lost (the cache down): the commit stands, the TTL is the net.
+    cache_call(
+        "catalog", partial(cache.delete_many, [_version_key(event_id), _version_key(_EVENTS)])
+    )
 
 
 def cached_event_seats(

@@ -35,11 +35,15 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.conf import settings
 from prometheus_client import Counter
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -122,3 +126,19 @@ def cache_answered() -> None:
         flipped, _down = _down, False
     if flipped:
         logger.info("cache reachable again")
+
+
+def cache_call(use: str, call: Callable[[], T]) -> tuple[bool, T | None]:
+    """``call()``, a call of ``use`` on the cache, as every caller makes it:
+    ``(True, its answer)``; ``(False, None)`` when the cache was just found
+    down (skipped) or cannot be reached now, each counted and the outage
+    logged once. The caller falls back on False."""
+    if cache_skipped(use):
+        return False, None
+    try:
+        answer = call()
+    except cache_down() as exc:
+        cache_unavailable(use, exc)
+        return False, None
+    cache_answered()
+    return True, answer

@@ -44,7 +44,7 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 from config.cache import RedisCache
 
 from . import services
-from .cache_outage import cache_answered, cache_down, cache_skipped, cache_unavailable
+from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
 from .errors import IdempotencyKeyReused, UnknownEvent, UnknownSeats
 from .models import IdempotencyRecord
 
@@ -117,21 +117,20 @@ class PurchaseStartThrottle(UserRateThrottle):
         if self.key is None:
             return True
         self.now = self.timer()
-        if cache_skipped("purchase_throttle"):  # found down a moment ago: not asked
-            return self._allow_from_database(request)
-        try:
-            client = _redis_client(backend, self.key)
-            allowed, count, oldest = _slide(client)(
+        client = _redis_client(backend, self.key)
+        reached, answer = cache_call(
+            "purchase_throttle",
+            lambda: _slide(client)(
                 # A list, not DRF's pickled one: a key of its own.
                 keys=[backend.make_key(f"{self.key}:log")],
                 # (Set by DRF's __init__ from the rate; not in its stubs.)
                 args=[repr(self.now), self.duration, self.num_requests],  # type: ignore[attr-defined]
                 client=client,
-            )
-        except cache_down() as exc:
-            cache_unavailable("purchase_throttle", exc)
+            ),
+        )
+        if not reached or answer is None:  # just found down, or down now
             return self._allow_from_database(request)
-        cache_answered()
+        allowed, count, oldest = answer
         self._count, self._oldest = int(count), float(oldest) if oldest else None
         self._counted = "redis" if allowed else None
         return bool(allowed)
