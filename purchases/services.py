@@ -6,58 +6,61 @@ service owns its transactions (``atomic(durable=True)``, so nesting one by
 accident fails loudly) and never calls the gateway inside one. Services are
 keyword-only and take an injectable clock (``now``) and gateway.
 
-``purchase_start`` takes the seats named (``seat_refs``) or a ``quantity``
-(best available); a refused quantity raises ``NotEnoughSeats`` (exported here
-for the callers that catch it).
+Operations only: the saga's machinery (the one move, the step helper, the
+confirming commit, the compensation's last commit) stays inside
+``purchases.saga``. An operator's verdict is a step of its own
+(``saga_confirm_manual`` and its neighbours, docs/design.md, "Operators'
+steps"), not machinery lent to the runbook; the import contracts in
+pyproject.toml and ``tests/test_saga_boundary.py`` keep it so.
+
+Besides the operations, the words their callers need: who acts (``By``,
+``SYSTEM``), what the driver does from each state (``DRIVES``), the results
+and refusals they return or raise. ``purchase_start`` takes the seats named
+(``seat_refs``) or a ``quantity`` (best available); a refused quantity raises
+``NotEnoughSeats``. ``raise_operator_alert`` is the one that runs inside its
+caller's commit: the chaser claims the sagas it alerts about itself, with
+``SKIP LOCKED``.
 """
 
 from .catalog import event_create_with_seats
 from .errors import NotEnoughSeats
 from .saga.alerts import raise_operator_alert
 from .saga.charge import saga_charge
-from .saga.compensate import finish_compensation, purchase_refund, saga_compensate
-from .saga.confirm import confirm
+from .saga.compensate import purchase_refund, saga_compensate
 from .saga.driver import DRIVES, saga_drive
 from .saga.expiry import saga_expire_hold
+from .saga.operator import (
+    ActionRefused,
+    saga_compensate_manual,
+    saga_confirm_manual,
+    saga_look_up_escalated,
+    saga_note,
+)
 from .saga.reconcile import saga_reconcile
 from .saga.start import PurchaseStarted, purchase_replay, purchase_start, request_fingerprint
-from .saga.step import Ask, gateway_or_default, gateway_step, record_answer
-from .saga.transition import (
-    RESUMER,
-    SYSTEM,
-    By,
-    clock,
-    move,
-    note_decision,
-    saga_transition,
-)
+from .saga.transition import SYSTEM, By, saga_transition
 
 __all__ = [
     "DRIVES",
-    "RESUMER",
     "SYSTEM",
-    "Ask",
+    "ActionRefused",
     "By",
-    "clock",
     "NotEnoughSeats",
     "PurchaseStarted",
-    "confirm",
     "event_create_with_seats",
-    "finish_compensation",
-    "gateway_or_default",
-    "gateway_step",
-    "move",
-    "note_decision",
     "purchase_refund",
     "purchase_replay",
     "purchase_start",
     "raise_operator_alert",
-    "record_answer",
     "request_fingerprint",
     "saga_charge",
     "saga_compensate",
+    "saga_compensate_manual",
+    "saga_confirm_manual",
     "saga_drive",
     "saga_expire_hold",
+    "saga_look_up_escalated",
+    "saga_note",
     "saga_reconcile",
     "saga_transition",
 ]

@@ -5,6 +5,7 @@ import pytest
 
 from ledger.models import LedgerEntry
 from payments.fake_gateway.models import FakeIntent
+from purchases import services
 from purchases.models import PurchaseSaga, Seat
 from purchases.ops.runbook import SOURCES, TARGETS, Action, ActionRefused, action_plan, action_run
 from purchases.saga.states import TRANSITIONS, SagaState
@@ -294,3 +295,51 @@ def test_the_auditor_reports_an_override_the_gateway_contradicts(
     assert [(v.invariant, v.saga_id) for v in report.violations] == [
         ("override_agrees_with_gateway", str(saga.pk))
     ]
+
+
+# --- the steps behind the actions are the saga's (docs/design.md, "Operators' steps") ---
+
+
+@pytest.mark.django_db
+def test_the_saga_confirms_no_charge_the_gateway_did_not_show_whoever_calls_it(
+    alice, event, gateway
+):
+    saga = _unknown_expired(alice, event)
+
+    # when: called as the runbook would, but with nothing held against it
+    with pytest.raises(ActionRefused, match="no charge"):
+        services.saga_confirm_manual(
+            saga_id=saga.pk,
+            note="I am sure",
+            by=services.By.operator("carol"),
+            charge_id=None,
+            objection=lambda saga: "",
+        )
+
+    # then
+    assert PurchaseSaga.objects.get(pk=saga.pk).state == "UNKNOWN_EXPIRED"
+    assert not LedgerEntry.objects.filter(intent_id=saga.intent_id).exists()
+
+
+@pytest.mark.django_db
+def test_the_runbooks_objection_is_weighed_against_the_locked_saga(alice, event, gateway):
+    saga = _charged_but_unknown_expired(alice, event)
+    seen = []
+
+    def objection(locked):
+        seen.append((locked.state, locked.version))
+        return "the operator's manager says no"
+
+    with pytest.raises(ActionRefused, match="manager says no"):
+        services.saga_confirm_manual(
+            saga_id=saga.pk,
+            note="seen",
+            by=services.By.operator("carol"),
+            charge_id="ch_1",
+            objection=objection,
+        )
+
+    fresh = PurchaseSaga.objects.get(pk=saga.pk)
+    assert seen == [("UNKNOWN_EXPIRED", fresh.version)]
+    assert fresh.state == "UNKNOWN_EXPIRED"
+    assert not LedgerEntry.objects.filter(intent_id=saga.intent_id).exists()

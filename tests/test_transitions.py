@@ -8,7 +8,8 @@ import pytest
 from purchases.errors import IllegalTransition, StaleSaga
 from purchases.models import PurchaseSaga, SagaHistory
 from purchases.saga.states import TRANSITIONS, SagaState
-from purchases.services import By, move, saga_transition
+from purchases.saga.transition import move
+from purchases.services import By, saga_transition
 
 from .conftest import start_purchase
 

@@ -40,7 +40,8 @@ from outbox.models import OutboxMessage
 from outbox.sweeping import outbox_sweep
 from purchases import lock_objects
 from purchases.models import PurchaseSaga
-from purchases.services import confirm, purchase_refund, raise_operator_alert, saga_charge
+from purchases.saga.confirm import confirm
+from purchases.services import purchase_refund, raise_operator_alert, saga_charge
 from webhooks import consumers, sending, url_safety
 from webhooks.consumers import deliver
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint

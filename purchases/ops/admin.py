@@ -5,7 +5,7 @@ payment stands, whether it needs an operator and how long it has been in its
 state; the saga page opens with its verdict (:mod:`purchases.ops.verdict`:
 what happened, what is owed, what moves it next), then the evidence. Nobody
 edits a saga here: every field is read-only and state moves only through the
-services. The runbook actions are thin callers of :mod:`purchases.runbook`
+services. The runbook actions are thin callers of :mod:`purchases.ops.runbook`
 (dry run with ``action_plan``, then ``action_run`` with the operator's name
 and reason), and each run lands in the admin log. The gateway is asked only
 when the operator asks for it (``?gateway=1`` on the saga page), outside any

@@ -156,18 +156,30 @@ def _finish(*, saga_id, refund_reference: str, now: datetime | None, by: By) -> 
         if saga.state != S.COMPENSATING:
             return saga
         if refund_reference:
-            ledger_record(
-                intent_id=saga.intent_id,
-                kind=EntryKind.REFUND,
-                amount=-saga.amount,
-                currency=saga.currency,
-                saga_id=saga.pk,
-                event_id=saga.event_id,
-                now=at,
-                gateway_reference=refund_reference,
-            )
+            record_refund(saga, at=at, reference=refund_reference)
         finish_compensation(saga, at=at, by=by, refunded=bool(refund_reference) or refunded(saga))
     return saga
+
+
+def record_refund(
+    saga: PurchaseSaga, *, at: datetime, reference: str, note: str = "", override: bool = False
+) -> None:
+    """The refund's ledger entry (the charge's inverse), inside the caller's
+    transaction: the gateway's refund (``reference`` its idempotency key) or
+    one an operator saw at the processor (``note`` says so; ``override``
+    when the gateway could not be asked)."""
+    ledger_record(
+        intent_id=saga.intent_id,
+        kind=EntryKind.REFUND,
+        amount=-saga.amount,
+        currency=saga.currency,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        now=at,
+        gateway_reference=reference,
+        note=note,
+        override=override,
+    )
 
 
 def finish_compensation(
@@ -245,15 +257,17 @@ def purchase_refund(
     refund included. The buyer already has a confirmation email; the
     compensation's event carries ``was_confirmed``, so the email consumer
     sends a correction."""
-    with transaction.atomic(durable=True):
-        saga = lock_objects.saga_for_update(saga_id=saga_id)
+
+    def decide(saga: PurchaseSaga, at: datetime) -> Next:
         if saga.state != S.CONFIRMED:
             raise IllegalTransition(saga.state, S.COMPENSATING)
-    return saga_compensate(
-        saga_id=saga_id,
-        gateway=gateway,
-        now=now,
-        by=by,
-        reason=f"refund requested: {reason}",
-        may_start_from=frozenset({S.CONFIRMED}),
-    )
+        return lambda: saga_compensate(
+            saga_id=saga_id,
+            gateway=gateway,
+            now=now,
+            by=by,
+            reason=f"refund requested: {reason}",
+            may_start_from=frozenset({S.CONFIRMED}),
+        )
+
+    return gateway_step(step="refund", saga_id=saga_id, decide=decide, now=now)

@@ -136,7 +136,7 @@ SELECT rs.id, rs.seat_id, rs.released_at IS NOT NULL, s.ref
 
 def reservation_links(saga: PurchaseSaga) -> list[Link]:
     """Every seat link of the saga's reservation, released or not, with the
-    seat's reference (one statement, PostgreSQL and SQLite alike)."""
+    seat's reference, in one statement."""
     sql = _LINKS_SQL.format(link=ReservationSeat._meta.db_table, seat=Seat._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, [saga.reservation_id, saga.event_id])
@@ -170,7 +170,7 @@ def purchase_facts(saga: PurchaseSaga, *, links: list[Link] | None = None) -> di
 # ORM, selling the seats, confirming the reservation, reading the buyer (and
 # cancelling the hold timer: outbox.services) were half of the confirmation's
 # CPU in the saga worker (a GIL-only profile of make bench's figure 9).
-# Plain SQL, PostgreSQL and SQLite alike.
+# Plain SQL.
 _SELL_SQL = "UPDATE {seat} SET status = %s WHERE event_id = %s AND status = %s AND id IN ({ids})"
 _RESERVATION_SQL = "UPDATE {reservation} SET status = %s WHERE id = %s AND event_id = %s"
 _BUYER_SQL = "SELECT {username}, {email} FROM {user} WHERE {pk} = %s"

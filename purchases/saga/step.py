@@ -57,10 +57,10 @@ def gateway_step(
     *,
     saga_id,
     decide: Callable[[PurchaseSaga, datetime], Ask | Next],
-    call: Callable[[PurchaseSaga, Ask], Any],
-    record: Callable[[PurchaseSaga, Ask, Any, datetime], Next],
+    call: Callable[[PurchaseSaga, Ask], Any] | None = None,
+    record: Callable[[PurchaseSaga, Ask, Any, datetime], Next] | None = None,
     now: datetime | None = None,
-    step: str = "operator_step",
+    step: str,
 ) -> PurchaseSaga:
     """Run one gateway step on a saga (see the module docstring).
 
@@ -69,7 +69,9 @@ def gateway_step(
     instead of asking, what to do next (or None: nothing to do).
     ``call(saga, ask)`` talks to the gateway. ``record(saga, ask, answer,
     at)`` runs under the lock after the evidence is stored, and returns what
-    to do next.
+    to do next. A step that never asks (an operator's verdict on what the
+    runbook saw, a refund's check before its compensation) passes neither:
+    its one commit is the first.
     """
     with step_span(f"saga.{step}", saga_id=saga_id):
         with transaction.atomic(durable=True):
@@ -79,6 +81,8 @@ def gateway_step(
             decided = decide(saga, clock(now))
         if not isinstance(decided, Ask):
             return decided() if decided is not None else saga
+        if call is None or record is None:
+            raise TypeError(f"saga.{step} asked the gateway without a call and a record")
         return ask_and_record(saga=saga, ask=decided, call=call, record=record, now=now)
 
 

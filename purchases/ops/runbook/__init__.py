@@ -7,7 +7,8 @@ dry run (:func:`action_plan`) that says what it will do, and what the gateway
 says, before it does it. The admin is a thin caller of these functions.
 """
 
-from .actions import LABELS, SOURCES, TARGETS, Action, ActionRefused, actions_for
+from ...services import ActionRefused
+from .actions import LABELS, SOURCES, TARGETS, Action, actions_for
 from .gateway_view import GatewayView, gateway_view
 from .plan import Plan, action_plan
 from .run import action_run

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 
-from ...errors import DomainError
 from ...saga.states import TERMINAL, TRANSITIONS, SagaState
 
 S = SagaState
@@ -47,10 +46,6 @@ TARGETS = {
     (Action.REFUND, S.CONFIRMED): S.COMPENSATING,
 }
 assert all(target in TRANSITIONS[source] for (_, source), target in TARGETS.items())
-
-
-class ActionRefused(DomainError):
-    code = "action_refused"
 
 
 def actions_for(state: str) -> list[Action]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from common.money import format_money
 from payments.interface import GatewayUnavailable, PaymentGateway
+from payments.registry import get_gateway
 
-from ... import services
 from ...models import PurchaseSaga
 from ...saga.states import SagaState
 
@@ -28,7 +28,7 @@ class GatewayView:
 def gateway_view(saga: PurchaseSaga, *, gateway: PaymentGateway | None = None) -> GatewayView:
     """Ask the gateway for the intent's charges. Network I/O: call it outside
     any transaction (the adapters assert it)."""
-    gateway = services.gateway_or_default(gateway)
+    gateway = gateway if gateway is not None else get_gateway()
     try:
         charges = gateway.list_charges(saga.intent_id)
     except GatewayUnavailable as exc:

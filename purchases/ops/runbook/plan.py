@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.money import format_money
-from ledger.services import ledger_has_charge
+from ledger.models import EntryKind, LedgerEntry
 from payments.interface import PaymentGateway
 
 from ... import services
@@ -82,7 +82,7 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
     """Fill in what the action does: why, gateway calls, ledger, seats, emails."""
     state, action = SagaState(plan.state), plan.action
     seats = saga_seat_refs(saga)
-    charged = ledger_has_charge(intent_id=saga.intent_id)
+    charged = LedgerEntry.objects.filter(intent_id=saga.intent_id, kind=EntryKind.CHARGE).exists()
     was_confirmed = Reservation.objects.filter(
         pk=saga.reservation_id, event_id=saga.event_id, status=ReservationStatus.CONFIRMED
     ).exists()
