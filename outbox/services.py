@@ -147,20 +147,39 @@ def _hand_over(ids: list[int], topic: str, how: _HowSent) -> None:
         notify_relays()
 
 
-def outbox_publish_from(
-    *, source: str, topic: str, exprs: dict[str, str], now: datetime
-) -> tuple[str, list, Callable[[list[int]], None]] | None:
-    """:func:`outbox_publish` of a message due now for each row of
-    ``source`` (a CTE of the caller's statement, PostgreSQL), in that
-    statement: ``exprs`` gives the columns that differ from row to row
-    (``payload``, ``key``, ``event_id``, ``saga_id``) as SQL over
-    ``source``'s columns. Returns the ``INSERT … SELECT`` (its text and its
-    parameters; the caller adds ``RETURNING "id"`` and runs it, inside its
-    transaction) and what to call with the ids it wrote, which sends them on
-    after the commit as ``outbox_publish`` does. None for a topic delivered
+# The columns of a source of messages (:func:`outbox_publish_from`), named
+# as the arguments of outbox_publish that differ from message to message.
+MESSAGE_SOURCE_COLUMNS = ("key", "payload", "event_id", "saga_id")
+
+
+@dataclass(frozen=True)
+class MessagesFrom:
+    """The outbox's part of another app's statement: ``sql``, an ``INSERT …
+    RETURNING`` for a CTE of it, whose one output column is ``id`` (the new
+    rows' ids), and its ``params``; ``hand_over``, to call in the same
+    transaction with the ids it returned, sends them on after the commit as
+    :func:`outbox_publish` does."""
+
+    sql: str
+    params: list
+    hand_over: Callable[[list[int]], None]
+
+
+def outbox_publish_from(*, source: str, topic: str, now: datetime) -> MessagesFrom | None:
+    """:func:`outbox_publish` of a message of ``topic`` due now for each row
+    of ``source``, inside the caller's statement and transaction.
+
+    The contract is narrow on purpose (docs/design.md, "The edges"): the
+    caller owns ``source``, a relation of its statement (a CTE name) with
+    the columns of ``MESSAGE_SOURCE_COLUMNS``: ``key`` (text), ``payload``
+    (jsonb), ``event_id`` (bigint), ``saga_id`` (uuid); the outbox owns all
+    the SQL about its table (its name, its other columns and their values,
+    the same as :func:`outbox_publish` writes). None for a topic delivered
     in place by its writer here (inside ``delivered_here``, for the default
     queue): its writer keeps each row, so it publishes them one by one."""
     _require_atomic("outbox_publish_from")
+    if not source.isidentifier():
+        raise ValueError(f"a message source is a relation's name, not {source!r}")
     template, how = _message(
         topic=topic,
         payload=None,
@@ -172,8 +191,12 @@ def outbox_publish_from(
     )
     if how is _HowSent.IN_PLACE:
         return None
+    exprs = {column: f'{source}."{column}"' for column in MESSAGE_SOURCE_COLUMNS}
     sql, params = rows_sql.insert_select(template, source=source, exprs=exprs)
-    return sql, params, partial(_hand_over, topic=topic, how=how)
+    returning = f' RETURNING "{OutboxMessage._meta.pk.column}" AS id'
+    return MessagesFrom(
+        sql=sql + returning, params=params, hand_over=partial(_hand_over, topic=topic, how=how)
+    )
 
 
 def timer_schedule(
@@ -246,17 +269,11 @@ def timer_cancel(*, key: str, now: datetime | None = None) -> TimerCancelResult:
     """
     _require_atomic("timer_cancel")
     now = now or timezone.now()
-    if connection.vendor == "postgresql":
-        # Written once (docs/performance.md, "Statements written once"):
-        # every confirmation cancels its hold timer.
-        with connection.cursor() as cursor:
-            cursor.execute(_cancel_sql(), [now, key])
-            updated = cursor.rowcount
-    else:
-        # SQLite (the embedded mode): the ORM writes the time as it stores it.
-        updated = OutboxMessage.objects.filter(
-            key=key, fired_at__isnull=True, cancelled_at__isnull=True
-        ).update(cancelled_at=now, due_at=None)
+    # Written once (docs/performance.md, "Statements written once"): every
+    # confirmation cancels its hold timer.
+    with connection.cursor() as cursor:
+        cursor.execute(_cancel_sql(), [now, key])
+        updated = cursor.rowcount
     if updated:
         return TimerCancelResult(TimerCancelStatus.CANCELLED, now)
     row = OutboxMessage.objects.filter(key=key).values("fired_at", "cancelled_at").first()

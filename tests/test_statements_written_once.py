@@ -2,7 +2,7 @@
 "Statements written once"): the saga's lock and move
 (purchases/lock_objects.py, purchases/saga/transition.py), a webhook
 delivery's read, lock and attempt record (webhooks/lock_objects.py,
-webhooks/services.py), common.rows' helpers. They read and write exactly
+webhooks/attempts.py), common.rows' helpers. They read and write exactly
 what the ORM's versions did, lock what those locked, and refuse what those
 refused."""
 
@@ -27,8 +27,9 @@ from purchases.saga.start import _seats_by_ref
 from purchases.saga.states import SagaState
 from purchases.saga.transition import By, move
 from webhooks import lock_objects as webhook_locks
+from webhooks.attempts import _record_attempts_once
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from webhooks.services import _record_attempts_once, webhook_endpoint_create, webhook_publish
+from webhooks.services import webhook_endpoint_create, webhook_publish
 
 from .conftest import start_purchase
 

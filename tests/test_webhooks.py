@@ -463,19 +463,19 @@ def test_a_sweeps_read_goes_stale_and_each_attempt_then_reads_its_own(
 ):
     """After a slow receiver, a change of the endpoint counts for the next
     attempts of the sweep: they read their delivery again."""
-    from webhooks import services
+    from webhooks import attempts  # only this test replaces the POST an attempt makes
 
     endpoints = [_endpoint(receiver, path=f"/{name}") for name in ("a", "b")]
     monkeypatch.setattr(consumers, "READ_FRESH_SECONDS", 0.0)
     _confirmed(alice, event)
-    real_post = services.post
+    real_post = attempts.post
 
     def post_then_disable_the_second(target, **kwargs):
         answer = real_post(target, **kwargs)
         WebhookEndpoint.objects.filter(pk=endpoints[1].pk).update(enabled=False)
         return answer
 
-    monkeypatch.setattr(services, "post", post_then_disable_the_second)
+    monkeypatch.setattr(attempts, "post", post_then_disable_the_second)
     with CaptureQueriesContext(connection) as sent:
         assert outbox_sweep(topic=TOPIC, gather=0) == "delivered=2 failed=0"
 

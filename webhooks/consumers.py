@@ -3,7 +3,7 @@
 An ordinary consumer (it calls out): it runs outside any transaction, at
 least once. It is idempotent: an attempt already recorded is not made again,
 and an attempt of a delivery no longer pending is not made at all (see
-:func:`webhooks.services.webhook_attempt`). A receiver that fails is not a
+:func:`webhooks.attempts.webhook_attempt`). A receiver that fails is not a
 failure of the consumer: the attempt is recorded and the next one armed.
 
 The rows a sweep claims together are read together first (:func:`prepare`,
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from outbox.models import OutboxMessage
 
 from . import lock_objects
-from .services import webhook_attempt_send
+from .attempts import webhook_attempt_send
 
 READ_FRESH_SECONDS = 1.0
 

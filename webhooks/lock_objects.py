@@ -3,8 +3,8 @@
 A delivery is locked alone (its attempt's record, a resend), and an endpoint
 alone (a change, a rotation, a delete): never both, and never with a saga's
 lock. The saga's commit that writes deliveries reads the enabled endpoints
-(on PostgreSQL, with the saga's data in hand, only those subscribed to the
-type) under ``FOR KEY SHARE`` (after the saga's own lock): sagas never block one
+(with the saga's data in hand, only those subscribed to the type) under
+``FOR KEY SHARE`` (after the saga's own lock): sagas never block one
 another there, a change or a rotation (``FOR NO KEY UPDATE``) never waits
 for them, and a delete (``FOR UPDATE``) waits for the commits in flight, so
 it cannot remove an endpoint under a delivery about to commit (PostgreSQL
@@ -17,7 +17,6 @@ import functools
 import json
 
 from django.db import connection
-from django.db.models import Exists, OuterRef
 
 from common import rows
 
@@ -26,13 +25,12 @@ from .models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
     """(id, event types) of every enabled endpoint, key-share locked until
-    the caller's commit (PostgreSQL; SQLite's writers are serialised anyway).
+    the caller's commit.
 
-    Every saga's commit that may announce a move runs it, endpoints or none:
-    on PostgreSQL it is written once (docs/performance.md, "Statements
-    written once"); building it with the ORM was 4 % of the worker's time."""
-    if connection.vendor != "postgresql":
-        return list(WebhookEndpoint.objects.filter(enabled=True).values_list("pk", "events"))
+    Every saga's commit that may announce a move with its data still to
+    read runs it, endpoints or none: it is written once (docs/performance.md,
+    "Statements written once"); building it with the ORM was 4 % of the
+    worker's time."""
     with connection.cursor() as cursor:
         cursor.execute(_enabled_endpoints_sql())
         return [
@@ -43,7 +41,7 @@ def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
 
 # The enabled endpoints subscribed to a type (its parameter: the type in a
 # JSON list), key-share locked as above: the first step of the one statement
-# that writes a move's deliveries (webhooks.services._publish_at_once).
+# that writes a move's deliveries (webhooks.publishing._publish_at_once).
 SUBSCRIBED_ENDPOINTS_KEY_SHARE_SQL = (
     f'SELECT "id" FROM {WebhookEndpoint._meta.db_table}'
     ' WHERE "enabled" AND "events" @> %s::jsonb ORDER BY "id" FOR KEY SHARE'
@@ -67,14 +65,6 @@ def deliveries_for_update(*, delivery_ids: list[int]) -> dict[int, WebhookDelive
     a cycle), each with its endpoint (not locked), by id: the records of the
     attempts a sweep closes together, or of one attempt."""
     ids = sorted(set(delivery_ids))
-    if connection.vendor != "postgresql":
-        return {
-            delivery.pk: delivery
-            for delivery in WebhookDelivery.objects.select_related("endpoint")
-            .select_for_update(of=("self",))
-            .filter(pk__in=ids)
-            .order_by("pk")
-        }
     with connection.cursor() as cursor:
         cursor.execute(_lock_sql(), [ids])
         return {delivery.pk: delivery for delivery in map(_with_endpoint, cursor.fetchall())}
@@ -86,15 +76,6 @@ def delivery_with_attempt_made(
     """The delivery with its endpoint, and whether attempt ``attempt`` was
     recorded already, in one statement and no lock (an attempt's read before
     its POST)."""
-    if connection.vendor != "postgresql":
-        made = WebhookAttempt.objects.filter(delivery_id=OuterRef("pk"), number=attempt)
-        delivery = (
-            WebhookDelivery.objects.select_related("endpoint")
-            .annotate(attempt_made=Exists(made))
-            .filter(pk=delivery_id)
-            .first()
-        )
-        return None if delivery is None else (delivery, delivery.attempt_made)
     return deliveries_with_attempt_made([(delivery_id, attempt)]).get((delivery_id, attempt))
 
 
@@ -103,14 +84,7 @@ def deliveries_with_attempt_made(
 ) -> dict[tuple[int, int], tuple[WebhookDelivery, bool]]:
     """:func:`delivery_with_attempt_made` of several (delivery, attempt)
     pairs (a sweep's claim), by pair; a delivery not found is not among
-    them. One statement on PostgreSQL, one per pair elsewhere."""
-    if connection.vendor != "postgresql":
-        out = {}
-        for delivery_id, attempt in attempts:
-            one = delivery_with_attempt_made(delivery_id=delivery_id, attempt=attempt)
-            if one is not None:
-                out[(delivery_id, attempt)] = one
-        return out
+    them. One statement."""
     with connection.cursor() as cursor:
         cursor.execute(_read_sql(), [[d for d, _ in attempts], [a for _, a in attempts]])
         found = [(_with_endpoint(row), row) for row in cursor.fetchall()]

@@ -21,8 +21,8 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
+from .endpoints import DESCRIPTION_MAX_CHARS, URL_MAX_CHARS
 from .models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from .services import DESCRIPTION_MAX_CHARS, URL_MAX_CHARS
 
 RESEND_REASON_MAX_CHARS = 500
 _URL_HELP = (

@@ -184,7 +184,7 @@ def fixtures(db: BenchDB, scale: int) -> tuple[int, int]:
 
 def create_endpoint(db: BenchDB, url: str, description: str) -> int:
     """An enabled endpoint subscribed to every type, with a valid secret (as
-    webhooks.services.new_secret makes them: 32 random bytes)."""
+    webhooks.endpoints.new_secret makes them: 32 random bytes)."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
     (endpoint_id,) = db.q1(
         "INSERT INTO webhooks_webhookendpoint (url, events, description, enabled, secret,"
