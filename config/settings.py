@@ -150,8 +150,6 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # embedded mode of make run: the worker's invalidations reach the web process).
 CACHES = {"default": env.cache_url("CACHE_URL", default=f"filecache://{VAR_DIR / 'cache'}")}
 if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
-    # The same, with one Redis client per pool instead of one per call.
-    CACHES["default"]["BACKEND"] = "config.cache.RedisCache"
     # A cache that stops answering (a cut link, not a refusal) is a cache
     # down after this long, not a request stuck for the system's TCP timeout:
     # what a request needs of it falls back to the database
@@ -356,13 +354,13 @@ if not OUTBOX_REDELIVER_SECONDS or min(OUTBOX_REDELIVER_SECONDS) <= 0:
 if "CELERY_BROKER_URL" in env:
     CELERY_BROKER_URL = env.str("CELERY_BROKER_URL")
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
-    if CELERY_BROKER_URL.startswith("redis://"):
-        # kombu's, with one Redis client per channel instead of one per
-        # command sent (config/kombu_redis.py).
-        CELERY_BROKER_TRANSPORT = "config.kombu_redis:Transport"
 else:
-    # kombu's filesystem transport: real separate worker processes, no broker
-    # server. Each process reads and writes the same folder.
+    # kombu's filesystem transport, as kombu ships it: real separate worker
+    # processes, no broker server. Each process reads and writes the same
+    # folder. Its exchanges are declared before the processes start
+    # (scripts/run.sh, devtools/embedded_broker.py): kombu creates a new
+    # exchange's file and only then locks it, and a process that read it in
+    # between would find it empty; an existing one is locked, then read.
     _broker_dir = VAR_DIR / "broker"
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)

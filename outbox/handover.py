@@ -4,13 +4,12 @@ Two paths put a row's id on a queue (its topic's, ``OUTBOX_TOPIC_QUEUES``):
 
 - **on commit** (:func:`hand_over_on_commit`): a row due when it is written
   is published by the process that wrote it, right after its commit, with no
-  transaction of its own (one ``LPUSH`` of the message Celery would send,
-  ``config/task_publish.py``). The row was written due a grace later
-  (``OUTBOX_HAND_OVER_GRACE_SECONDS``): if its consumers have not all run by
-  then (the process died between the commit and the publish, the broker
-  refused it, the worker lost it), the relay hands it over as it would any
-  due row. A publish that fails makes the row due now, so the relay does not
-  wait out the grace;
+  transaction of its own (Celery's ``apply_async``: :func:`publish`). The
+  row was written due a grace later (``OUTBOX_HAND_OVER_GRACE_SECONDS``):
+  if its consumers have not all run by then (the process died between the
+  commit and the publish, the broker refused it, the worker lost it), the
+  relay hands it over as it would any due row. A publish that fails makes
+  the row due now, so the relay does not wait out the grace;
 - **by the relay** (:func:`celery_hand_over`): the rows a pass claimed, a few
   as one task each, a burst spread over at most ``OUTBOX_DISPATCH_TASKS``
   tasks, all on one broker connection.
@@ -44,14 +43,15 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
+from celery import Task
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from config import tracing
 from config.celery import app
-from config.task_publish import publish, routing
 
 from . import sweeping
 from .delivery import message_deliver_leased
@@ -68,8 +68,6 @@ def notify_relays() -> None:
     it when (and only if) the transaction commits (at once in autocommit),
     and PostgreSQL folds identical notifications of one transaction into
     one."""
-    if connection.vendor != "postgresql":
-        return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
 
@@ -89,6 +87,18 @@ def chunks(ids: list[int], tasks: int) -> list[list[int]]:
 def queue_of(topic: str) -> str | None:
     """The queue a topic's rows go to (None: the default queue)."""
     return settings.OUTBOX_TOPIC_QUEUES.get(topic)
+
+
+def routing(queue: str | None) -> dict[str, Any]:
+    """Celery's publish options for a queue (None: the default queue)."""
+    return {"queue": queue} if queue else {}
+
+
+def publish(task: Task, args: tuple, *, queue: str | None = None) -> None:
+    """Send ``task(*args)`` to ``queue`` through Celery's own publish, which
+    raises when the broker cannot take it (after Celery's publish retries);
+    its publish signals carry the trace (config/tracing.py)."""
+    task.apply_async(args=args, **routing(queue))
 
 
 def _by_queue(ids: list[int], topics: dict[int, str]) -> dict[str | None, list[int]]:

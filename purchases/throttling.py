@@ -4,12 +4,15 @@ The rate is read from settings at call time (DRF's own throttles bind their
 rates at import), and counted in the default cache: Redis when CACHE_URL
 points at it, so that every web process shares one count.
 
-On Redis the purchase throttle is one round trip (:data:`_SLIDE`, a script
-run by Redis): DRF's reads the user's history, then writes it back, two
-commands per purchase start (5 % of the web's CPU per reserve under
-``make bench``), and two starts at once in two processes may both read the
-same history and both pass. The script trims, counts and appends in one
-atomic step. The window, the count and ``Retry-After`` are DRF's.
+The purchase throttle counts through Django's public cache API, so that two
+starts at once in two processes cannot both take the last place (DRF's
+reads the user's history, then writes it back: both may read the same
+history and both pass). Each start let through takes a numbered ticket,
+``cache.add`` (atomic: one start gets each number) of the ticket's time,
+kept for the window: start ``n`` may take its ticket only if ticket
+``n - limit`` is gone or older than the window. The window, the count and
+``Retry-After`` are DRF's. The user's last number is a hint (``…:last``): a
+start that finds its number taken tries the next.
 
 What counts (docs/api.md, "Throttling"; ``purchase_start_throttled``, the
 one decision for the API and the pages): the throttle is decided after the
@@ -18,7 +21,9 @@ gives its step back (``refund``): a replay of a key, and a refusal of the
 input (``400``, ``422``). A start refused for its seats (``409``) counts:
 it is a real attempt at them, what a scalper repeats. Over the rate, a key
 that already has an answer replays it (its first answer wins over any
-refusal), read without starting anything.
+refusal), read without starting anything. A step given back while the same
+user's next start has already taken the next number stays counted until it
+leaves the window (the count errs on the side of the limit).
 
 The cache down (docs/operations.md, "Cache down"; ``purchases/cache_outage.py``
 counts and logs it): the purchase throttle counts the user's purchases
@@ -32,108 +37,86 @@ web processes an address gets up to N times its rate during an outage.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.db.models import Count, Min
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
-
-from config.cache import RedisCache
 
 from . import services
 from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
 from .errors import IdempotencyKeyReused, UnknownEvent, UnknownSeats
 from .models import IdempotencyRecord
 
-# KEYS[1]: the user's history, newest first; ARGV: now, the window in
-# seconds, the number of requests the window allows. Returns [allowed, the
-# history's length after the step, its oldest entry]: what Retry-After
-# needs, never the history itself (a rate as high as the bench's keeps
-# thousands of entries).
-_SLIDE = """
-local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local duration = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-while true do
-  local oldest = redis.call('LINDEX', key, -1)
-  if oldest and tonumber(oldest) <= now - duration then
-    redis.call('RPOP', key)
-  else
-    break
-  end
-end
-local allowed = 0
-if redis.call('LLEN', key) < limit then
-  redis.call('LPUSH', key, ARGV[1])
-  redis.call('EXPIRE', key, math.ceil(duration))
-  allowed = 1
-end
-return {allowed, redis.call('LLEN', key), redis.call('LINDEX', key, -1) or ''}
-"""
-
 
 class PurchaseStartThrottle(UserRateThrottle):
     scope = "purchase_start"
-    # What the Redis step or the database answered (None: DRF's own step ran).
+    # What the cache or the database answered about a start refused.
     _count: int | None = None
     _oldest: float | None = None
-    # Where the step that let this start through was counted, for refund():
-    # "redis", "drf", or None (nothing to give back).
-    _counted: str | None = None
+    # The ticket this start took, for refund() (None: nothing to give back).
+    _ticket: int | None = None
 
     def get_rate(self):
         return settings.PURCHASE_THROTTLE_RATE
 
-    def refund(self) -> None:
-        """Give back the step this start took: it replayed, or its input was
-        refused. Nothing when nothing was counted."""
-        counted, self._counted = self._counted, None
-        if counted == "drf":
-            history = self.cache.get(self.key, [])
-            if self.now in history:
-                history.remove(self.now)
-                self.cache.set(self.key, history, self.duration)  # type: ignore[attr-defined]
-        elif counted == "redis":
-            backend = caches[DEFAULT_CACHE_ALIAS]
-            try:
-                client = _redis_client(backend, self.key)
-                client.lrem(backend.make_key(f"{self.key}:log"), 1, repr(self.now))
-            except cache_down() as exc:
-                cache_unavailable("purchase_throttle", exc)  # the step stays: it counts
-
     def allow_request(self, request, view) -> bool:
-        backend = caches[DEFAULT_CACHE_ALIAS]  # this thread's (self.cache is a proxy)
-        if not isinstance(backend, RedisCache):
-            allowed = super().allow_request(request, view)
-            self._counted = "drf" if allowed and self.rate is not None and self.key else None
-            return allowed
         if self.rate is None:
             return True
         self.key = self.get_cache_key(request, view)
         if self.key is None:
             return True
         self.now = self.timer()
-        client = _redis_client(backend, self.key)
-        reached, answer = cache_call(
-            "purchase_throttle",
-            lambda: _slide(client)(
-                # A list, not DRF's pickled one: a key of its own.
-                keys=[backend.make_key(f"{self.key}:log")],
-                # (Set by DRF's __init__ from the rate; not in its stubs.)
-                args=[repr(self.now), self.duration, self.num_requests],  # type: ignore[attr-defined]
-                client=client,
-            ),
-        )
-        if not reached or answer is None:  # just found down, or down now
+        reached, ticket = cache_call("purchase_throttle", self._take_ticket)
+        if not reached:  # just found down, or down now
             return self._allow_from_database(request)
-        allowed, count, oldest = answer
-        self._count, self._oldest = int(count), float(oldest) if oldest else None
-        self._counted = "redis" if allowed else None
-        return bool(allowed)
+        self._ticket = ticket
+        return ticket is not None
+
+    def _take_ticket(self) -> int | None:
+        """The number this start takes, or None: the window is full (see the
+        module's docstring)."""
+        # (Set by DRF's __init__ from the rate; not in its stubs.)
+        duration, limit = self.duration, self.num_requests  # type: ignore[attr-defined]
+        if limit <= 0:
+            self._count, self._oldest = 0, None
+            return None
+        kept = math.ceil(duration)
+        number = (self.cache.get(self._at("last")) or 0) + 1
+        while True:
+            if number > limit:
+                oldest = self.cache.get(self._at(number - limit))
+                if oldest is not None and oldest > self.now - duration:
+                    self._count, self._oldest = limit, oldest
+                    return None
+            if self.cache.add(self._at(number), self.now, kept):
+                self.cache.set(self._at("last"), number, kept)
+                return number
+            number += 1  # taken by a start at the same time: the next one
+
+    def refund(self) -> None:
+        """Give back the step this start took: it replayed, or its input was
+        refused. Nothing when nothing was counted; the cache down, the step
+        stays (it counts)."""
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            cache_call("purchase_throttle", lambda: self._give_back(ticket))
+
+    def _give_back(self, ticket: int) -> None:
+        # Only the last number is given back: a ticket deleted behind a later
+        # one would leave a gap that lets one start too many through (start
+        # n reads ticket n - limit alone).
+        if self.cache.get(self._at("last")) == ticket:  # nobody took a number since
+            kept = math.ceil(self.duration)  # type: ignore[attr-defined]
+            self.cache.delete(self._at(ticket))
+            self.cache.set(self._at("last"), ticket - 1, kept)
+
+    def _at(self, name: int | str) -> str:
+        """The cache key of one of this user's tickets, or of its last number."""
+        return f"{self.key}:{name}"
 
     def _allow_from_database(self, request) -> bool:
         """The cache down: the user's purchases started within the window,
@@ -160,25 +143,6 @@ class PurchaseStartThrottle(UserRateThrottle):
         remaining = duration - (self.now - self._oldest) if self._oldest else duration
         available = limit - self._count + 1
         return None if available <= 0 else remaining / float(available)
-
-
-_script: Any = None
-
-
-def _redis_client(backend: Any, key: Any) -> Any:
-    """The Redis client the cache (a ``RedisCache``) writes ``key`` with:
-    Django's private one (config/cache.py keeps one per pool), reached here
-    only."""
-    return backend._cache.get_client(key, write=True)
-
-
-def _slide(client) -> Any:
-    """The script, registered once (then run by its SHA; redis-py loads it
-    again into a Redis that lost it)."""
-    global _script
-    if _script is None:
-        _script = client.register_script(_SLIDE)
-    return _script
 
 
 # The token throttle's count while the cache is down: this process's own.

@@ -28,7 +28,7 @@ from config.settings import *  # noqa: E402,F403
 if "CACHE_URL" not in os.environ:
     CACHES = {
         "default": {
-            "BACKEND": "config.cache.RedisCache",  # the product's (config/cache.py)
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": os.environ["REDIS_URL"],
         }
     }

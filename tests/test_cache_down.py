@@ -40,7 +40,9 @@ def cache_down(settings):
     """The default cache, pointed at a closed port of 127.0.0.1 (its port);
     the process starts the test believing the cache up (one outage per test)."""
     config = settings.CACHES["default"]
-    assert config["BACKEND"] == "config.cache.RedisCache", "tested on Redis (tests/settings.py)"
+    assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache", (
+        "tested on Redis (tests/settings.py)"
+    )
     cache_outage.cache_answered()
     throttling.LOCAL_COUNTS.clear()  # the token throttle's count in the process
     port = free_port()  # bound, read and released: nothing listens there
@@ -56,7 +58,9 @@ def cache_hangs(settings):
     refusal, so every call waits out its timeout (0.2 s here). Yields the
     listening socket: its accepted connections are the calls' attempts."""
     config = settings.CACHES["default"]
-    assert config["BACKEND"] == "config.cache.RedisCache", "tested on Redis (tests/settings.py)"
+    assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache", (
+        "tested on Redis (tests/settings.py)"
+    )
     cache_outage.cache_answered()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -48,7 +48,7 @@ def cache_of_this_test(settings):
     other test's entries are seen), its keys deleted at the end. Never
     ``cache.clear()``: on Redis that flushes the database other sessions use."""
     config = settings.CACHES["default"]
-    assert config["BACKEND"] == "config.cache.RedisCache", (
+    assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache", (
         "the catalog cache is tested on Redis, as on the real stack (tests/settings.py)"
     )
     prefix = f"{config.get('KEY_PREFIX') or 'boxoffice-test'}-{uuid.uuid4().hex[:12]}"
@@ -448,7 +448,7 @@ def test_without_cache_url_every_process_of_the_machine_shares_the_catalog(tmp_p
     """make run sets no CACHE_URL: the web process and the worker are separate
     processes, and the worker's invalidations must reach the web's entries.
     A process-local default (locmem) would give each process its own version."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items() if k != "CACHE_URL"}
     env.update(DJANGO_SETTINGS_MODULE="config.settings", BOXOFFICE_VAR_DIR=str(tmp_path))
     script = (
         "import django; django.setup(); from purchases import availability; "

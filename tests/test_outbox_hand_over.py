@@ -2,14 +2,19 @@
 relay as the safety net (outbox/handover.py); a webhook attempt's record
 and its outbox row's completion are one commit (outbox/delivery.py)."""
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from datetime import timedelta
 
 import pytest
+from celery import signals
 from django.db import transaction
 from django.utils import timezone
 from freezegun import freeze_time
 
+from devtools.processes import free_port
 from outbox import handover
 from outbox.delivery import message_deliver, transactional
 from outbox.models import InboxEntry, OutboxMessage
@@ -20,7 +25,7 @@ from webhooks.models import WebhookAttempt, WebhookDelivery
 from webhooks.services import webhook_endpoint_create
 from webhooks.topics import DELIVERY as WEBHOOK_TOPIC
 
-from .conftest import start_purchase
+from .conftest import BrokerQueue, start_purchase
 from .webhook_receiver import Receiver
 
 T0 = "2026-12-02 12:00:00"
@@ -355,3 +360,72 @@ def test_an_attempt_whose_closing_commit_fails_is_made_again_and_recorded_once(
     assert delivery.status == "delivered"
     row.refresh_from_db()
     assert row.completed_at is not None
+
+
+# --- the publish: Celery's own, on the session's real broker --------------------
+
+
+def test_a_publish_reaches_its_queue_and_celerys_consumer_reads_it(broker_queue):
+    elsewhere = BrokerQueue(f"{broker_queue.name}-elsewhere")
+    elsewhere.purge()
+    handover.publish(handover.deliver, (7,))  # no queue: the default queue
+    handover.publish(handover.sweep, ("webhook.delivery",), queue=None)
+    handover.publish(handover.deliver, (8,), queue=elsewhere.name)
+
+    assert broker_queue.messages() == [
+        {"task": "outbox.deliver", "args": [7]},
+        {"task": "outbox.sweep", "args": ["webhook.delivery"]},
+    ]
+    assert elsewhere.messages() == [{"task": "outbox.deliver", "args": [8]}]
+
+
+def test_celerys_publish_signals_hear_the_hand_over(broker_queue):
+    # Tracing's instrumentation listens there: it writes the trace into the
+    # message's headers (config/tracing.py).
+    heard = []
+
+    def listener(sender=None, headers=None, **kwargs):
+        heard.append(sender)
+
+    signals.before_task_publish.connect(listener)
+    try:
+        handover.publish(handover.deliver, (5,))
+    finally:
+        signals.before_task_publish.disconnect(listener)
+
+    assert heard == ["outbox.deliver"]
+    assert broker_queue.messages() == [{"task": "outbox.deliver", "args": [5]}]
+
+
+def test_a_broker_that_cannot_be_reached_fails_the_publish():
+    """The hand-over and the charge's enqueue raise, after Celery's publish
+    retries, so that their callers fall back (the row made due at once, the
+    saga left to the resumer). In a process of its own: Celery reads the
+    broker's URL from the environment, before its settings, as it builds its
+    connection pool."""
+    code = (
+        "import django; django.setup()\n"
+        "from outbox import handover\n"
+        "from purchases.saga import start\n"
+        "for name, publish in [\n"
+        "    ('hand-over', lambda: handover.publish(handover.deliver, (1,))),\n"
+        "    ('charge', lambda: start.publish('purchases.charge', ('saga-1',))),\n"
+        "]:\n"
+        "    try:\n"
+        "        publish()\n"
+        "    except Exception as refused:\n"
+        "        print(name, type(refused).__name__)\n"
+        "    else:\n"
+        "        print(name, 'sent')\n"
+    )
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "CELERY_BROKER_URL": dead},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+
+    assert out == ["hand-over OperationalError", "charge OperationalError"]

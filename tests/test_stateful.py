@@ -18,7 +18,8 @@ Deterministic and in-process: the in-process fake gateway behind
 move, the outbox relayed and delivered synchronously, no Celery, no sleeps.
 Each example runs inside its own savepoint (marked ``_from_testcase`` like
 Django's TestCase blocks, so the services' ``atomic(durable=True)`` nests in
-it and the no-I/O-in-a-transaction guard ignores it) and is rolled back.
+it; the test harness's, so the no-I/O-in-a-transaction guard ignores it:
+config/transactions.py) and is rolled back.
 
     STATEFUL_EXAMPLES      examples to run (default 30; ``make chaos``: 1000+)
     STATEFUL_STEPS         steps per example (default 25)
@@ -61,6 +62,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from config.transactions import harness_blocks
 from outbox.delivery import message_deliver
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_tick
@@ -179,10 +181,14 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         # The example's transaction first, so that everything below rolls back.
         atomic = transaction.atomic()
         # Like TestCase's own blocks: the services' durable blocks may nest in
-        # it, and the no-network-in-a-transaction guard does not count it.
+        # it (Django's durability check reads this marker).
         atomic._from_testcase = True  # type: ignore[attr-defined]  # Django's; not in the stubs
         atomic.__enter__()
         self._atomic = atomic
+        # The harness's block: the no-network-in-a-transaction guard does not
+        # count it (config/transactions.py).
+        self._harness = harness_blocks()
+        self._harness.__enter__()
         self.clock.move_to(T0)
         mail.outbox = []
         self.gateway = FaultyGateway()
@@ -246,6 +252,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             if self._settings is not None:
                 self._settings.disable()
             if self._atomic is not None:
+                self._harness.__exit__(None, None, None)
                 transaction.set_rollback(True)
                 self._atomic.__exit__(None, None, None)
 

@@ -30,9 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import httpx
-from django.db import connections
 
-from config.transactions import open_atomic_blocks
+from config.transactions import open_transaction_alias
 
 from .url_safety import DEFAULT_PORTS, Target
 
@@ -51,9 +50,9 @@ class NetworkCallInTransaction(RuntimeError):
 def assert_no_transaction(what: str) -> None:
     """A POST inside a transaction would hold its locks across a receiver
     that may hang for the whole timeout (docs/design.md, "House rules")."""
-    for alias in connections:
-        if open_atomic_blocks(alias):
-            raise NetworkCallInTransaction(f"{what} called inside a transaction on {alias!r}")
+    alias = open_transaction_alias()
+    if alias is not None:
+        raise NetworkCallInTransaction(f"{what} called inside a transaction on {alias!r}")
 
 
 @dataclass(frozen=True)

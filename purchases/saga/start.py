@@ -31,7 +31,7 @@ from django.db import connection, transaction
 from common import rows as rows_sql
 from common.time import iso_z
 from config import tracing
-from config.task_publish import publish
+from config.celery import app
 from outbox.services import timer_schedule
 
 from .. import lock_objects
@@ -384,12 +384,6 @@ _SEAT_FIELDS = ["id", "ref", "price_amount", "currency"]
 def _seats_by_ref(event_id: int, seat_refs: list[str]) -> list[Seat]:
     """The event's seats named in ``seat_refs`` (id, ref, price, currency;
     the rest deferred), in id order."""
-    if connection.vendor != "postgresql":
-        return list(
-            Seat.objects.filter(event_id=event_id, ref__in=seat_refs)
-            .only(*_SEAT_FIELDS)
-            .order_by("id")
-        )
     with connection.cursor() as cursor:
         cursor.execute(_SEATS_BY_REF_SQL.format(seat=Seat._meta.db_table), [event_id, seat_refs])
         return [Seat.from_db(connection.alias, _SEAT_FIELDS, row) for row in cursor.fetchall()]
@@ -646,8 +640,13 @@ def in_answer_order(body: dict) -> dict:
 
 
 def _enqueue_charge(saga_id: str) -> None:
-    # By name: the saga does not import the task module. If this fails
-    # (broker down), the saga stays PENDING and the resumer drives it;
-    # robust=True keeps the committed purchase's 202.
-    # One LPUSH of the message Celery would send (config/task_publish.py).
+    # If this fails (broker down), the saga stays PENDING and the resumer
+    # drives it; robust=True keeps the committed purchase's 202.
     publish(CHARGE_TASK, (saga_id,))
+
+
+def publish(name: str, args: tuple) -> None:
+    """Send the task ``name`` through Celery's own publish, by name: the saga
+    does not import the task module (it raises when the broker cannot take
+    the message)."""
+    app.send_task(name, args=args)
