@@ -17,7 +17,7 @@ COPY requirements.lock ./
 RUN pip install --require-hashes --no-deps -r requirements.lock
 
 # The code, folder by folder. There is no .dockerignore, and .venv/, var/ (the
-# embedded SQLite database and broker folder) and .git/ must not end up in the
+# embedded PostgreSQL's data and the broker folder) and .git/ must not end up in the
 # image. A new app needs a line here.
 # (tests/test_compose.py runs manage.py check and collectstatic on a tree made
 # of these lines alone.)
@@ -35,7 +35,7 @@ COPY templates/ templates/
 # Run as an unprivileged user. var/ is the one place the processes write
 # (celery beat's schedule file, settings.VAR_DIR).
 # The admin's CSS and JS, served by WhiteNoise (gunicorn serves no files).
-RUN DEBUG=false SECRET_KEY=collectstatic-only DATABASE_URL=sqlite:////tmp/x.sqlite3 \
+RUN DEBUG=false SECRET_KEY=collectstatic-only DATABASE_URL=postgres://collectstatic@127.0.0.1:1/unused \
     python manage.py collectstatic --no-input
 
 RUN useradd --system --uid 10001 --no-create-home --home-dir /app app \

@@ -63,5 +63,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Everything make run and make test leave, the embedded PostgreSQL's data
+# (var/postgres) with the rest of var/; not while that server runs (make run
+# stops it at Ctrl-C). The check needs no virtualenv (devtools/embedded_pg.py
+# is standard library only).
 clean:
+	@if pid=$$(BOXOFFICE_VAR_DIR=$(CURDIR)/var $(PYTHON) -m devtools.embedded_pg running 2>/dev/null); then \
+	  echo "make clean: the embedded PostgreSQL of var/postgres is running (pid $$pid): stop make run (Ctrl-C) first, or kill -INT $$pid" >&2; \
+	  exit 2; \
+	fi
 	rm -rf $(VENV) var .pytest_cache

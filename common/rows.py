@@ -102,8 +102,7 @@ def create(obj: M) -> M:
     with ``RETURNING`` and set on ``obj``. The model's ``save()`` is not
     called, nor its signals: none of the models it serves has a receiver,
     and each caller writes a complete row (what ``OutboxMessage.save``
-    would fill in, its due time, ``outbox_publish`` sets). PostgreSQL and
-    SQLite alike."""
+    would fill in, its due time, ``outbox_publish`` sets)."""
     model = type(obj)
     sql, params, connection = _insert([obj], ignore_conflicts=False)
     auto = model._meta.auto_field
@@ -121,7 +120,7 @@ def create(obj: M) -> M:
 def insert(objs: Sequence[models.Model], *, ignore_conflicts: bool = False) -> int:
     """Insert ``objs`` (one model) in one statement; returns how many rows
     were written (with ``ignore_conflicts``, those that met a unique
-    constraint were not). PostgreSQL and SQLite alike."""
+    constraint were not)."""
     if not objs:
         return 0
     sql, params, connection = _insert(objs, ignore_conflicts=ignore_conflicts)
@@ -167,8 +166,7 @@ def insert_or_lock(obj: M) -> M:
     … RETURNING``: the update sets the key to itself, so it changes nothing
     but takes the row's lock, and a concurrent insert of the same key makes it
     wait for that transaction's end instead of failing. Callers set what
-    ``save()`` would fill in (``auto_now`` fields). PostgreSQL and SQLite
-    (3.35 and later) alike."""
+    ``save()`` would fill in (``auto_now`` fields)."""
     model = type(obj)
     sql, params, connection = _insert([obj], ignore_conflicts=False)
     with connection.cursor() as cursor:
@@ -199,14 +197,14 @@ def update_fields(obj: models.Model, names: Sequence[str]) -> int:
 
 def update_fields_many(objs: Sequence[models.Model], names: Sequence[str]) -> int:
     """:func:`update_fields` of several rows of one model, in one statement
-    on PostgreSQL (``UPDATE … FROM (VALUES …)``, each value cast to its
-    column's type, so that a column NULL in every row still has one); one
-    statement per row elsewhere. Returns the rows updated."""
+    (``UPDATE … FROM (VALUES …)``, each value cast to its column's type, so
+    that a column NULL in every row still has one). Returns the rows
+    updated."""
     if not objs:
         return 0
     model = type(objs[0])
     connection = connections[model._default_manager.db]
-    if connection.vendor != "postgresql" or len(objs) == 1:
+    if len(objs) == 1:
         return sum(update_fields(obj, names) for obj in objs)
     fields = [model._meta.pk, *_named(model, names)]
     params = [

@@ -1,9 +1,10 @@
 """Settings, read from the environment (12-factor).
 
-Every variable an operator may change is documented in docs/operations.md. With no
-``DATABASE_URL`` / ``CELERY_BROKER_URL`` the service runs on an *embedded*
-default that needs no server: SQLite (WAL, immediate transactions) and kombu's
-filesystem transport, both under ``var/``.
+Every variable an operator may change is documented in docs/operations.md. The
+database is PostgreSQL, always, named by ``DATABASE_URL`` (``make run`` and
+``make manage`` start an embedded one when the shell sets none, and pass its
+URL); with no ``CELERY_BROKER_URL`` the broker is kombu's filesystem transport
+under ``var/``, which needs no server.
 """
 
 from pathlib import Path
@@ -94,49 +95,42 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------
-EMBEDDED = "DATABASE_URL" not in env
-if EMBEDDED:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES: dict[str, dict[str, Any]] = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "boxoffice.sqlite3",
-            "OPTIONS": {
-                # Writers take the lock when the transaction begins, so two
-                # purchases never both read a seat as free and then collide on
-                # upgrade (SQLite has no SELECT ... FOR UPDATE).
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-        }
-    }
-else:
-    DATABASES = {"default": env.db("DATABASE_URL")}
-    DATABASES["default"].setdefault("OPTIONS", {})
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # Django's, without GROUP BY the primary key alone (config/postgresql).
-        DATABASES["default"]["ENGINE"] = "config.postgresql"
-    # psycopg 3's protocol mode (make bench measures both, docs/performance.md):
-    # parameters bound by the client into the SQL text (Django's default), or
-    # sent apart and bound by the server, with statements prepared after
-    # DB_PREPARE_THRESHOLD executions on a connection. PostgreSQL's alone:
-    # SQLite (a probe's or the embedded mode's) has no protocol to choose.
-    if (
-        env.bool("DB_SERVER_SIDE_BINDING", default=False)
-        and DATABASES["default"]["ENGINE"] == "config.postgresql"
-    ):
-        DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
-        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
-            "DB_PREPARE_THRESHOLD", default=5
-        )
-    # A PostgreSQL host that stops answering (rather than refusing) fails a
-    # connection after this long, not the system's TCP timeout: /metrics and
-    # /readyz answer within a scrape (purchases/ops/). libpq's option.
-    if DATABASES["default"]["ENGINE"] == "config.postgresql":
-        DATABASES["default"]["OPTIONS"].setdefault(
-            "connect_timeout", env.int("DB_CONNECT_TIMEOUT_SECONDS", default=5)
-        )
+# PostgreSQL, named by DATABASE_URL, and nothing picked in its absence: make run
+# and make manage start the embedded one (devtools/embedded_pg.py) and set it
+# (docs/operations.md, "make run"); make test finds or starts one.
+if "DATABASE_URL" not in env:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "DATABASE_URL is not set: the URL of a PostgreSQL database (make run and make manage"
+        ' set it to their embedded PostgreSQL; docs/operations.md, "Settings")'
+    )
+DATABASES: dict[str, dict[str, Any]] = {"default": env.db("DATABASE_URL")}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"DATABASE_URL names {DATABASES['default']['ENGINE']}: boxoffice runs on PostgreSQL"
+        " only (postgres://user@host:port/name)"
+    )
+# Django's, without GROUP BY the primary key alone (config/postgresql).
+DATABASES["default"]["ENGINE"] = "config.postgresql"
+DATABASES["default"].setdefault("OPTIONS", {})
+# psycopg 3's protocol mode (make bench measures both, docs/performance.md):
+# parameters bound by the client into the SQL text (Django's default), or
+# sent apart and bound by the server, with statements prepared after
+# DB_PREPARE_THRESHOLD executions on a connection.
+if env.bool("DB_SERVER_SIDE_BINDING", default=False):
+    DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
+        "DB_PREPARE_THRESHOLD", default=5
+    )
+# A PostgreSQL host that stops answering (rather than refusing) fails a
+# connection after this long, not the system's TCP timeout: /metrics and
+# /readyz answer within a scrape (purchases/ops/). libpq's option.
+DATABASES["default"]["OPTIONS"].setdefault(
+    "connect_timeout", env.int("DB_CONNECT_TIMEOUT_SECONDS", default=5)
+)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # ... but only for a connection idle for this long (or one that errored): a
@@ -365,10 +359,10 @@ else:
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
-    # kombu's, with its exchange files created, locked and read in that order
-    # (config/kombu_filesystem.py): processes that start together would
-    # otherwise read a table another has just created empty.
-    CELERY_BROKER_TRANSPORT = "config.kombu_filesystem:Transport"
+    # Remote control (celery inspect / control) binds each worker to one
+    # fanout exchange at its start, all at once: the race above, on a file
+    # nothing declares beforehand. Nothing of make run uses it.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),

@@ -4,7 +4,7 @@ pages of a reconciled, a compensated (refunded), an UNKNOWN and an escalated
 
     .venv/bin/python devtools/admin_screenshots.py [--out docs/images]
 
-Nothing of yours is touched: a scratch SQLite under a temporary folder
+Nothing of yours is touched: a scratch embedded PostgreSQL under a temporary folder
 (``BOXOFFICE_VAR_DIR``), ``DEBUG=true``, the demo data (``seed_demo``), the
 four sagas made through the services with the in-process fake gateway (the
 same tables the mounted fake serves), a logged-in staff session, Django's
@@ -19,6 +19,7 @@ takes the pictures; otherwise the small fallback below does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: devtools.* and the project import
 
+from devtools import embedded_pg  # noqa: E402
 from devtools.processes import free_port, listening, spawn, stop_group  # noqa: E402
 
 if TYPE_CHECKING:  # the type of Playwright's add_cookies, not exported by its API
@@ -190,6 +192,8 @@ def main() -> int:
         return 0
 
     scratch = Path(tempfile.mkdtemp(prefix="boxoffice-shots-"))
+    scratch.chmod(0o755)  # as root, the embedded PostgreSQL runs as postgres
+    database = contextlib.ExitStack()
     port = free_port()
     env = {
         **os.environ,
@@ -201,8 +205,8 @@ def main() -> int:
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }
+    env["DATABASE_URL"] = database.enter_context(embedded_pg.serving(scratch))
     for name in (
-        "DATABASE_URL",
         "CELERY_BROKER_URL",
         "PROMETHEUS_MULTIPROC_DIR",
         "SECRET_KEY",
@@ -252,6 +256,7 @@ def main() -> int:
     finally:
         if web is not None:
             stop_group(web)
+        database.close()
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
 

@@ -6,7 +6,7 @@ what a machine without internet shows.
 From the repository's root::
 
     .venv/bin/python -m devtools.screenshots
-        # starts a server like make run's web process (DEBUG, demo data, SQLite in
+        # starts a server like make run's web process (DEBUG, demo data, PostgreSQL in
         # a temporary folder) and takes docs/images/api-docs-offline.png
     .venv/bin/python -m devtools.screenshots --base-url http://127.0.0.1:8000 \\
         --login admin:boxoffice /admin/=docs/images/admin.png
@@ -35,6 +35,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 from playwright.sync_api import Route, ViewportSize, sync_playwright
 
+from devtools import embedded_pg
 from devtools.processes import ROOT, free_port, manage_argv, spawn, stop_group, wait_until
 
 if TYPE_CHECKING:  # the type of Playwright's add_cookies, not exported by its API
@@ -54,7 +55,7 @@ LOCAL_HOSTS = frozenset({"127.0.0.1"})
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 DEFAULT_SHOTS = {"/api/docs/": ROOT / "docs" / "images" / "api-docs-offline.png"}
 # What a server started here must not inherit from the shell: it runs on its
-# own SQLite database and needs no broker (make test exports these).
+# own embedded PostgreSQL and needs no broker (make test exports these).
 NOT_INHERITED = (
     "DATABASE_URL",
     "CELERY_BROKER_URL",
@@ -151,13 +152,22 @@ def screenshots(
 @contextlib.contextmanager
 def demo_server(port: int | None = None) -> Iterator[str]:
     """runserver as in make run's web process (DEBUG: static files served, the
-    fake gateway mounted), on a fresh SQLite database with the demo data
+    fake gateway mounted), on a fresh embedded PostgreSQL with the demo data
     (``seed_demo``: users alice, bob and admin, password ``boxoffice``), in
     a temporary folder; yields its base URL and stops it afterwards."""
     port = port or free_port()
-    with tempfile.TemporaryDirectory(prefix="boxoffice-screenshots-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="boxoffice-screenshots-"))
+        os.chmod(tmp, 0o755)  # as root, the embedded PostgreSQL runs as postgres
+        database_url = stack.enter_context(embedded_pg.serving(Path(tmp)))
         env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
-        env.update(DEBUG="true", PORT=str(port), BOXOFFICE_VAR_DIR=tmp, PYTHONUNBUFFERED="1")
+        env.update(
+            DEBUG="true",
+            PORT=str(port),
+            BOXOFFICE_VAR_DIR=tmp,
+            DATABASE_URL=database_url,
+            PYTHONUNBUFFERED="1",
+        )
         log = Path(tmp) / "server.log"
         for step in (["migrate", "--no-input"], ["seed_demo"]):
             setup = spawn(manage_argv(*step), log=log, env=env)

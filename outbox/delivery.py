@@ -46,8 +46,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from opentelemetry.trace import SpanKind
@@ -113,25 +112,6 @@ def _lease(*, message_id: int, now: datetime) -> OutboxMessage | None:
     same task cannot both run consumers; no transaction is held open while
     consumers call out."""
     lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no arrays; commits are local there.
-        owned = (
-            OutboxMessage.objects.filter(
-                pk=message_id,
-                completed_at__isnull=True,
-                cancelled_at__isnull=True,
-                dead_at__isnull=True,
-            )
-            .filter(_free_of_processing(now))
-            .update(processing_until=lease, fired_at=Coalesce(F("fired_at"), Value(now)))
-        )
-        if not owned:
-            return None
-        message = OutboxMessage.objects.get(pk=message_id)
-        message.already_ran = list(
-            InboxEntry.objects.filter(message=message).values_list("consumer", flat=True)
-        )
-        return message
     with connection.cursor() as cursor:
         cursor.execute(_written(_LEASE_SQL), [lease, now, message_id, now])
         row = cursor.fetchone()
@@ -180,28 +160,6 @@ def claim_unfired(*, topic: str, limit: int, now: datetime) -> list[OutboxMessag
     a row handed over on commit whose task failed."""
     lease = now + timedelta(seconds=settings.OUTBOX_CLAIM_LEASE_SECONDS)
     horizon = now + timedelta(seconds=settings.OUTBOX_HAND_OVER_GRACE_SECONDS)
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default): writers are serialised there.
-        ids = list(
-            OutboxMessage.objects.filter(
-                due_at__lte=horizon,
-                topic=topic,
-                available_at__lte=now,
-                fired_at__isnull=True,
-                completed_at__isnull=True,
-                cancelled_at__isnull=True,
-                dead_at__isnull=True,
-            )
-            .filter(_free_of_processing(now))
-            .order_by("due_at", "id")
-            .values_list("pk", flat=True)[:limit]
-        )
-        claimed = []
-        for message_id in ids:
-            message = _lease(message_id=message_id, now=now)
-            if message is not None:
-                claimed.append(message)
-        return claimed
     with connection.cursor() as cursor:
         cursor.execute(_written(_CLAIM_UNFIRED_SQL), [lease, now, horizon, topic, now, now, limit])
         found = cursor.fetchall()
@@ -224,10 +182,6 @@ def unclaim(messages: list[OutboxMessage]) -> int:
         return 0
     lease = messages[0].processing_until
     ids = [m.pk for m in messages]
-    if connection.vendor != "postgresql":
-        return OutboxMessage.objects.filter(
-            pk__in=ids, processing_until=lease, completed_at__isnull=True
-        ).update(processing_until=None, fired_at=None)
     with connection.cursor() as cursor:
         cursor.execute(_written(_UNCLAIM_SQL), [ids, lease])
         return cursor.rowcount
@@ -254,11 +208,6 @@ def _complete(messages: list[OutboxMessage]) -> None:
     for message in messages:
         message.completed_at, message.due_at, message.processing_until = at, None, None
     ids = [m.pk for m in messages]
-    if connection.vendor != "postgresql":
-        OutboxMessage.objects.filter(pk__in=ids).update(
-            completed_at=at, due_at=None, processing_until=None
-        )
-        return
     with connection.cursor() as cursor:
         cursor.execute(_written(_COMPLETE_SQL), [at, ids])
 

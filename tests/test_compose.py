@@ -4,7 +4,7 @@ The fake gateway is the demo's card processor: in the Compose stack it is its
 own service on an internal network with its own database, never mounted on
 the web service the world can reach. Each app service is checked against what
 ``config/settings.py`` really reads, and the gateway service's own command and
-healthcheck are run here against a local SQLite database.
+healthcheck are run here against an empty PostgreSQL database of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import environ
+import psycopg
 import pytest
 import yaml
 from django.core.management import get_commands
@@ -271,6 +272,20 @@ print(json.dumps({{
 """
 
 
+@pytest.fixture
+def empty_database():
+    """The URL of a new, empty database on the test session's PostgreSQL
+    (no migrations), dropped afterwards."""
+    server = urlsplit(os.environ["DATABASE_URL"])
+    name = f"boxoffice_compose_{os.getpid()}_{time.monotonic_ns()}"
+    admin = server._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield server._replace(path=f"/{name}").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def _settings_of(service: str, tmp_path: Path, host: str = "", **overrides: str) -> dict:
     env = {
         "PATH": os.environ["PATH"],
@@ -298,7 +313,7 @@ def test_web_settings_from_compose(tmp_path):
     assert got["debug"] is False
     assert got["fake_enabled"] is False and got["fake_mounted"] is False
     assert got["api_mounted"] and got["admin_mounted"]
-    assert got["cache"] == "config.cache.RedisCache"  # Redis, one client per pool
+    assert got["cache"] == "django.core.cache.backends.redis.RedisCache"  # Django's own
 
 
 def test_gateway_settings_from_compose(tmp_path):
@@ -344,15 +359,15 @@ def _healthcheck_argv(service: str, port: int) -> list[str]:
     return ["sh", "-c", argv[0]] if kind == "CMD-SHELL" else argv
 
 
-def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path):
+def test_the_gateway_command_migrates_serves_and_passes_its_healthcheck(tmp_path, empty_database):
     name = _gateway_service()
     port = _free_port()
     argv = [a.replace("0.0.0.0:8000", f"127.0.0.1:{port}") for a in _argv(name)]
     env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         **_env(name),
-        # Its own database, here a fresh SQLite file.
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.sqlite3'}",
+        # Its own database, here a new empty one.
+        "DATABASE_URL": empty_database,
         "BOXOFFICE_VAR_DIR": str(tmp_path / "var"),
     }
     health = _healthcheck_argv(name, port)
@@ -476,15 +491,15 @@ def test_probe_healthchecks_leave_no_metrics_file_behind(service):
 
 
 @pytest.mark.parametrize("service", PROBE_SERVICES)
-def test_the_probe_healthchecks_run(service, tmp_path):
-    # given the service's environment, on a fresh SQLite database (no
+def test_the_probe_healthchecks_run(service, tmp_path, empty_database):
+    # given the service's environment, on a new empty database (no
     # migrations: no heartbeat table) and the test session's Redis
     argv = _health_test(service)
     metrics_dir = tmp_path / "metrics"
     env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         **_env(service),
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'app.sqlite3'}",
+        "DATABASE_URL": empty_database,
         "CELERY_BROKER_URL": os.environ["CELERY_BROKER_URL"],
         "BOXOFFICE_VAR_DIR": str(tmp_path / "var"),
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
@@ -551,7 +566,8 @@ def test_the_image_holds_every_package_the_app_imports(tmp_path):
     env.update(
         DEBUG="false",
         SECRET_KEY="image-check-only",
-        DATABASE_URL=f"sqlite:///{tmp_path}/x.sqlite3",
+        # Parsed, never connected to: neither command opens the database.
+        DATABASE_URL="postgres://image-check@127.0.0.1:1/unused",
         STATIC_ROOT=str(tmp_path / "static"),
         BOXOFFICE_VAR_DIR=str(tmp_path / "var"),
         DJANGO_SETTINGS_MODULE="config.settings",

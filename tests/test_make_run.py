@@ -1,5 +1,6 @@
-"""``make run`` (scripts/run.sh): its banner points at pages that exist, and
-its logs hold no false alarm.
+"""``make run`` (scripts/run.sh): its banner points at pages that exist, its
+logs hold no false alarm, and its database is a real PostgreSQL that outlives
+it.
 
 - every URL the banner prints answers 200 or 302, and the admin's "View site"
   link is not a 404;
@@ -16,18 +17,25 @@ its logs hold no false alarm.
   no process behind. Before buying, the staff user registers a webhook
   endpoint (``http://127.0.0.1``: ``make run`` allows local URLs) at a
   receiver this test runs: each confirmed purchase reaches it once, signed
-  with the endpoint's secret.
+  with the endpoint's secret. Meanwhile ``make manage`` (scripts/manage.sh)
+  finds the database to be PostgreSQL 18 (the embedded one of make run,
+  which it leaves running); after the Ctrl-C no process is left, the
+  embedded PostgreSQL included. Then make run again: the purchases are still
+  there, and a second Ctrl-C leaves nothing either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +49,7 @@ from .webhook_receiver import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_SH = ROOT / "scripts" / "run.sh"
+MANAGE_SH = ROOT / "scripts" / "manage.sh"
 # A banner line: "    <label>  http://127.0.0.1:$PORT<path>" and nothing after it
 # (the curl examples under "try:" are not pages).
 BANNER_PAGE = re.compile(r"^ {4}(\w+) +http://127\.0\.0\.1:\$PORT(/\S*)$", re.MULTILINE)
@@ -123,7 +132,13 @@ def test_with_the_settings_of_make_run_a_record_is_one_line(tmp_path):
         text=True,
         timeout=60,
         env=_clean_env(
-            tmp_path, DEBUG="true", DJANGO_SETTINGS_MODULE="config.settings", PYTHONPATH=str(ROOT)
+            tmp_path,
+            DEBUG="true",
+            DJANGO_SETTINGS_MODULE="config.settings",
+            PYTHONPATH=str(ROOT),
+            # What scripts/env.sh exports for its embedded PostgreSQL (not
+            # reached here: nothing below queries).
+            DATABASE_URL="postgres://boxoffice@127.0.0.1:5433/boxoffice",
         ),
     )
     assert result.returncode == 0, result.stderr
@@ -131,6 +146,24 @@ def test_with_the_settings_of_make_run_a_record_is_one_line(tmp_path):
     for text in ("Not Found: /probe-404/", "Internal Server Error: /probe-500/", "probe info line"):
         assert sum(text in line for line in lines) == 1, lines
     assert not [line for line in lines if "No hostname was supplied" in line], lines
+
+
+def test_without_database_url_the_settings_refuse_naming_it(tmp_path):
+    # No database is picked silently: make run and make manage export the
+    # embedded PostgreSQL's URL (scripts/env.sh); a bare process has none.
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(
+            tmp_path, DEBUG="true", DJANGO_SETTINGS_MODULE="config.settings", PYTHONPATH=str(ROOT)
+        ),
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: DATABASE_URL is not set" in result.stderr
+    assert "make run" in result.stderr.splitlines()[-1]
 
 
 # --- the fake's stalls are not server errors --------------------------------------------
@@ -209,14 +242,87 @@ def _answers(http: httpx.Client, path: str) -> bool:
         return False
 
 
+@pytest.fixture
+def var_dir():
+    """A var folder in a folder anyone may pass through: as root, the
+    embedded PostgreSQL runs as postgres (or nobody), who must reach it, and
+    pytest's own temporary folders are closed to other users."""
+    parent = Path(tempfile.mkdtemp(prefix="boxoffice-make-run-"))
+    parent.chmod(0o755)
+    yield parent / "var"
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+# What make manage finds while make run runs: the database's kind and version.
+DATABASE_SEEN = """
+import json
+from django.db import connection
+print(json.dumps({"vendor": connection.vendor, "major": connection.pg_version // 10000}))
+"""
+
+
+def _ctrl_c(proc: subprocess.Popen, var_dir: Path, seen: set[int]) -> dict[int, str]:
+    """Ctrl-C (the terminal signals the foreground process group); what is
+    left of the processes seen, and of any with this BOXOFFICE_VAR_DIR."""
+    seen.update(_pids_of(var_dir))
+    os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    time.sleep(0.5)  # a process orphaned on the way out, still exiting
+    return _alive(seen | _pids_of(var_dir))
+
+
+def _kill_leftovers(proc: subprocess.Popen, var_dir: Path) -> None:
+    stop_group(proc, grace=1)
+    for pid in _pids_of(var_dir):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _serving(http: httpx.Client, log: Path) -> None:
+    wait_until(
+        lambda: _answers(http, "/api/events/"),
+        "make run to serve /api/events/",
+        timeout=60,
+        detail=lambda: log.read_text()[-4000:],
+    )
+
+
+def _token(http: httpx.Client, username: str) -> str:
+    answer = http.post("/api/auth/token/", json={"username": username, "password": "boxoffice"})
+    return answer.json()["token"]
+
+
+def _problems(proc: subprocess.Popen, output: str, left: dict[int, str]) -> list[str]:
+    """What a start and a Ctrl-C must not show: an exit code, an ERROR line,
+    kombu's hostname warning, a django.request line printed twice, a process
+    left behind."""
+    lines = output.splitlines()
+    failures = []
+    if proc.returncode != 0:
+        failures.append(f"exit code {proc.returncode}")
+    failures += [f"ERROR line: {line}" for line in lines if ERROR_LINE.search(line)]
+    failures += [f"hostname: {line}" for line in lines if "No hostname was supplied" in line]
+    requests = [m.group(1) for line in lines if (m := DJANGO_REQUEST.search(line))]
+    failures += [
+        f"printed {n} times: {text}"
+        for text in requests
+        if (n := sum(text in line for line in lines)) != 1
+    ]
+    if left:
+        failures.append(f"processes left behind: {left}")
+    return failures
+
+
 @pytest.mark.e2e
-def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
-    var_dir = tmp_path / "var"
+def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path, var_dir):
     log = tmp_path / "make-run.log"
     port = free_port()
     env = _clean_env(
         var_dir,
         PORT=str(port),
+        # Not 5433: a make run of this machine may be using it.
+        EMBEDDED_PG_PORT=str(free_port()),
         WORKER_CONCURRENCY="2",
         # The first reconcile probe 2 s after the timeout, not 60 s.
         RECONCILE_BACKOFF_SECONDS="2,2,2,2,2,2",
@@ -225,24 +331,14 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
     seen: set[int] = set()
     receiver = Receiver()
     webhooks: list = []
+    database: dict = {}
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            wait_until(
-                lambda: _answers(http, "/api/events/"),
-                "make run to serve /api/events/",
-                timeout=60,
-                detail=lambda: log.read_text()[-4000:],
-            )
-            token = http.post(
-                "/api/auth/token/", json={"username": "alice", "password": "boxoffice"}
-            ).json()["token"]
-            auth = {"Authorization": f"Token {token}"}
-            staff = http.post(
-                "/api/auth/token/", json={"username": "admin", "password": "boxoffice"}
-            ).json()["token"]
+            _serving(http, log)
+            auth = {"Authorization": f"Token {_token(http, 'alice')}"}
             endpoint = http.post(
                 "/api/webhook-endpoints/",
-                headers={"Authorization": f"Token {staff}"},
+                headers={"Authorization": f"Token {_token(http, 'admin')}"},
                 json={
                     "url": receiver.url(),
                     "events": ["purchase.confirmed"],
@@ -281,25 +377,29 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
                 (r.verify(secret)["type"], r.verify(secret)["data"]["purchase"]["id"])
                 for r in receiver.requests
             )
-        seen.update(_pids_of(var_dir))
-        # Ctrl-C: the terminal signals the foreground process group.
-        os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        time.sleep(0.5)  # a process orphaned on the way out, still exiting
-        left = _alive(seen | _pids_of(var_dir))
+            # make manage, from a second shell: the same database, PostgreSQL.
+            shown = subprocess.run(
+                [str(MANAGE_SH), "shell", "-c", DATABASE_SEEN],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert shown.returncode == 0, shown.stderr
+            database = json.loads(shown.stdout.strip().splitlines()[-1])
+            # ... which it left running.
+            assert http.get("/api/events/").status_code == 200
+        left = _ctrl_c(proc, var_dir, seen)
     finally:
         receiver.close()
-        stop_group(proc, grace=1)
-        for pid in _pids_of(var_dir):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(proc, var_dir)
 
     output = log.read_text(errors="replace")
-    lines = output.splitlines()
-    failures = []
-    if proc.returncode != 0:
-        failures.append(f"exit code {proc.returncode}")
+    failures = _problems(proc, output, left)
+    if database != {"vendor": "postgresql", "major": 18}:
+        failures.append(f"make manage found the database {database}, not PostgreSQL 18")
+    if "(embedded PostgreSQL, data in " not in output:
+        failures.append("the banner names no embedded PostgreSQL")
     if states != ["CONFIRMED", "CONFIRMED"]:
         failures.append(f"purchases {states}")
     ids = sorted(url.rstrip("/").rsplit("/", 1)[-1] for url in bought)
@@ -307,18 +407,27 @@ def test_a_start_two_stalled_purchases_and_ctrl_c_print_no_error(tmp_path):
         failures.append(
             f"webhooks received {webhooks}, expected one purchase.confirmed for each of {ids}"
         )
-    failures += [f"ERROR line: {line}" for line in lines if ERROR_LINE.search(line)]
-    failures += [f"hostname: {line}" for line in lines if "No hostname was supplied" in line]
-    requests = [m.group(1) for line in lines if (m := DJANGO_REQUEST.search(line))]
-    if not requests:
+    if not any(DJANGO_REQUEST.search(line) for line in output.splitlines()):
         failures.append("no django.request line (the 404 should log one)")
-    failures += [
-        f"printed {n} times: {text}"
-        for text in requests
-        if (n := sum(text in line for line in lines)) != 1
-    ]
-    if left:
-        failures.append(f"processes left behind: {left}")
     assert not failures, (
         "\n".join(failures) + "\n--- make run's output (tail) ---\n" + output[-6000:]
+    )
+
+    # make run again, on the same var/: the purchases are still there.
+    log = tmp_path / "make-run-again.log"
+    proc = spawn([str(RUN_SH)], log=log, env=env)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            _serving(http, log)
+            auth = {"Authorization": f"Token {_token(http, 'alice')}"}
+            again = [http.get(url, headers=auth).json()["status"] for url in bought]
+        left = _ctrl_c(proc, var_dir, seen)
+    finally:
+        _kill_leftovers(proc, var_dir)
+    output = log.read_text(errors="replace")
+    failures = _problems(proc, output, left)
+    if again != ["CONFIRMED", "CONFIRMED"]:
+        failures.append(f"after a restart the purchases are {again}")
+    assert not failures, (
+        "\n".join(failures) + "\n--- the second make run's output (tail) ---\n" + output[-6000:]
     )

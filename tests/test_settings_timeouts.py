@@ -1,14 +1,13 @@
 """A cache or database host that stops answering fails a call within a bound,
 not the system's TCP timeout (config/settings.py; docs/operations.md,
-"Settings"): the settings as a process of the stack reads them."""
+"Settings"): the settings as a process of the stack reads them. PostgreSQL
+is the one database they accept."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,16 +19,20 @@ _PRINT = (
 )
 
 
-def _settings(**env: str) -> dict:
+def _run(**env: str) -> subprocess.CompletedProcess:
     environ = {
         k: v
         for k, v in os.environ.items()
         if k not in ("CACHE_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")
     }
     environ.update(DJANGO_SETTINGS_MODULE="config.settings", SECRET_KEY="x", DEBUG="true", **env)
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", _PRINT], cwd=ROOT, env=environ, capture_output=True, text=True
     )
+
+
+def _settings(**env: str) -> dict:
+    out = _run(**env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -45,9 +48,15 @@ def test_a_redis_cache_and_postgresql_get_their_timeouts():
     assert found["db"] == {"connect_timeout": 3}
 
 
-@pytest.mark.parametrize("database", ["sqlite:////tmp/boxoffice-settings-probe.sqlite3", None])
-def test_other_backends_get_no_option_they_would_refuse(database):
-    # sqlite3.connect() refuses connect_timeout; the file cache has no socket.
-    found = _settings(**({"DATABASE_URL": database} if database else {}))
+def test_a_cache_without_sockets_gets_no_socket_option():
+    # The file cache (no CACHE_URL) would refuse a socket timeout.
+    found = _settings(DATABASE_URL="postgres://u@127.0.0.1:5432/x")
     assert found["cache"] == {}
-    assert found["db"] == {}
+    assert found["db"] == {"connect_timeout": 5}
+
+
+def test_a_database_other_than_postgresql_is_refused_in_one_line():
+    out = _run(DATABASE_URL="sqlite:////tmp/boxoffice-settings-probe.sqlite3")
+    assert out.returncode != 0
+    assert "ImproperlyConfigured: DATABASE_URL names django.db.backends.sqlite3" in out.stderr
+    assert "PostgreSQL only" in out.stderr

@@ -5,8 +5,6 @@ config/distribution.py, tests/test_citus_rules.py). Written by hand.
   the intent id names its event, so it is the same rule.
 - The primary key becomes (id, event_id) in the database; the model keeps
   ``id`` (``id`` leads the key: ``WHERE id = …`` still has its index).
-
-PostgreSQL only for the key: SQLite (the embedded mode) keeps Django's.
 """
 
 from django.db import migrations, models
@@ -24,13 +22,11 @@ def _primary_key(schema_editor, old: list[str], new: list[str]) -> None:
 
 
 def distribute(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        _primary_key(schema_editor, ["id"], ["id", "event_id"])
+    _primary_key(schema_editor, ["id"], ["id", "event_id"])
 
 
 def undistribute(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        _primary_key(schema_editor, ["id", "event_id"], ["id"])
+    _primary_key(schema_editor, ["id", "event_id"], ["id"])
 
 
 class Migration(migrations.Migration):

@@ -10,8 +10,6 @@ config/distribution.py, tests/test_citus_rules.py). Written by hand.
   Django 5.2 cannot point a ForeignKey at a composite key; ``id`` leads, so
   ``WHERE id = …`` still has its index), and the inbox's foreign key is
   (event_id, message_id) -> (event_id, id), deferrable like Django's.
-
-PostgreSQL only for the keys: SQLite (the embedded mode) keeps Django's.
 """
 
 import django.db.models.deletion
@@ -41,8 +39,6 @@ def _primary_key(schema_editor, table: str, old: list[str], new: list[str]) -> N
 
 
 def distribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     for table in TABLES:
         _primary_key(schema_editor, table, ["id"], ["id", "event_id"])
     schema_editor.execute(
@@ -51,8 +47,6 @@ def distribute(apps, schema_editor):
 
 
 def undistribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     schema_editor.execute(f"ALTER TABLE outbox_inboxentry DROP CONSTRAINT {PAIRED}")
     for table in TABLES:
         _primary_key(schema_editor, table, ["id", "event_id"], ["id"])
@@ -64,9 +58,8 @@ def events_everywhere(apps, schema_editor):
     OutboxMessage.objects.filter(event_id__isnull=True).update(event_id=NO_EVENT)
     InboxEntry.objects.filter(event_id__isnull=True).update(event_id=Subquery(
         OutboxMessage.objects.filter(pk=OuterRef("message_id")).values("event_id")[:1]))
-    if schema_editor.connection.vendor == "postgresql":
-        # No check left pending: the tables are altered below.
-        schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    # No check left pending: the tables are altered below.
+    schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
 class Migration(migrations.Migration):

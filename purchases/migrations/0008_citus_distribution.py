@@ -17,9 +17,6 @@ the schema to it). Written by hand.
   say ``db_constraint=False`` so that Django drops (and does not make) the
   single-column one. The idempotency record's saga is on another shard under
   Citus: no foreign key at all (the reserve writes both in one commit).
-
-The keys are PostgreSQL's only: SQLite (the embedded mode of ``make run``)
-keeps Django's single-column ones, and the catalog work is skipped there.
 """
 
 import django.db.models.deletion
@@ -78,8 +75,6 @@ def _paired_name(table: str, column: str) -> str:
 
 
 def distribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     q = schema_editor.quote_name
     for table in BY_EVENT:
         _primary_key(schema_editor, table, ["id"], ["id", "event_id"])
@@ -99,8 +94,6 @@ def distribute(apps, schema_editor):
 
 
 def undistribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     q = schema_editor.quote_name
     schema_editor.execute(
         f"ALTER TABLE purchases_purchasesaga DROP CONSTRAINT {q(SAGA_RESERVATION_ONCE)}, "
@@ -119,10 +112,9 @@ def history_event_from_saga(apps, schema_editor):
     PurchaseSaga = apps.get_model("purchases", "PurchaseSaga")
     SagaHistory.objects.filter(event__isnull=True).update(event_id=Subquery(
         PurchaseSaga.objects.filter(pk=OuterRef("saga_id")).values("event_id")[:1]))
-    if schema_editor.connection.vendor == "postgresql":
-        # Check the new foreign key now: a table with pending (deferred)
-        # checks cannot be altered later in this transaction.
-        schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    # Check the new foreign key now: a table with pending (deferred)
+    # checks cannot be altered later in this transaction.
+    schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
 class Migration(migrations.Migration):

@@ -203,10 +203,9 @@ def _database_probe(*, rows: list[str], timeout: float) -> tuple[str, dict | str
     thread: the connection is this thread's, and closed before it ends."""
     settings_dict = copy.deepcopy(connections.settings[_DATABASE_ALIAS])
     probe = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, _DATABASE_ALIAS)
-    if probe.vendor == "postgresql":
-        # libpq's own limit (whole seconds, at least 2), so that a thread the
-        # probe gave up on does not wait for the system's TCP timeout.
-        settings_dict["OPTIONS"]["connect_timeout"] = max(2, math.ceil(timeout))
+    # libpq's own limit (whole seconds, at least 2), so that a thread the
+    # probe gave up on does not wait for the system's TCP timeout.
+    settings_dict["OPTIONS"]["connect_timeout"] = max(2, math.ceil(timeout))
     # This thread's connection for the alias, so that the ORM below uses it.
     connections[_DATABASE_ALIAS] = probe
     try:

@@ -67,8 +67,8 @@ def database_unreachable(exc: BaseException) -> bool:
 
 
 def database_named(alias: str = "default") -> str:
-    """Where the database is, for a message: ``host:port/name`` (the file's
-    path for SQLite), never the user or the password."""
+    """Where the database is, for a message: ``host:port/name`` (the name
+    alone over a Unix socket), never the user or the password."""
     db = connections.settings[alias]
     if not db.get("HOST"):
         return str(db.get("NAME"))

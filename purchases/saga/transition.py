@@ -13,11 +13,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from common import rows
@@ -100,14 +98,10 @@ def move(
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
-    in_one_statement = connection.vendor == "postgresql"
     with _transition_span(saga, source, to):
-        if in_one_statement:
-            updated = _move_and_record(
-                saga, source, to, reason=reason, at=at, by=by, count_attempt=count_attempt
-            )
-        else:
-            updated = _move_orm(saga, source, to, at=at, count_attempt=count_attempt)
+        updated = _move_and_record(
+            saga, source, to, reason=reason, at=at, by=by, count_attempt=count_attempt
+        )
         if updated != 1:
             raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
         saga.state = to
@@ -118,8 +112,6 @@ def move(
             saga.compensation_started_at = at
         if count_attempt:
             saga.attempts += 1
-        if not in_one_statement:
-            _history(saga, source, to, reason=reason, at=at, by=by)
     logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
     transaction.on_commit(
         lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc()
@@ -179,25 +171,6 @@ def _move_and_record(
             },
         )
         return cursor.rowcount
-
-
-def _move_orm(
-    saga: PurchaseSaga, source: SagaState, to: SagaState, *, at: datetime, count_attempt: bool
-) -> int:
-    """The conditional update through the ORM (SQLite, the embedded mode);
-    the caller writes the history row."""
-    changes: dict[str, Any] = {
-        "state": to,
-        "version": F("version") + 1,
-        "updated_at": at,
-        "attempts": F("attempts") + (1 if count_attempt else 0),
-        "awaiting_operator_since": None,
-    }
-    if to == S.COMPENSATING and saga.compensation_started_at is None:
-        changes["compensation_started_at"] = at
-    return PurchaseSaga.objects.filter(
-        pk=saga.pk, event_id=saga.event_id, state=source, version=saga.version
-    ).update(**changes)
 
 
 def _transition_span(saga: PurchaseSaga, source: SagaState, to: SagaState):

@@ -11,8 +11,6 @@ config/distribution.py, tests/test_citus_rules.py). Written by hand.
   Django 5.2 cannot point a ForeignKey at a composite key; ``id`` leads, so
   ``WHERE id = …`` still has its index), and an attempt's foreign key is
   (event_id, delivery_id) -> (event_id, id), deferrable like Django's.
-
-PostgreSQL only for the keys: SQLite (the embedded mode) keeps Django's.
 """
 
 import django.db.models.deletion
@@ -36,8 +34,6 @@ def _primary_key(schema_editor, table: str, new: list[str]) -> None:
 
 
 def distribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     for table in TABLES:
         _primary_key(schema_editor, table, ["id", "event_id"])
     schema_editor.execute(
@@ -47,8 +43,6 @@ def distribute(apps, schema_editor):
 
 
 def undistribute(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     schema_editor.execute(f"ALTER TABLE webhooks_webhookattempt DROP CONSTRAINT {PAIRED}")
     for table in TABLES:
         _primary_key(schema_editor, table, ["id"])
@@ -60,9 +54,8 @@ def events_everywhere(apps, schema_editor):
     WebhookDelivery.objects.filter(event_id__isnull=True).update(event_id=NO_EVENT)
     WebhookAttempt.objects.filter(event_id__isnull=True).update(event_id=Subquery(
         WebhookDelivery.objects.filter(pk=OuterRef("delivery_id")).values("event_id")[:1]))
-    if schema_editor.connection.vendor == "postgresql":
-        # No check left pending: the tables are altered below.
-        schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    # No check left pending: the tables are altered below.
+    schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
 class Migration(migrations.Migration):
