@@ -25,10 +25,12 @@ COPY manage.py ./
 COPY common/ common/
 COPY config/ config/
 COPY ledger/ ledger/
+COPY organizers/ organizers/
 COPY outbox/ outbox/
 COPY payments/ payments/
 COPY purchases/ purchases/
 COPY shop/ shop/
+COPY accounts/ accounts/
 COPY webhooks/ webhooks/
 COPY templates/ templates/
 

@@ -141,6 +141,14 @@ TABLES: dict[str, Placement] = {
         "Django's model registry: read by permissions and the admin log, written by migrations"
     ),
     "django_admin_log": Reference("staff actions in the admin: rare, read in the admin"),
+    "organizers_organizer": Reference(
+        "the sellers: a few rows, read by every organizer-scoped request and referred to by "
+        "events (distributed) and webhook endpoints (reference)"
+    ),
+    "organizers_membership": Reference(
+        "who may act for a seller, and in which role: read by every organizer-scoped "
+        "request, written when members change"
+    ),
     "webhooks_webhookendpoint": Reference(
         "the seller's endpoints: a handful, read (FOR KEY SHARE) by every commit that "
         "announces a webhook, whatever its event; written by the seller's API calls"

@@ -47,12 +47,16 @@ INSTALLED_APPS = [
     "ledger",
     "payments",
     "payments.fake_gateway",
+    # Sellers and their members' roles (below purchases and webhooks, which refer to it).
+    "organizers",
     "purchases",
     "webhooks",
     # htmx for the buyer pages, served from its static files (no CDN).
     "django_htmx",
     # The buyer pages: templates on the same services and selectors as the API.
     "shop",
+    # Sign-up (the API and a page) and the password reset pages.
+    "accounts",
 ]
 
 MIDDLEWARE = [
@@ -160,8 +164,13 @@ CACHE_RETRY_SECONDS = env.float("CACHE_RETRY_SECONDS", default=5.0)
 # events and their seat maps are public.
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Django's four, as its project template sets them: judged at sign-up
+# (accounts/), at a password reset and in the admin's password forms.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -31,11 +31,16 @@ urlpatterns = [
     ),
     path("api/", include("purchases.urls")),
     path("api/", include("webhooks.urls")),
+    path("api/", include("organizers.urls")),
+    # An organizer's webhook endpoints (the staff's are webhooks.urls).
+    path("api/", include("webhooks.organizer_urls")),
     path("metrics", metrics_view, name="metrics"),
     # Liveness (no I/O) and readiness (database, broker, relay and beat
     # heartbeats): docs/operations.md, "Health checks".
     path("healthz", healthz_view, name="healthz"),
     path("readyz", readyz_view, name="readyz"),
+    # Sign-up (api/auth/signup/ and its page) and the password reset pages.
+    path("", include("accounts.urls")),
     path("", include("shop.urls")),
 ]
 

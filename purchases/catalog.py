@@ -6,12 +6,15 @@ from datetime import datetime
 
 from django.db import transaction
 
+from organizers.models import Organizer
+
 from .availability import availability_changed
 from .models import Event, Seat
 
 
 def event_create_with_seats(
     *,
+    organizer: Organizer,
     name: str,
     starts_at: datetime,
     rows: str = "ABCDE",
@@ -20,7 +23,7 @@ def event_create_with_seats(
     currency: str = "EUR",
 ) -> Event:
     with transaction.atomic(durable=True):
-        event = Event.objects.create(name=name, starts_at=starts_at)
+        event = Event.objects.create(organizer=organizer, name=name, starts_at=starts_at)
         Seat.objects.bulk_create(
             [
                 Seat(

@@ -14,6 +14,12 @@ from .saga.states import NON_TERMINAL, SagaState
 
 
 class Event(models.Model):
+    # The seller it belongs to (docs/api.md, "Organizers and roles"): a
+    # reference table, so the event's shard needs no other node to read it.
+    # An organizer with events is not deleted.
+    organizer = models.ForeignKey(
+        "organizers.Organizer", on_delete=models.PROTECT, related_name="events"
+    )
     name = models.CharField(max_length=200)
     starts_at = models.DateTimeField()
 

@@ -729,10 +729,12 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
+from organizers.models import Organizer
 from purchases.services import event_create_with_seats
 
 users, rows, per_row = {users}, {rows!r}, {per_row}
-event = event_create_with_seats(name="chaos night", starts_at=timezone.now(),
+organizer, _ = Organizer.objects.get_or_create(slug="chaos", defaults={{"name": "chaos venue"}})
+event = event_create_with_seats(organizer=organizer, name="chaos night", starts_at=timezone.now(),
                                 rows=rows, seats_per_row=per_row, price_amount=2500)
 tokens = []
 with transaction.atomic():

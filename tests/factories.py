@@ -6,6 +6,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from organizers.models import Membership, Organizer
+from organizers.roles import Role
 from purchases.availability import availability_bump
 from purchases.models import Event, Seat
 
@@ -31,11 +33,31 @@ class UserFactory(ModelFactory[User]):
     password = factory.django.Password("pw")
 
 
+class OrganizerFactory(ModelFactory[Organizer]):
+    class Meta:
+        model = Organizer
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"organizer-{n}")
+    name = factory.LazyAttribute(lambda o: f"The {o.slug} venue")
+
+
+class MembershipFactory(ModelFactory[Membership]):
+    class Meta:
+        model = Membership
+
+    organizer = factory.SubFactory(OrganizerFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Role.OWNER
+
+
 class EventFactory(ModelFactory[Event]):
     class Meta:
         model = Event
         skip_postgeneration_save = True
 
+    # The events of a test are one organizer's unless it says otherwise.
+    organizer = factory.LazyFunction(lambda: OrganizerFactory(slug="default-venue"))
     name = factory.Sequence(lambda n: f"event {n}")
     starts_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
 

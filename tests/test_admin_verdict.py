@@ -38,7 +38,7 @@ from purchases.services import (
 )
 
 from .conftest import drain_outbox, start_purchase
-from .factories import EventFactory, UserFactory
+from .factories import EventFactory, OrganizerFactory, UserFactory
 
 CHANGELIST = "/admin/purchases/purchasesaga/"
 T0 = "2026-12-02 12:00:00"
@@ -698,6 +698,7 @@ def test_every_amount_on_the_saga_pages_has_its_currencys_decimals(
     op_client, alice, gateway, currency, price, shown, wrong
 ):
     event = event_create_with_seats(
+        organizer=OrganizerFactory(),
         name=f"{currency} night",
         rows="A",
         seats_per_row=1,

@@ -539,6 +539,7 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
     assert schema["openapi"].startswith("3.")
     assert set(schema["paths"]) == {
         "/api/auth/token/",
+        "/api/auth/signup/",
         "/api/events/",
         "/api/events/{event_id}/seats/",
         "/api/purchases/",
@@ -549,6 +550,17 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/webhook-endpoints/{endpoint_id}/rotate-secret/",
         "/api/webhook-endpoints/{endpoint_id}/deliveries/",
         "/api/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend/",
+        # Organizers, their members and their own webhook endpoints
+        # (tests/test_organizers.py, tests/test_organizer_scoping.py).
+        "/api/organizers/",
+        "/api/organizers/{slug}/",
+        "/api/organizers/{slug}/members/",
+        "/api/organizers/{slug}/members/{username}/",
+        "/api/organizers/{slug}/webhook-endpoints/",
+        "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/",
+        "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/rotate-secret/",
+        "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/deliveries/",
+        "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend/",
     }
     assert set(schema["paths"]["/api/purchases/"]) >= {"get", "post"}
     assert {"202", "400", "401", "409", "422"} <= set(

@@ -17,7 +17,17 @@ from purchases.apps import check_outbox_routing
 from purchases.saga.topics import Topic
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "common", "ledger", "outbox", "payments", "purchases", "webhooks")
+PACKAGES = (
+    "config",
+    "common",
+    "ledger",
+    "outbox",
+    "payments",
+    "purchases",
+    "webhooks",
+    "organizers",
+    "accounts",
+)
 
 
 def test_the_import_contracts_are_kept():

@@ -50,7 +50,12 @@ PACKAGE = "boxoffice_client"
 PURCHASES = "/api/purchases/"
 PAYMENT_STATUSES = {"captured", "refunded", "not_started", "processing", "unknown", "not_captured"}
 
-PUBLIC_OPERATIONS = ["auth.auth_token_create", "events.events_list", "events.events_seats_list"]
+PUBLIC_OPERATIONS = [
+    "auth.auth_token_create",
+    "auth.auth_signup_create",
+    "events.events_list",
+    "events.events_seats_list",
+]
 PER_USER_OPERATIONS = [
     "purchases.purchases_create",
     "purchases.purchases_list",
@@ -73,6 +78,12 @@ STAFF_OPERATIONS = [
 # The error codes each operation documents, per status (docs/api.md, "Errors").
 ERROR_CODES = {
     ("/api/auth/token/", "post"): {
+        "400": {"invalid", "parse_error"},
+        "413": {"payload_too_large"},
+        "415": {"unsupported_media_type"},
+        "429": {"throttled"},
+    },
+    ("/api/auth/signup/", "post"): {
         "400": {"invalid", "parse_error"},
         "413": {"payload_too_large"},
         "415": {"unsupported_media_type"},
@@ -250,6 +261,7 @@ def test_the_public_operations_need_no_credentials_and_the_purchases_do(
     }
     public = {
         ("/api/auth/token/", "post"),
+        ("/api/auth/signup/", "post"),
         ("/api/events/", "get"),
         ("/api/events/{event_id}/seats/", "get"),
     }

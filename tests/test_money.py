@@ -17,7 +17,7 @@ from purchases.models import PurchaseSaga
 from purchases.services import event_create_with_seats, purchase_refund, saga_charge
 
 from .conftest import drain_outbox, start_purchase
-from .factories import UserFactory
+from .factories import OrganizerFactory, UserFactory
 
 # --- the formatter -------------------------------------------------------------------
 
@@ -141,6 +141,7 @@ def test_format_money_takes_integer_minor_units_only(amount):
 
 def _event(currency: str, price: int, *, seats: int = 2):
     return event_create_with_seats(
+        organizer=OrganizerFactory(),
         name=f"{currency} night",
         starts_at=timezone.now() + timedelta(days=7),
         rows="A",

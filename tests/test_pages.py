@@ -193,7 +193,7 @@ def test_every_link_an_anonymous_visitor_sees_leads_somewhere(client, hall):
             if link.startswith("/") and not link.startswith("/static/") and link not in seen
         ]
     assert "/accounts/login/?next=/" in seen  # the header's Log in
-    assert not any("signup" in link for link in seen)  # no sign-up yet: no link to one
+    assert "/accounts/signup/?next=/" in seen  # the header's Sign up
 
 
 def test_buy_by_an_anonymous_visitor_asks_for_a_login_and_starts_nothing(client, hall, settings):

@@ -91,13 +91,15 @@ class EndpointForm(forms.ModelForm):
 
     class Meta:
         model = WebhookEndpoint
-        fields = ["url", "events", "description", "enabled"]
+        fields = ["organizer", "url", "events", "description", "enabled"]
         widgets = {"url": forms.TextInput(attrs={"size": 80})}
         help_texts = {
             "url": "https:// and public addresses only (unless WEBHOOK_ALLOW_LOCAL_URLS): "
             "checked now, and again before each attempt.",
             "enabled": "A disabled endpoint is sent nothing new; an attempt that comes due "
             "meanwhile fails without sending.",
+            "organizer": "Sent this organizer's events only; none: a platform-wide endpoint, "
+            "sent every event's. It cannot change later.",
         }
 
     def _post_clean(self):
@@ -107,7 +109,10 @@ class EndpointForm(forms.ModelForm):
         try:
             if self.instance.pk is None:
                 self.instance = webhook_endpoint_create(
-                    url=data["url"], events=data["events"], description=data["description"]
+                    url=data["url"],
+                    events=data["events"],
+                    description=data["description"],
+                    organizer=data.get("organizer"),
                 )
             elif self.changed_data:
                 self.instance = webhook_endpoint_update(
@@ -125,20 +130,35 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     # inventory, and every write goes through its service (see EndpointForm).
     # The permissions are Django's own: add, change (and rotate), delete.
     form = EndpointForm
-    list_display = ["id", "url", "event_types", "enabled", "deliveries", "description", "updated"]
-    list_filter = ["enabled"]
+    list_display = [
+        "id",
+        "url",
+        "organizer",
+        "event_types",
+        "enabled",
+        "deliveries",
+        "description",
+        "updated",
+    ]
+    # Organizer "empty": the platform-wide endpoints.
+    list_filter = ["enabled", "organizer"]
     search_fields = ["url", "description"]
     # The secret is never among them.
     readonly_fields = ["id", "deliveries", "secret_note", "created", "updated"]
 
     def get_queryset(self, request):
-        return endpoint_list()
+        return endpoint_list().select_related("organizer")
+
+    def get_readonly_fields(self, request, obj=None):
+        # An endpoint's organizer is chosen when it is added, never changed.
+        return [*self.readonly_fields, *(["organizer"] if obj is not None else [])]
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ["url", "events", "description"]  # a new endpoint is enabled
+            return ["organizer", "url", "events", "description"]  # a new endpoint is enabled
         return [
             "id",
+            "organizer",
             "url",
             "events",
             "enabled",
@@ -402,7 +422,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created",
         "settled",
     ]
-    list_filter = ["status", "event_type"]
+    list_filter = ["status", "event_type", "endpoint__organizer"]
     list_select_related = ["endpoint"]
     search_fields = ["message_id"]  # see get_search_results
     search_help_text = "Saga id, webhook-id (msg_…) or delivery id (exact)."

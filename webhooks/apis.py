@@ -1,8 +1,10 @@
-"""The staff REST API of outgoing webhooks (docs/api.md, "Webhooks").
+"""The staff REST API of outgoing webhooks (docs/api.md, "Webhooks"), and
+the same views scoped to an organizer's own endpoints (at the end; docs/api.md,
+"Organizers and roles"): a view acts on the endpoints of its ``scope()``.
 
-Staff only, holding the Django model permission the admin asks for the
-same act (``webhooks/permissions.py``): anonymous → 401, any other user →
-403. The endpoints are the seller's, not a user's: a staff user who may see,
+The staff routes: staff only, holding the Django model permission the
+admin asks for the same act (``webhooks/permissions.py``): anonymous → 401,
+any other user → 403. The endpoints are the seller's, not a user's: a staff user who may see,
 change or delete endpoints may do so to all of them, whoever created them,
 and one who may resend, to any delivery.
 
@@ -27,6 +29,9 @@ from rest_framework.views import APIView
 
 from common.api import NOT_AUTHENTICATED, NOT_JSON, PAYLOAD_TOO_LARGE, error, error_response
 from common.parsers import JSONParser
+from organizers.models import Organizer
+from organizers.permissions import OrganizerScopedApi
+from organizers.roles import MAY, Action
 
 from . import selectors, services
 from .errors import WebhookInvalid, WebhookNotFound, WebhookResendRefused
@@ -78,9 +83,10 @@ def _no_delivery() -> Response:
     return error(404, "not_found", "no such delivery of this webhook endpoint")
 
 
-def _endpoint(endpoint_id: int) -> WebhookEndpoint | None:
-    """The endpoint as the answers show it (with its delivery counts)."""
-    return selectors.endpoint_list().filter(pk=endpoint_id).first()
+def _endpoint(endpoint_id: int, organizer: Organizer | None) -> WebhookEndpoint | None:
+    """The endpoint as the answers show it (with its delivery counts), if it
+    is ``organizer``'s (any endpoint, for ``None``: the staff's)."""
+    return selectors.endpoint_list(organizer=organizer).filter(pk=endpoint_id).first()
 
 
 # --- what the schema says ---------------------------------------------------------------
@@ -118,6 +124,99 @@ def _bad_body(fields: str) -> OpenApiResponse:
     )
 
 
+# What each staff operation answers (the organizers' operations reuse them, with
+# their own refusals: ``_organizers``).
+_RESPONSES: dict[str, dict] = {
+    "webhook_endpoints_list": {
+        200: WebhookEndpointSerializer(many=True),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN_READ,
+        404: error_response("`not_found`: a page past the end, or not a page number"),
+    },
+    "webhook_endpoints_create": {
+        201: OpenApiResponse(
+            WebhookEndpointCreatedSerializer,
+            description="Created, enabled. The only answer, with a rotation's, that shows "
+            "the secret",
+        ),
+        400: _bad_body(
+            "a URL that is not `https://` to public addresses, or not a URL "
+            "(`field`: `url`); an unknown event type or an empty list "
+            "(`events`); a description over 300 characters (`description`); "
+            "a missing field"
+        ),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN,
+        413: PAYLOAD_TOO_LARGE,
+        415: NOT_JSON,
+    },
+    "webhook_endpoints_retrieve": {
+        200: WebhookEndpointSerializer,
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN_READ,
+        404: _NO_ENDPOINT,
+    },
+    "webhook_endpoints_partial_update": {
+        200: WebhookEndpointSerializer,
+        400: _bad_body(
+            "a URL that is not `https://` to public addresses (`field`: `url`); "
+            "an unknown event type or an empty list (`events`); a description "
+            "over 300 characters (`description`); `enabled` not a boolean; any "
+            "other field (`id`, `secret`...)"
+        ),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN,
+        404: _NO_ENDPOINT,
+        413: PAYLOAD_TOO_LARGE,
+        415: NOT_JSON,
+    },
+    "webhook_endpoints_destroy": {
+        204: OpenApiResponse(
+            description="Deleted, with its deliveries and their "
+            "attempts; nothing more is sent to it"
+        ),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN,
+        404: _NO_ENDPOINT,
+    },
+    "webhook_endpoints_rotate_secret": {
+        200: WebhookSecretSerializer,
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN,
+        404: _NO_ENDPOINT,
+    },
+    "webhook_endpoints_deliveries_list": {
+        200: WebhookDeliverySerializer(many=True),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN_READ,
+        404: error_response(
+            "`not_found`: no such endpoint, an id that is not one, or a page past the end"
+        ),
+    },
+    "webhook_endpoints_deliveries_resend": {
+        202: OpenApiResponse(
+            WebhookResendAcceptedSerializer,
+            description="The attempt is armed, due now, with the delivery's `webhook-id`; "
+            "a worker makes it. No retry follows it: its outcome is in the "
+            "delivery's attempts",
+        ),
+        400: _bad_body("a `reason` that is not a text of at most 500 characters"),
+        401: NOT_AUTHENTICATED,
+        403: _FORBIDDEN,
+        404: error_response(
+            "`not_found`: no such endpoint, no such delivery of that "
+            "endpoint, or an id that is not one"
+        ),
+        409: error_response(
+            "`resend_refused`: an attempt is already owed (the delivery "
+            "is `pending`), or the endpoint is disabled"
+        ),
+        413: PAYLOAD_TOO_LARGE,
+        415: NOT_JSON,
+    },
+}
+
+
 class _StaffApi(APIView):
     permission_classes = [WebhookPermission]
     # What each method takes (webhooks/permissions.py checks it).
@@ -125,6 +224,14 @@ class _StaffApi(APIView):
     # JSON only, like the purchases (a generated client sends every content
     # type the schema lists).
     parser_classes = [JSONParser]
+
+    def scope(self) -> Organizer | None:
+        """Whose endpoints this view acts on: every endpoint, for staff; an
+        organizer's own, under /api/organizers/{slug}/ (``_OrganizerApi``)."""
+        return None
+
+    def _in_scope(self, endpoint_id: int) -> bool:
+        return selectors.endpoint_in_scope(endpoint_id=endpoint_id, organizer=self.scope())
 
 
 class WebhookEndpointListCreateApi(_StaffApi):
@@ -135,40 +242,19 @@ class WebhookEndpointListCreateApi(_StaffApi):
     required_permissions = {"GET": VIEW_ENDPOINTS, "POST": ADD_ENDPOINTS}
 
     @extend_schema(
-        responses={
-            200: WebhookEndpointSerializer(many=True),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN_READ,
-            404: error_response("`not_found`: a page past the end, or not a page number"),
-        },
+        responses=_RESPONSES["webhook_endpoints_list"],
         summary="Every webhook endpoint, oldest first, a page at a time",
         description=_staff_only(VIEW_ENDPOINTS),
         operation_id="webhook_endpoints_list",
     )
     def get(self, request):
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(selectors.endpoint_list(), request)
+        page = paginator.paginate_queryset(selectors.endpoint_list(organizer=self.scope()), request)
         return paginator.get_paginated_response(WebhookEndpointSerializer(page, many=True).data)
 
     @extend_schema(
         request=WebhookEndpointCreateSerializer,
-        responses={
-            201: OpenApiResponse(
-                WebhookEndpointCreatedSerializer,
-                description="Created, enabled. The only answer, with a rotation's, that shows "
-                "the secret",
-            ),
-            400: _bad_body(
-                "a URL that is not `https://` to public addresses, or not a URL "
-                "(`field`: `url`); an unknown event type or an empty list "
-                "(`events`); a description over 300 characters (`description`); "
-                "a missing field"
-            ),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN,
-            413: PAYLOAD_TOO_LARGE,
-            415: NOT_JSON,
-        },
+        responses=_RESPONSES["webhook_endpoints_create"],
         summary="Register a webhook endpoint; the answer shows its secret once",
         description=_staff_only(ADD_ENDPOINTS),
         operation_id="webhook_endpoints_create",
@@ -177,7 +263,9 @@ class WebhookEndpointListCreateApi(_StaffApi):
         payload = WebhookEndpointCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         try:
-            endpoint = services.webhook_endpoint_create(**payload.validated_data)
+            endpoint = services.webhook_endpoint_create(
+                organizer=self.scope(), **payload.validated_data
+            )
         except WebhookInvalid as exc:
             return _invalid(exc)
         return Response(WebhookEndpointCreatedSerializer(endpoint).data, status=201)
@@ -195,19 +283,14 @@ class WebhookEndpointDetailApi(_StaffApi):
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
-        responses={
-            200: WebhookEndpointSerializer,
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN_READ,
-            404: _NO_ENDPOINT,
-        },
+        responses=_RESPONSES["webhook_endpoints_retrieve"],
         summary="One webhook endpoint (without its secret)",
         description=_staff_only(VIEW_ENDPOINTS),
         operation_id="webhook_endpoints_retrieve",
     )
     def get(self, request, endpoint_id: str):
         pk = _id(endpoint_id)
-        endpoint = None if pk is None else _endpoint(pk)
+        endpoint = None if pk is None else _endpoint(pk, self.scope())
         if endpoint is None:
             return _no_endpoint()
         return Response(WebhookEndpointSerializer(endpoint).data)
@@ -215,20 +298,7 @@ class WebhookEndpointDetailApi(_StaffApi):
     @extend_schema(
         parameters=[_ENDPOINT_ID],
         request=WebhookEndpointUpdateSerializer,
-        responses={
-            200: WebhookEndpointSerializer,
-            400: _bad_body(
-                "a URL that is not `https://` to public addresses (`field`: `url`); "
-                "an unknown event type or an empty list (`events`); a description "
-                "over 300 characters (`description`); `enabled` not a boolean; any "
-                "other field (`id`, `secret`...)"
-            ),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN,
-            404: _NO_ENDPOINT,
-            413: PAYLOAD_TOO_LARGE,
-            415: NOT_JSON,
-        },
+        responses=_RESPONSES["webhook_endpoints_partial_update"],
         summary="Change a webhook endpoint's url, events, description or enabled",
         description=_staff_only(CHANGE_ENDPOINTS)
         + " What is not given stays as it is. A disabled endpoint gets no new delivery, and "
@@ -238,7 +308,7 @@ class WebhookEndpointDetailApi(_StaffApi):
     )
     def patch(self, request, endpoint_id: str):
         pk = _id(endpoint_id)
-        if pk is None:
+        if pk is None or not self._in_scope(pk):
             return _no_endpoint()
         payload = WebhookEndpointUpdateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -248,29 +318,21 @@ class WebhookEndpointDetailApi(_StaffApi):
             return _invalid(exc)
         except WebhookNotFound:
             return _no_endpoint()
-        endpoint = _endpoint(pk)
+        endpoint = _endpoint(pk, self.scope())
         if endpoint is None:  # deleted since, by someone else
             return _no_endpoint()
         return Response(WebhookEndpointSerializer(endpoint).data)
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
-        responses={
-            204: OpenApiResponse(
-                description="Deleted, with its deliveries and their "
-                "attempts; nothing more is sent to it"
-            ),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN,
-            404: _NO_ENDPOINT,
-        },
+        responses=_RESPONSES["webhook_endpoints_destroy"],
         summary="Delete a webhook endpoint",
         description=_staff_only(DELETE_ENDPOINTS),
         operation_id="webhook_endpoints_destroy",
     )
     def delete(self, request, endpoint_id: str):
         pk = _id(endpoint_id)
-        if pk is None:
+        if pk is None or not self._in_scope(pk):
             return _no_endpoint()
         try:
             services.webhook_endpoint_delete(endpoint_id=pk)
@@ -289,12 +351,7 @@ class WebhookEndpointRotateSecretApi(_StaffApi):
     @extend_schema(
         parameters=[_ENDPOINT_ID],
         request=None,
-        responses={
-            200: WebhookSecretSerializer,
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN,
-            404: _NO_ENDPOINT,
-        },
+        responses=_RESPONSES["webhook_endpoints_rotate_secret"],
         summary="Give a webhook endpoint a new secret; the answer shows it once",
         description=_staff_only(CHANGE_ENDPOINTS)
         + " Every attempt from now on, retries of earlier deliveries too, is signed with the "
@@ -303,7 +360,7 @@ class WebhookEndpointRotateSecretApi(_StaffApi):
     )
     def post(self, request, endpoint_id: str):
         pk = _id(endpoint_id)
-        if pk is None:
+        if pk is None or not self._in_scope(pk):
             return _no_endpoint()
         try:
             secret = services.webhook_endpoint_rotate_secret(endpoint_id=pk)
@@ -323,14 +380,7 @@ class WebhookDeliveryListApi(_StaffApi):
 
     @extend_schema(
         parameters=[_ENDPOINT_ID],
-        responses={
-            200: WebhookDeliverySerializer(many=True),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN_READ,
-            404: error_response(
-                "`not_found`: no such endpoint, an id that is not one, or a page past the end"
-            ),
-        },
+        responses=_RESPONSES["webhook_endpoints_deliveries_list"],
         summary="A webhook endpoint's deliveries, newest first, with their attempts",
         description=_staff_only(VIEW_DELIVERIES),
         operation_id="webhook_endpoints_deliveries_list",
@@ -340,10 +390,11 @@ class WebhookDeliveryListApi(_StaffApi):
         if pk is None:
             return _no_endpoint()
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(selectors.endpoint_deliveries(endpoint_id=pk), request)
+        deliveries = selectors.endpoint_deliveries(endpoint_id=pk, organizer=self.scope())
+        page = paginator.paginate_queryset(deliveries, request)
         # Only an empty page asks whether the endpoint exists: the selector
         # counts every delivery of it, which costs nothing only then.
-        if not page and _endpoint(pk) is None:
+        if not page and _endpoint(pk, self.scope()) is None:
             return _no_endpoint()
         return paginator.get_paginated_response(WebhookDeliverySerializer(page, many=True).data)
 
@@ -357,27 +408,7 @@ class WebhookDeliveryResendApi(_StaffApi):
     @extend_schema(
         parameters=[_ENDPOINT_ID, _DELIVERY_ID],
         request=WebhookResendSerializer,
-        responses={
-            202: OpenApiResponse(
-                WebhookResendAcceptedSerializer,
-                description="The attempt is armed, due now, with the delivery's `webhook-id`; "
-                "a worker makes it. No retry follows it: its outcome is in the "
-                "delivery's attempts",
-            ),
-            400: _bad_body("a `reason` that is not a text of at most 500 characters"),
-            401: NOT_AUTHENTICATED,
-            403: _FORBIDDEN,
-            404: error_response(
-                "`not_found`: no such endpoint, no such delivery of that "
-                "endpoint, or an id that is not one"
-            ),
-            409: error_response(
-                "`resend_refused`: an attempt is already owed (the delivery "
-                "is `pending`), or the endpoint is disabled"
-            ),
-            413: PAYLOAD_TOO_LARGE,
-            415: NOT_JSON,
-        },
+        responses=_RESPONSES["webhook_endpoints_deliveries_resend"],
         summary="Resend a delivered or failed webhook delivery",
         description=_staff_only(RESEND_DELIVERIES),
         operation_id="webhook_endpoints_deliveries_resend",
@@ -389,7 +420,8 @@ class WebhookDeliveryResendApi(_StaffApi):
         payload = WebhookResendSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         # The delivery must be this endpoint's: a path names one resource.
-        if not selectors.endpoint_deliveries(endpoint_id=pk).filter(pk=delivery_pk).exists():
+        deliveries = selectors.endpoint_deliveries(endpoint_id=pk, organizer=self.scope())
+        if not deliveries.filter(pk=delivery_pk).exists():
             return _no_delivery()
         try:
             attempt = services.webhook_resend(
@@ -402,3 +434,153 @@ class WebhookDeliveryResendApi(_StaffApi):
         except WebhookResendRefused as exc:
             return error(409, "resend_refused", str(exc))
         return Response({"delivery": delivery_pk, "attempt": attempt}, status=202)
+
+
+# --- an organizer's endpoints: /api/organizers/{slug}/webhook-endpoints/ ---------------
+#
+# The staff views above, scoped (organizers/permissions.py): each is the staff
+# view with the organizer's permission and its own endpoints (``scope``), so
+# the same code answers with the same shapes. Members whose role may manage
+# webhooks (owner, manager) may do everything the staff API does to the
+# organizer's endpoints; an endpoint made here is sent its events only.
+
+
+class _OrganizerApi(OrganizerScopedApi, _StaffApi):
+    required_action = Action.MANAGE_WEBHOOKS
+
+    def scope(self) -> Organizer | None:
+        return self.organizer
+
+
+_ROLES = ", ".join(sorted(MAY[Action.MANAGE_WEBHOOKS]))
+_MEMBERS_ONLY = (
+    f"Members of the organizer whose role may manage its webhook endpoints ({_ROLES}); "
+    "anyone else who is not a member gets the same `404` as for a missing organizer. "
+    "The organizer's own endpoints only: they are sent its events' webhooks only."
+)
+_NOT_A_MEMBER = "no such organizer, or one you are not a member of (the same answer); "
+_ROLE_FORBIDDEN = error_response(
+    f"`permission_denied`: your role may not manage webhook endpoints (only {_ROLES}), "
+    "or session authentication without a valid CSRF token"
+)
+
+
+def _organizers(staff_responses: dict, operation_id: str, summary: str, *, not_found: str, **more):
+    """The schema of a scoped operation: the staff one's answers, with the
+    organizer's refusals."""
+    return extend_schema(
+        responses={
+            **staff_responses,
+            403: _ROLE_FORBIDDEN,
+            404: error_response(
+                f"`not_found`: {_NOT_A_MEMBER}" + (f"; {not_found}" if not_found else "")
+            ),
+        },
+        summary=summary,
+        description=_MEMBERS_ONLY,
+        operation_id=operation_id,
+        **more,
+    )
+
+
+class OrganizerWebhookEndpointListCreateApi(_OrganizerApi, WebhookEndpointListCreateApi):
+    """``GET | POST /api/organizers/{slug}/webhook-endpoints/``."""
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_list"],
+        "organizer_webhook_endpoints_list",
+        "An organizer's webhook endpoints, oldest first, a page at a time",
+        not_found="a page past the end, or not a page number",
+    )
+    def get(self, request, slug: str):
+        return super().get(request)
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_create"],
+        "organizer_webhook_endpoints_create",
+        "Register an organizer's webhook endpoint; the answer shows its secret once",
+        not_found="",
+        request=WebhookEndpointCreateSerializer,
+    )
+    def post(self, request, slug: str):
+        return super().post(request)
+
+
+class OrganizerWebhookEndpointDetailApi(_OrganizerApi, WebhookEndpointDetailApi):
+    """``GET | PATCH | DELETE /api/organizers/{slug}/webhook-endpoints/{id}/``."""
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_retrieve"],
+        "organizer_webhook_endpoints_retrieve",
+        "One of an organizer's webhook endpoints (without its secret)",
+        not_found="no such endpoint of it, or an id that is not one",
+        parameters=[_ENDPOINT_ID],
+    )
+    def get(self, request, slug: str, endpoint_id: str):
+        return super().get(request, endpoint_id)
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_partial_update"],
+        "organizer_webhook_endpoints_partial_update",
+        "Change an organizer's webhook endpoint's url, events, description or enabled",
+        not_found="no such endpoint of it, or an id that is not one",
+        parameters=[_ENDPOINT_ID],
+        request=WebhookEndpointUpdateSerializer,
+    )
+    def patch(self, request, slug: str, endpoint_id: str):
+        return super().patch(request, endpoint_id)
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_destroy"],
+        "organizer_webhook_endpoints_destroy",
+        "Delete an organizer's webhook endpoint",
+        not_found="no such endpoint of it, or an id that is not one",
+        parameters=[_ENDPOINT_ID],
+    )
+    def delete(self, request, slug: str, endpoint_id: str):
+        return super().delete(request, endpoint_id)
+
+
+class OrganizerWebhookEndpointRotateSecretApi(_OrganizerApi, WebhookEndpointRotateSecretApi):
+    """``POST /api/organizers/{slug}/webhook-endpoints/{id}/rotate-secret/``."""
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_rotate_secret"],
+        "organizer_webhook_endpoints_rotate_secret",
+        "Give an organizer's webhook endpoint a new secret; the answer shows it once",
+        not_found="no such endpoint of it, or an id that is not one",
+        parameters=[_ENDPOINT_ID],
+        request=None,
+    )
+    def post(self, request, slug: str, endpoint_id: str):
+        return super().post(request, endpoint_id)
+
+
+class OrganizerWebhookDeliveryListApi(_OrganizerApi, WebhookDeliveryListApi):
+    """``GET /api/organizers/{slug}/webhook-endpoints/{id}/deliveries/``."""
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_deliveries_list"],
+        "organizer_webhook_endpoints_deliveries_list",
+        "An organizer's webhook endpoint's deliveries, newest first, with their attempts",
+        not_found="no such endpoint of it, an id that is not one, or a page past the end",
+        parameters=[_ENDPOINT_ID],
+    )
+    def get(self, request, slug: str, endpoint_id: str):
+        return super().get(request, endpoint_id)
+
+
+class OrganizerWebhookDeliveryResendApi(_OrganizerApi, WebhookDeliveryResendApi):
+    """``POST /api/organizers/{slug}/webhook-endpoints/{id}/deliveries/{delivery_id}/resend/``."""
+
+    @_organizers(
+        _RESPONSES["webhook_endpoints_deliveries_resend"],
+        "organizer_webhook_endpoints_deliveries_resend",
+        "Resend a delivered or failed delivery of an organizer's webhook endpoint",
+        not_found="no such endpoint of it, no such delivery of that endpoint, or an id "
+        "that is not one",
+        parameters=[_ENDPOINT_ID, _DELIVERY_ID],
+        request=WebhookResendSerializer,
+    )
+    def post(self, request, slug: str, endpoint_id: str, delivery_id: str):
+        return super().post(request, endpoint_id, delivery_id)

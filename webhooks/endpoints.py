@@ -17,6 +17,8 @@ from django.db import transaction
 from django.db.models import Field
 from django.utils import timezone
 
+from organizers.models import Organizer
+
 from . import lock_objects
 from .errors import WebhookInvalid, WebhookNotFound
 from .models import WebhookEndpoint, WebhookEvent
@@ -78,15 +80,23 @@ def _clean_description(description) -> str:
 
 
 def webhook_endpoint_create(
-    *, url: str, events: Iterable[str], description: str = "", now: datetime | None = None
+    *,
+    url: str,
+    events: Iterable[str],
+    description: str = "",
+    organizer: Organizer | None = None,
+    now: datetime | None = None,
 ) -> WebhookEndpoint:
     """A new endpoint, enabled, with a new secret (``endpoint.secret``: show
-    it to the person who created it; nothing shows it again)."""
+    it to the person who created it; nothing shows it again): ``organizer``'s,
+    sent its events' webhooks only, or, without one, a platform-wide
+    endpoint, sent every event's."""
     url, events = _clean_url(url), _clean_events(events)
     description = _clean_description(description)
     now = now or timezone.now()
     with transaction.atomic(durable=True):
         endpoint = WebhookEndpoint.objects.create(
+            organizer=organizer,
             url=url,
             events=events,
             description=description,
@@ -97,7 +107,12 @@ def webhook_endpoint_create(
         )
     logger.info(
         "webhook endpoint created",
-        extra={"endpoint_id": endpoint.pk, "endpoint": url, "events": ",".join(events)},
+        extra={
+            "endpoint_id": endpoint.pk,
+            "endpoint": url,
+            "events": ",".join(events),
+            "organizer": organizer.slug if organizer is not None else "",
+        },
     )
     return endpoint
 

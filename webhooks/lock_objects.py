@@ -3,7 +3,8 @@
 A delivery is locked alone (its attempt's record, a resend), and an endpoint
 alone (a change, a rotation, a delete): never both, and never with a saga's
 lock. The saga's commit that writes deliveries reads the enabled endpoints
-(with the saga's data in hand, only those subscribed to the type) under
+sent its event's webhooks (with the saga's data in hand, only those
+subscribed to the type) under
 ``FOR KEY SHARE`` (after the saga's own lock): sagas never block one
 another there, a change or a rotation (``FOR NO KEY UPDATE``) never waits
 for them, and a delete (``FOR UPDATE``) waits for the commits in flight, so
@@ -16,42 +17,72 @@ from __future__ import annotations
 import functools
 import json
 
+from django.apps import apps
 from django.db import connection
 
 from common import rows
+from config.distribution import NO_EVENT
 
 from .models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 
-def enabled_endpoints_key_share() -> list[tuple[int, list[str]]]:
-    """(id, event types) of every enabled endpoint, key-share locked until
-    the caller's commit.
+def enabled_endpoints_key_share(*, event_id: int = NO_EVENT) -> list[tuple[int, list[str]]]:
+    """(id, event types) of every enabled endpoint sent the event
+    ``event_id``'s webhooks (:func:`for_the_event_sql`), key-share locked
+    until the caller's commit.
 
     Every saga's commit that may announce a move with its data still to
     read runs it, endpoints or none: it is written once (docs/performance.md,
     "Statements written once"); building it with the ORM was 4 % of the
     worker's time."""
     with connection.cursor() as cursor:
-        cursor.execute(_enabled_endpoints_sql())
+        cursor.execute(_enabled_endpoints_sql(), [event_id])
         return [
             (pk, json.loads(events) if isinstance(events, str) else events)
             for pk, events in cursor.fetchall()
         ]
 
 
-# The enabled endpoints subscribed to a type (its parameter: the type in a
-# JSON list), key-share locked as above: the first step of the one statement
-# that writes a move's deliveries (webhooks.publishing._publish_at_once).
-SUBSCRIBED_ENDPOINTS_KEY_SHARE_SQL = (
-    f'SELECT "id" FROM {WebhookEndpoint._meta.db_table}'
-    ' WHERE "enabled" AND "events" @> %s::jsonb ORDER BY "id" FOR KEY SHARE'
-)
+@functools.cache
+def for_the_event_sql() -> str:
+    """The condition that an endpoint is sent the webhooks of an event (its
+    parameter: the event's id): a platform-wide endpoint (no organizer) is
+    sent every event's, an organizer's endpoint its own events' only
+    (docs/api.md, "Organizers and roles"); a message of no event
+    (``NO_EVENT``) goes to the platform-wide ones.
+
+    The event's organizer is read in the statement that reads the endpoints
+    (one primary-key probe), so that a move's webhooks stay one statement
+    (docs/performance.md, "The webhooks' sweep"). The catalog's table is
+    named through Django's registry: the webhooks app sits below the
+    purchases app and imports nothing of it (pyproject.toml)."""
+    event_table = apps.get_model("purchases", "Event")._meta.db_table
+    return (
+        '("organizer_id" IS NULL OR "organizer_id" = '
+        f'(SELECT "organizer_id" FROM {event_table} WHERE "id" = %s))'
+    )
+
+
+@functools.cache
+def subscribed_endpoints_key_share_sql() -> str:
+    """The enabled endpoints subscribed to a type and sent the event's
+    webhooks (its parameters: the type in a JSON list, the event's id),
+    key-share locked as above: the first step of the one statement that
+    writes a move's deliveries (webhooks.publishing._publish_at_once)."""
+    return (
+        f'SELECT "id" FROM {WebhookEndpoint._meta.db_table}'
+        f' WHERE "enabled" AND "events" @> %s::jsonb AND {for_the_event_sql()}'
+        ' ORDER BY "id" FOR KEY SHARE'
+    )
 
 
 @functools.cache
 def _enabled_endpoints_sql() -> str:
     table = WebhookEndpoint._meta.db_table
-    return f'SELECT "id", "events" FROM {table} WHERE "enabled" ORDER BY "id" FOR KEY SHARE'
+    return (
+        f'SELECT "id", "events" FROM {table} WHERE "enabled" AND {for_the_event_sql()}'
+        ' ORDER BY "id" FOR KEY SHARE'
+    )
 
 
 def delivery_for_update(*, delivery_id: int) -> WebhookDelivery | None:

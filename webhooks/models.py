@@ -23,6 +23,16 @@ class WebhookEvent(models.TextChoices):
 
 
 class WebhookEndpoint(models.Model):
+    # The seller whose endpoint it is: sent its events' deliveries only. None:
+    # a platform-wide endpoint, made by staff, sent every event's
+    # (webhooks/lock_objects.py, for_the_event_sql).
+    organizer = models.ForeignKey(
+        "organizers.Organizer",
+        on_delete=models.CASCADE,
+        related_name="webhook_endpoints",
+        null=True,
+        blank=True,
+    )
     url = models.CharField(max_length=2000)
     # Event types (WebhookEvent values), in the order given, without repeats.
     events = models.JSONField(default=list)

@@ -2,10 +2,12 @@
 edges").
 
 :func:`webhook_publish` refuses to run outside a transaction (like
-``outbox_publish``): for every enabled endpoint subscribed to the type, a
-:class:`WebhookDelivery` (skipped when the (endpoint, saga, type) row exists:
-at most one per type per saga per endpoint) and an outbox timer row
-``webhook:<delivery id>:1`` due now. So a webhook is decided with the move it
+``outbox_publish``): for every enabled endpoint subscribed to the type and
+sent the event's webhooks (the platform-wide ones and those of the event's
+organizer: ``lock_objects.for_the_event_sql``), a :class:`WebhookDelivery`
+(skipped when the (endpoint, saga, type) row exists: at most one per type
+per saga per endpoint) and an outbox timer row ``webhook:<delivery id>:1``
+due now. So a webhook is decided with the move it
 announces and never sent before it commits, and the purchase's request never
 waits on one.
 
@@ -72,7 +74,8 @@ def webhook_publish(
     now: datetime | None,
 ) -> list[WebhookDelivery]:
     """Inside the caller's transaction: a delivery and its first attempt's
-    outbox row for every enabled endpoint subscribed to ``event_type``; the
+    outbox row for every enabled endpoint subscribed to ``event_type`` and
+    sent ``event_id``'s webhooks (the platform's and its organizer's); the
     deliveries written now (none for an endpoint that already has this type
     for this saga).
 
@@ -119,7 +122,9 @@ def _publish_statement_by_statement(
     deliveries, then their first attempts' outbox rows."""
     # A handful of endpoints, each with its few types: filtered here.
     endpoint_ids = [
-        pk for pk, events in lock_objects.enabled_endpoints_key_share() if event_type in events
+        pk
+        for pk, events in lock_objects.enabled_endpoints_key_share(event_id=event_id)
+        if event_type in events
     ]
     if not endpoint_ids:
         return []
@@ -207,7 +212,7 @@ def _publish_at_once(
         },
     )
     sql = (
-        f"WITH e AS ({lock_objects.SUBSCRIBED_ENDPOINTS_KEY_SHARE_SQL}),"
+        f"WITH e AS ({lock_objects.subscribed_endpoints_key_share_sql()}),"
         f" d AS ({deliveries} ON CONFLICT DO NOTHING RETURNING {_delivery_columns()}),"
         f" m AS ({_first_attempts_sql()}),"
         f" o AS ({first_attempts.sql})"
@@ -215,7 +220,8 @@ def _publish_at_once(
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            sql, [json.dumps([str(event_type)]), *delivery_params, *first_attempts.params]
+            sql,
+            [json.dumps([str(event_type)]), event_id, *delivery_params, *first_attempts.params],
         )
         found = cursor.fetchall()
     if not found:

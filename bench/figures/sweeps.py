@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import Connection, Rollback
 
 from bench.common import SWEEPS_DB, Context, Figure, log, ratio
-from bench.db import BenchDB
+from bench.db import BENCH_ORGANIZER_SQL, BenchDB
 
 FIGURE = Figure(
     phase="sweeps",
@@ -194,8 +194,9 @@ def seed_live(db: BenchDB) -> None:
             " VALUES ('!', false, 'sweeps', '', '', '', false, true, now())"
         )
         conn.execute(
-            "INSERT INTO purchases_event (name, starts_at)"
-            " VALUES ('sweeps', now() + interval '30 days')"
+            f"WITH o AS ({BENCH_ORGANIZER_SQL})"
+            " INSERT INTO purchases_event (organizer_id, name, starts_at)"
+            " SELECT o.id, 'sweeps', now() + interval '30 days' FROM o"
         )
         conn.execute("""
             WITH r AS (

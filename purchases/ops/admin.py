@@ -616,7 +616,14 @@ def _ledger_written(saga_id, written_before: set) -> list[str]:
 
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "starts_at"]
+    list_display = ["id", "name", "organizer", "starts_at"]
+    list_filter = ["organizer"]
+    list_select_related = ["organizer"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # An event's organizer is chosen when it is added: its sales are that
+        # organizer's (docs/api.md, "Organizers and roles").
+        return ["organizer"] if obj is not None else []
 
 
 @admin.register(Seat)
