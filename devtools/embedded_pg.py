@@ -23,9 +23,13 @@ dies. A server already running on that folder is reused: its URL is printed
 and ``serve`` leaves at once, leaving it running.
 
 The port is ``EMBEDDED_PG_PORT`` (default 5433), or the running server's. As
-root, PostgreSQL (which refuses root) runs as ``postgres``, else ``nobody``:
-the data folder belongs to that user, and every folder above it must let it
-through; if one does not, one line says what to do.
+root, PostgreSQL (which refuses root) runs in a user namespace of its own
+(``unshare --user``), as a user who is not root there and owns root's files:
+the data folder stays root's, and a checkout in a private folder (a
+``mktemp -d``) works. Where the kernel refuses user namespaces it runs as
+``postgres``, else ``nobody``: the data folder belongs to that user, and
+every folder above it must let it through; if one does not, one line says
+what to do.
 
 Stdlib only (``make clean`` asks ``running`` with the system's Python, after
 the virtualenv may be gone); Linux's /proc and prctl where there are.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import os
 import pwd
@@ -149,9 +154,25 @@ def running(data: Path) -> Server | None:
 # --- the user, the folders, the cluster -----------------------------------------------
 
 
+# Root's own files, seen from a user namespace where root is uid 1000: a
+# PostgreSQL started there is not root, and its data folder (root's) is its own.
+USER_NAMESPACE = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+
+
+@functools.cache  # one probe per process
+def _namespace() -> list[str]:
+    """The prefix that runs a program of root's in its user namespace, or
+    [] when we are not root or the kernel refuses one."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return []
+    done = subprocess.run([*USER_NAMESPACE, "true"], capture_output=True, check=False)
+    return USER_NAMESPACE if done.returncode == 0 else []
+
+
 def server_user(data: Path) -> pwd.struct_passwd | None:
-    """Whom PostgreSQL runs as: None (ourselves) unless we are root; then the
-    owner of an existing data folder, else ``postgres``, else ``nobody``."""
+    """Whom PostgreSQL runs as: None (ourselves, in a user namespace when we
+    are root: :func:`_namespace`), else the owner of an existing data folder,
+    else ``postgres``, else ``nobody``."""
     me = os.geteuid()
     owner = data.stat().st_uid if data.exists() else None
     if me != 0:
@@ -163,6 +184,8 @@ def server_user(data: Path) -> pwd.struct_passwd | None:
         return None
     if owner:
         return pwd.getpwuid(owner)
+    if _namespace():
+        return None
     if owner == 0:
         raise Refused(f"{data} belongs to root, whom PostgreSQL refuses: remove it (make clean)")
     for name in ("postgres", "nobody"):
@@ -183,6 +206,12 @@ def _as(user: pwd.struct_passwd | None) -> dict:
     if user is None:
         return {}
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+def _prefix(user: pwd.struct_passwd | None) -> list[str]:
+    """What runs before a server program: root's user namespace, when the
+    server is not given to another user."""
+    return _namespace() if user is None else []
 
 
 def _reachable(path: Path, user: pwd.struct_passwd | None) -> bool:
@@ -222,7 +251,7 @@ def prepare(var: Path, data: Path, user: pwd.struct_passwd | None, programs: Pat
     _say(f"creating the embedded PostgreSQL's cluster in {data}")
     initdb = [str(programs / "initdb"), "-D", str(fresh), "-U", NAME, "--auth=trust"]
     done = subprocess.run(
-        [*initdb, "--encoding=UTF8", "--locale=C"],
+        [*_prefix(user), *initdb, "--encoding=UTF8", "--locale=C"],
         **_as(user),
         capture_output=True,
         text=True,
@@ -266,6 +295,7 @@ def start(
     with open(data.parent / "postgres.log", "ab") as log:  # the child keeps its copy
         return subprocess.Popen(
             [
+                *_prefix(user),
                 str(programs / "postgres"),
                 "-D",
                 str(data),

@@ -29,8 +29,9 @@ LAUNCHER = [sys.executable, "-m", "devtools.embedded_pg"]
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
-    """A folder anyone may pass through (as root, the server runs as
-    postgres or nobody; pytest's own temporary folders are closed)."""
+    """A folder anyone may pass through (as root without a user namespace,
+    the server runs as postgres or nobody; pytest's own temporary folders
+    are closed)."""
     parent = Path(tempfile.mkdtemp(prefix="boxoffice-embedded-pg-"))
     parent.chmod(0o755)
     yield parent
@@ -104,8 +105,8 @@ def test_serve_answers_with_postgresql_18_and_a_sigterm_stops_it(folder, serves)
     data = folder / "var" / "postgres"
     server = running(data)
     assert server is not None and server.port == serve.port
-    if os.geteuid() == 0:  # PostgreSQL refuses root
-        assert data.stat().st_uid != 0
+    if os.geteuid() == 0:  # PostgreSQL refuses root: it runs in a user namespace of its own
+        assert os.readlink(f"/proc/{server.pid}/ns/user") != os.readlink("/proc/self/ns/user")
     # when the launcher gets a SIGTERM (honcho's, or scripts/run.sh's at exit)
     code, err = serve.stop()
     # then the server is gone, and that is no failure
@@ -186,8 +187,33 @@ def test_a_port_taken_by_another_program_is_one_line(folder, serves):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the server runs as another user")
-def test_a_folder_the_servers_user_cannot_pass_is_one_line(folder, serves):
+def test_as_root_a_checkout_in_a_private_folder_is_served(folder, serves):
     # given a clone in a folder only root may enter (mktemp -d's 0700)
+    closed = folder / "closed"
+    closed.mkdir(mode=0o700)
+    # when make run's launcher serves its var/ (PostgreSQL in root's user
+    # namespace, where it is not root and root's files are its own)
+    serve = _serve(serves, closed / "var")
+    # then it answers, and its data stays root's, in the private folder
+    with psycopg.connect(serve.url) as conn:
+        assert conn.execute(
+            "SELECT current_setting('server_version_num')::int / 10000"
+        ).fetchone() == (18,)
+    assert (closed / "var" / "postgres").stat().st_uid == 0
+    assert serve.stop()[0] == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the server runs as another user")
+def test_without_a_user_namespace_a_folder_the_servers_user_cannot_pass_is_one_line(
+    folder, serves, monkeypatch
+):
+    # given no user namespace (as where the kernel refuses one: here, no
+    # unshare on the PATH; test(1) alone, which the launcher asks) ...
+    tools = folder / "bin"  # the server's user runs test(1) from here
+    tools.mkdir()
+    (tools / "test").symlink_to(shutil.which("test"))
+    monkeypatch.setenv("PATH", str(tools))
+    # ... and a clone in a folder only root may enter
     closed = folder / "closed"
     closed.mkdir(mode=0o700)
     line = _one_line_refusal(_serve(serves, closed / "var"))
