@@ -42,8 +42,9 @@ if [[ -z "${DATABASE_URL:-}" ]]; then
   if listening 127.0.0.1 5432; then
     export DATABASE_URL="postgres://$user@127.0.0.1:5432/boxoffice"
   else
-    # A folder every user may pass through: as root, PostgreSQL runs as the
-    # user postgres (or nobody). fsync off: the data is thrown away after.
+    # A folder every user may pass through: as root without a user namespace,
+    # PostgreSQL runs as the user postgres (or nobody; devtools/embedded_pg.py).
+    # fsync off: the data is thrown away after.
     tmp="${tmp:-$(mktemp -d /tmp/boxoffice-services.XXXXXX)}"
     chmod 755 "$tmp"
     exec {pg_fd}< <(BOXOFFICE_VAR_DIR="$tmp" EMBEDDED_PG_PORT="$(free_port)" \
