@@ -1,6 +1,6 @@
-"""Accounts (docs/api.md, "Accounts"): the sign-up API, the sign-up page and
-the password reset pages. The login and logout pages are the shop's
-(shop/urls.py). Django's URL names, which its views reverse."""
+"""Accounts (docs/api.md, "Accounts"): the sign-up API, the sign-up page,
+the login and logout pages and the password reset pages. Django's URL
+names, which its views reverse."""
 
 from django.urls import path
 
@@ -9,6 +9,9 @@ from . import apis, views
 urlpatterns = [
     path("api/auth/signup/", apis.SignupApi.as_view(), name="auth-signup"),
     path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/login/", views.login_page, name="login"),
+    # POST only (Django's LogoutView), with the CSRF token of the page's form.
+    path("accounts/logout/", views.logout_page, name="logout"),
     path("accounts/password-reset/", views.password_reset, name="password_reset"),
     path("accounts/password-reset/sent/", views.password_reset_done, name="password_reset_done"),
     path(

@@ -1,10 +1,11 @@
-"""The account pages (docs/api.md, "Accounts"): sign-up, and Django's
-password reset with our templates. Logging in and out is the shop's
-(shop/urls.py); every page extends the shop's base template.
+"""The account pages (docs/api.md, "Accounts"): sign-up, logging in and
+out, and Django's password reset, with our templates; every page extends
+the shop's base template.
 
-Posts to the sign-up and the reset pages count against the token
+Posts to the login, sign-up and reset pages count against the token
 endpoint's throttle, per client address (``AUTH_TOKEN_THROTTLE_RATE``), as
-``POST /api/auth/signup/`` does: the page is no way around the API's rate."""
+``POST /api/auth/token/`` and ``/signup/`` do: a page is no way around the
+API's rate (a password guessed at the login page is a guess too)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,14 @@ password_reset_confirm = auth_views.PasswordResetConfirmView.as_view(
 password_reset_complete = auth_views.PasswordResetCompleteView.as_view(
     template_name="accounts/password_reset_complete.html", extra_context=RESET_PAGE
 )
+
+
+# The shop's login page (its template, shop/login.html), its posts counted.
+login_page = _throttled_posts(
+    auth_views.LoginView.as_view(
+        template_name="shop/login.html",
+        redirect_authenticated_user=True,
+        extra_context={"nav": "login"},
+    )
+)
+logout_page = auth_views.LogoutView.as_view(next_page="login")

@@ -478,3 +478,20 @@ def test_a_visitor_signs_up_from_the_shop_on_a_phone_and_logs_out(
     expect(nav.get_by_role("link", name="Sign up")).to_be_visible()
     expect(nav.get_by_role("link", name="My purchases")).to_have_count(0)
     assert User.objects.filter(username="erin", email="erin@example.com").exists()
+
+
+@pytest.mark.django_db
+def test_password_guesses_at_the_login_page_count_against_the_same_throttle(settings, address):
+    """The session login page is the token endpoint without JSON: guesses
+    there are counted with the others, or the page is a way around them."""
+    settings.AUTH_TOKEN_THROTTLE_RATE = "3/min"
+    UserFactory(username="carol")
+    guesses = [
+        Client(REMOTE_ADDR=address).post(
+            "/accounts/login/", {"username": "carol", "password": f"guess {n}"}
+        )
+        for n in range(4)
+    ]
+    assert [g.status_code for g in guesses] == [200, 200, 200, 429]
+    assert 0 < int(guesses[-1]["Retry-After"]) <= 60
+    assert "Too many attempts" in guesses[-1].content.decode()
