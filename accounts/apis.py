@@ -4,14 +4,13 @@ the service, shape the answer."""
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NOT_JSON, PAYLOAD_TOO_LARGE, error_response
+from common.api import NOT_JSON, PAYLOAD_TOO_LARGE, RETRY_AFTER, error_response
 from common.parsers import JSONParser
 
 # The token endpoint's throttle, and its count: sign-ups and password
@@ -21,15 +20,6 @@ from purchases.throttling import TokenThrottle
 
 from . import services
 from .serializers import AccountSerializer, SignupSerializer
-
-_RETRY_AFTER = OpenApiParameter(
-    "Retry-After",
-    OpenApiTypes.INT,
-    OpenApiParameter.HEADER,
-    required=True,
-    response=[429],
-    description="Seconds to wait before trying again",
-)
 
 
 class SignupApi(APIView):
@@ -45,7 +35,7 @@ class SignupApi(APIView):
     @extend_schema(
         request=SignupSerializer,
         auth=[],
-        parameters=[_RETRY_AFTER],
+        parameters=[RETRY_AFTER],
         responses={
             201: AccountSerializer,
             400: error_response(

@@ -13,7 +13,8 @@ from typing import Any
 
 from django.core import exceptions as django_exceptions
 from django.http import Http404
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import exceptions, serializers
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
@@ -158,3 +159,12 @@ PAYLOAD_TOO_LARGE = error_response(
     "`payload_too_large`: a body over `MAX_REQUEST_BYTES` (16 KiB by default)"
 )
 NOT_JSON = error_response("`unsupported_media_type`: a body that is not `application/json`")
+# The header of every throttled answer (429).
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After",
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[429],
+    description="Seconds to wait before trying again",
+)

@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from common.api import NOT_AUTHENTICATED as _NOT_AUTHENTICATED
 from common.api import NOT_JSON as _NOT_JSON
 from common.api import PAYLOAD_TOO_LARGE as _TOO_LARGE
+from common.api import RETRY_AFTER as _RETRY_AFTER
 from common.api import error
 from common.api import error_response as _errors
 from common.parsers import JSONParser
@@ -66,14 +67,6 @@ _LOCATION = OpenApiParameter(
     required=True,
     response=[202],
     description="The purchase's path, the same as `links.self`",
-)
-_RETRY_AFTER = OpenApiParameter(
-    "Retry-After",
-    OpenApiTypes.INT,
-    OpenApiParameter.HEADER,
-    required=True,
-    response=[429],
-    description="Seconds to wait before trying again",
 )
 _IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
