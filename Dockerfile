@@ -31,6 +31,7 @@ COPY payments/ payments/
 COPY purchases/ purchases/
 COPY shop/ shop/
 COPY accounts/ accounts/
+COPY seller/ seller/
 COPY webhooks/ webhooks/
 COPY templates/ templates/
 

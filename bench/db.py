@@ -165,22 +165,25 @@ class BenchDB:
             (event_id,) = self.q1(
                 # Every event is an organizer's (docs/api.md, "Organizers and roles"): the bench's.
                 f"WITH o AS ({BENCH_ORGANIZER_SQL})"
-                " INSERT INTO purchases_event (organizer_id, name, starts_at)"
-                " SELECT o.id, %s, now() + interval '30 days' FROM o RETURNING id",
+                " INSERT INTO purchases_event (organizer_id, name, starts_at, status, currency,"
+                " cancel_fee_percent) SELECT o.id, %s, now() + interval '30 days', 'on_sale',"
+                " 'EUR', 0 FROM o RETURNING id",
                 [name],
             )
             if row_size is None:
                 self.q(
                     "INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
-                    " currency, status) SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available'"
+                    " currency, status, section, category, x, y, accessible, block_reason)"
+                    " SELECT %s, %s || g, %s, g, 5000, 'EUR', 'available', '', '', 0, 0, false, ''"
                     " FROM generate_series(1, %s) g ORDER BY g",
                     [event_id, prefix, prefix, nseats],
                 )
             else:
                 self.q(
                     "INSERT INTO purchases_seat (event_id, ref, row, number, price_amount,"
-                    " currency, status) SELECT %s, label || num, label, num, 5000, 'EUR',"
-                    " 'available' FROM (SELECT g, (g - 1) %% %s + 1 AS num,"
+                    " currency, status, section, category, x, y, accessible, block_reason)"
+                    " SELECT %s, label || num, label, num, 5000, 'EUR', 'available', '', '', 0, 0,"
+                    " false, '' FROM (SELECT g, (g - 1) %% %s + 1 AS num,"
                     "   CASE WHEN r < 26 THEN chr(65 + r)"
                     "   ELSE chr(64 + r / 26) || chr(65 + r %% 26) END AS label"
                     "   FROM generate_series(1, %s) g, LATERAL (SELECT (g - 1) / %s AS r) x)"

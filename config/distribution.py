@@ -76,6 +76,9 @@ TABLES: dict[str, Placement] = {
     "purchases_seat": Distributed(
         "event_id", EVENT, "an event's seats, locked and held by its purchases"
     ),
+    "purchases_pricecategory": Distributed(
+        "event_id", EVENT, "an event's price categories, read with its seats"
+    ),
     "purchases_reservation": Distributed(
         "event_id", EVENT, "a purchase's hold on an event's seats, written by the reserve"
     ),

@@ -57,6 +57,8 @@ INSTALLED_APPS = [
     "shop",
     # Sign-up (the API and a page) and the password reset pages.
     "accounts",
+    # The sellers' box office: events as data, reads and pages.
+    "seller",
 ]
 
 MIDDLEWARE = [

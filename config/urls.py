@@ -34,6 +34,9 @@ urlpatterns = [
     path("api/", include("organizers.urls")),
     # An organizer's webhook endpoints (the staff's are webhooks.urls).
     path("api/", include("webhooks.organizer_urls")),
+    # An organizer's events, seat maps, reads and report (docs/api.md, "Events, seat maps
+    # and prices").
+    path("api/", include("seller.urls")),
     path("metrics", metrics_view, name="metrics"),
     # Liveness (no I/O) and readiness (database, broker, relay and beat
     # heartbeats): docs/operations.md, "Health checks".
@@ -42,6 +45,8 @@ urlpatterns = [
     # Sign-up (api/auth/signup/ and its page) and the password reset pages.
     path("", include("accounts.urls")),
     path("", include("shop.urls")),
+    # The seller pages (/seller/...).
+    path("", include("seller.page_urls")),
 ]
 
 if settings.FAKE_GATEWAY_ENABLED:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
+from django.utils import timezone
 
 from organizers.models import Organizer
 
 from .availability import availability_changed
-from .models import Event, Seat
+from .models import Event, EventStatus, Seat
 
 
 def event_create_with_seats(
@@ -23,7 +24,14 @@ def event_create_with_seats(
     currency: str = "EUR",
 ) -> Event:
     with transaction.atomic(durable=True):
-        event = Event.objects.create(organizer=organizer, name=name, starts_at=starts_at)
+        event = Event.objects.create(
+            organizer=organizer,
+            name=name,
+            starts_at=starts_at,
+            status=EventStatus.ON_SALE,
+            currency=currency,
+            published_at=timezone.now(),
+        )
         Seat.objects.bulk_create(
             [
                 Seat(

@@ -13,6 +13,15 @@ from django.db.models import Q
 from .saga.states import NON_TERMINAL, SagaState
 
 
+class EventStatus(models.TextChoices):
+    # docs/api.md, "Events, seat maps and prices": a draft is the seller's
+    # alone (its seat map and categories may change); on sale, the public
+    # catalog lists it and its seat map is frozen; cancelled stops sales.
+    DRAFT = "draft"
+    ON_SALE = "on_sale"
+    CANCELLED = "cancelled"
+
+
 class Event(models.Model):
     # The seller it belongs to (docs/api.md, "Organizers and roles"): a
     # reference table, so the event's shard needs no other node to read it.
@@ -22,30 +31,97 @@ class Event(models.Model):
     )
     name = models.CharField(max_length=200)
     starts_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=EventStatus.choices, default=EventStatus.DRAFT)
+    # One currency per event: every price category's (purchases/seller/seat_maps.py).
+    currency = models.CharField(max_length=3)
+    # The sales window; either end open when null.
+    sales_start = models.DateTimeField(null=True, blank=True)
+    sales_end = models.DateTimeField(null=True, blank=True)
+    # How long a purchase holds its seats; null: PURCHASE_HOLD_SECONDS.
+    hold_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Seats one buyer may hold or have bought for this event, all purchases
+    # counted; null: no limit but MAX_SEATS_PER_PURCHASE per purchase.
+    max_seats_per_buyer = models.PositiveIntegerField(null=True, blank=True)
+    # The refund policy: a buyer may cancel until then (null: never), and
+    # gets back the price less this percent.
+    buyer_can_cancel_until = models.DateTimeField(null=True, blank=True)
+    cancel_fee_percent = models.PositiveSmallIntegerField(default=0)
+    published_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["starts_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(cancel_fee_percent__lte=100), name="event_fee_percent_at_most_100"
+            ),
+            models.CheckConstraint(
+                condition=Q(sales_start__isnull=True)
+                | Q(sales_end__isnull=True)
+                | Q(sales_start__lt=models.F("sales_end")),
+                name="event_sales_window_in_order",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+
+class PriceCategory(models.Model):
+    """A price category of an event (stalls, balcony...): its seats' price.
+
+    A seat names its category by ``code`` and carries the category's price
+    as it was when the seat was last offered (``Seat.price_amount``): a price
+    change rewrites the seats that are not held or sold, never a held one,
+    so a purchase keeps the price its seats were held at
+    (purchases/seller/services.py).
+    """
+
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="price_categories")
+    code = models.CharField(max_length=32)
+    name = models.CharField(max_length=100)
+    price_amount = models.PositiveIntegerField()  # minor units
+    currency = models.CharField(max_length=3)
+
+    class Meta:
+        ordering = ["event", "id"]
+        verbose_name_plural = "price categories"
+        constraints = [
+            models.UniqueConstraint(fields=["event", "code"], name="price_category_code_per_event"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.event_id})"
 
 
 class SeatStatus(models.TextChoices):
     AVAILABLE = "available"
     HELD = "held"
     SOLD = "sold"
+    # Blocked by the seller (docs/api.md: "not for sale"): only an available
+    # seat can be blocked, and only a blocked one unblocked.
+    UNAVAILABLE = "unavailable"
 
 
 class Seat(models.Model):
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="seats")
-    ref = models.CharField(max_length=10)
-    row = models.CharField(max_length=5)
+    ref = models.CharField(max_length=32)
+    section = models.CharField(max_length=64, blank=True, default="")
+    row = models.CharField(max_length=16)
     number = models.PositiveIntegerField()
+    # The code of the seat's PriceCategory ("" for a seat made before
+    # categories existed, priced on its own).
+    category = models.CharField(max_length=32, blank=True, default="")
+    # Where the seat-map page draws it.
+    x = models.FloatField(default=0)
+    y = models.FloatField(default=0)
+    accessible = models.BooleanField(default=False)
     price_amount = models.PositiveIntegerField()  # minor units
     currency = models.CharField(max_length=3)
     status = models.CharField(
-        max_length=10, choices=SeatStatus.choices, default=SeatStatus.AVAILABLE
+        max_length=11, choices=SeatStatus.choices, default=SeatStatus.AVAILABLE
     )
+    # Why the seller blocked it (status unavailable).
+    block_reason = models.CharField(max_length=200, blank=True, default="")
     # Not columns: the first and last number of the seat's row, on the seats
     # best available reads (purchases/saga/start.py, ``_CANDIDATES_SQL``).
     row_first: int
@@ -89,6 +165,11 @@ class Reservation(models.Model):
             models.UniqueConstraint(
                 fields=["ref", "event"], name="reservation_ref_unique_per_event"
             ),
+        ]
+        indexes = [
+            # A buyer's seats for an event (the limit per buyer,
+            # purchases/saga/start.py) and a seller's search by buyer.
+            models.Index(fields=["event", "buyer"], name="reservation_event_buyer_idx"),
         ]
 
     def __str__(self) -> str:

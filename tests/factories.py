@@ -9,7 +9,7 @@ from django.utils import timezone
 from organizers.models import Membership, Organizer
 from organizers.roles import Role
 from purchases.availability import availability_bump
-from purchases.models import Event, Seat
+from purchases.models import Event, EventStatus, Seat
 
 T = TypeVar("T")
 
@@ -60,6 +60,9 @@ class EventFactory(ModelFactory[Event]):
     organizer = factory.LazyFunction(lambda: OrganizerFactory(slug="default-venue"))
     name = factory.Sequence(lambda n: f"event {n}")
     starts_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
+    # On sale, as the tests' events were before events had a status.
+    status = EventStatus.ON_SALE
+    currency = "EUR"
 
     @factory.post_generation
     def seats(event: Event, create, extracted, **kwargs):  # the built Event, not the factory

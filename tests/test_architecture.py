@@ -27,6 +27,7 @@ PACKAGES = (
     "webhooks",
     "organizers",
     "accounts",
+    "seller",
 )
 
 

@@ -39,9 +39,10 @@ from rest_framework.views import APIView
 
 from organizers.permissions import OrganizerScopedApi, declared_action
 from organizers.roles import MAY, Role
+from purchases.models import EventStatus
 from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
-from .factories import MembershipFactory, OrganizerFactory, UserFactory
+from .factories import EventFactory, MembershipFactory, OrganizerFactory, UserFactory
 
 SCOPED = "api/organizers/<"  # a route under an organizer's slug
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -115,11 +116,14 @@ def _world() -> World:
         status=DeliveryStatus.FAILED,
         created_at=T0,
     )
+    # A draft of the organizer's, with a seat map (the seller's routes take it).
+    event = EventFactory(organizer=organizer, status=EventStatus.DRAFT, seats=["A1", "A2"])
     return World(
         members=members,
         stranger=UserFactory(),
         samples={
             "slug": organizer.slug,
+            "event_id": event.pk,
             "endpoint_id": endpoint.pk,
             "delivery_id": delivery.pk,
             # A member the owner may remove (the last owner may not go).
