@@ -6,20 +6,27 @@ from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet
 
 from ledger.models import EntryKind, LedgerEntry
 
-from .models import Event, PurchaseSaga, ReservationSeat, SagaHistory, Seat, SeatStatus
+from .models import Event, EventStatus, PurchaseSaga, ReservationSeat, SagaHistory, Seat, SeatStatus
 from .saga.states import SagaState
 
 
 def event_list() -> QuerySet[Event]:
-    return Event.objects.annotate(
-        seats_available=Count("seats", filter=Q(seats__status=SeatStatus.AVAILABLE))
-    ).order_by("starts_at", "id")
+    """The public catalog: every organizer's events on sale (a draft is its
+    seller's alone, a cancelled one sells nothing)."""
+    return (
+        Event.objects.filter(status=EventStatus.ON_SALE)
+        .select_related("organizer")
+        .annotate(seats_available=Count("seats", filter=Q(seats__status=SeatStatus.AVAILABLE)))
+        .order_by("starts_at", "id")
+    )
 
 
 def event_seats(*, event_id: int) -> QuerySet[Seat] | None:
-    if not Event.objects.filter(pk=event_id).exists():
+    """The seat map of an event on sale, by section, row and number; None
+    for a draft, a cancelled or a missing event (the same 404)."""
+    if not Event.objects.filter(pk=event_id, status=EventStatus.ON_SALE).exists():
         return None
-    return Seat.objects.filter(event_id=event_id).order_by("row", "number")
+    return Seat.objects.filter(event_id=event_id).order_by("section", "row", "number")
 
 
 def _with_seats(qs: QuerySet[PurchaseSaga]) -> QuerySet[PurchaseSaga]:

@@ -17,11 +17,15 @@ from rest_framework import serializers
 from common.api import ErrorSerializer
 
 from .buyer_history import buyer_history
-from .models import Event, PurchaseSaga, Seat
+from .models import Event, PurchaseSaga, Seat, SeatStatus
 from .saga.states import TERMINAL, SagaState
 from .selectors import PAYMENT_STATUSES, saga_payment_status, saga_seat_refs
 
 S = SagaState
+
+# The longest seat ref and price-category code (purchases.models.Seat).
+SEAT_REF_MAX = Seat._meta.get_field("ref").max_length or 32
+CATEGORY_MAX = Seat._meta.get_field("category").max_length or 32
 
 # What each state means to the buyer (docs/api.md, "Statuses"). The labels
 # are the enum's description in the schema; the terminal ones say so.
@@ -54,21 +58,66 @@ class MoneySerializer(serializers.Serializer):
     currency = serializers.CharField(help_text="ISO 4217 code")
 
 
+class EventOrganizerSerializer(serializers.Serializer):
+    slug = serializers.CharField(read_only=True)
+    name = serializers.CharField(read_only=True)
+
+
 class EventSerializer(serializers.ModelSerializer):
+    organizer = EventOrganizerSerializer(read_only=True, help_text="The seller")
     seats_available = serializers.IntegerField(read_only=True)
+    sales_start = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="Purchases open then (null: open now)"
+    )
+    sales_end = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="Purchases close then (null: never closed by a date)",
+    )
 
     class Meta:
         model = Event
-        fields = ["id", "name", "starts_at", "seats_available"]
+        fields = [
+            "id",
+            "name",
+            "starts_at",
+            "organizer",
+            "currency",
+            "sales_start",
+            "sales_end",
+            "seats_available",
+        ]
         read_only_fields = fields
 
 
 class SeatSerializer(serializers.ModelSerializer):
     price = serializers.SerializerMethodField()
 
+    status = serializers.ChoiceField(
+        SeatStatus.choices,
+        read_only=True,
+        help_text="`unavailable`: blocked by the seller, not for sale",
+    )
+    category = serializers.CharField(
+        read_only=True, help_text="The code of its price category (`best available` by category)"
+    )
+    x = serializers.FloatField(read_only=True, help_text="Where the seat map draws it")
+    y = serializers.FloatField(read_only=True)
+
     class Meta:
         model = Seat
-        fields = ["ref", "row", "number", "status", "price"]
+        fields = [
+            "ref",
+            "section",
+            "row",
+            "number",
+            "category",
+            "x",
+            "y",
+            "accessible",
+            "status",
+            "price",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(MoneySerializer)
@@ -84,7 +133,7 @@ class SeatRefsField(serializers.ListField):
     def __init__(self, **kwargs):
         limit = settings.MAX_SEATS_PER_PURCHASE
         super().__init__(
-            child=serializers.CharField(min_length=1, max_length=10),
+            child=serializers.CharField(min_length=1, max_length=SEAT_REF_MAX),
             allow_empty=False,
             min_length=1,
             max_length=limit,
@@ -151,6 +200,13 @@ class PurchaseRequestSerializer(serializers.Serializer):
         help_text="Best available, instead of `seats`: how many seats next to each other "
         "in one row (1 to `MAX_SEATS_PER_PURCHASE`); the answer's `seats` names them",
     )
+    category = serializers.CharField(
+        required=False,
+        min_length=1,
+        max_length=CATEGORY_MAX,
+        help_text="With `quantity` only: the seats are chosen among those of this price "
+        "category (its code, e.g. `stalls`)",
+    )
     payment_method = serializers.CharField(
         max_length=100, help_text="A payment method token (docs/api.md, test payment methods)"
     )
@@ -167,6 +223,10 @@ class PurchaseRequestSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     {"seats": ["This field is required (or quantity, for best available)."]}
                 )
+            if "category" in data and "quantity" not in data:
+                raise serializers.ValidationError(
+                    {"category": ["a category chooses seats for a quantity: not with seats"]}
+                )
         return super().to_internal_value(data)
 
 
@@ -176,9 +236,10 @@ def plain_purchase_request(data) -> dict[str, Any] | None:
     body, which the serializer then judges (and words the refusal of).
 
     Plain: a JSON object with ``event`` a positive integer, exactly one of
-    ``seats`` (1 to ``MAX_SEATS_PER_PURCHASE`` distinct ASCII refs of 1 to 10
+    ``seats`` (1 to ``MAX_SEATS_PER_PURCHASE`` distinct ASCII refs of 1 to 32
     characters, without surrounding spaces) and ``quantity`` (an integer
-    from 1 to ``MAX_SEATS_PER_PURCHASE``), and ``payment_method`` an ASCII
+    from 1 to ``MAX_SEATS_PER_PURCHASE``, with an optional ``category`` of 1
+    to 32 such characters), and ``payment_method`` an ASCII
     string of 1 to 100 characters without surrounding spaces; other keys
     are ignored, as the serializer ignores them. Building the serializer
     and its fields was a tenth of the web's CPU per purchase
@@ -194,12 +255,19 @@ def plain_purchase_request(data) -> dict[str, Any] | None:
         quantity = data["quantity"]
         if type(quantity) is not int or not 1 <= quantity <= limit:
             return None
-        return {"event": event, "quantity": quantity, "payment_method": method}
+        chosen: dict[str, Any] = {"quantity": quantity}
+        if "category" in data:
+            if not _plain_text(data["category"], CATEGORY_MAX):
+                return None
+            chosen["category"] = data["category"]
+        return {"event": event, **chosen, "payment_method": method}
+    if "category" in data:
+        return None  # not with seats: the serializer words the refusal
     seats = data["seats"]
     if (
         type(seats) is not list
         or not 1 <= len(seats) <= limit
-        or not all(_plain_text(ref, 10) for ref in seats)
+        or not all(_plain_text(ref, SEAT_REF_MAX) for ref in seats)
         or len(set(seats)) != len(seats)
     ):
         return None
@@ -220,13 +288,28 @@ def _plain_text(value, max_length: int) -> bool:
 
 class PurchaseConflictSerializer(ErrorSerializer):
     """A 409 of `POST /api/purchases/`: the error shape, with `available` when
-    the code is `not_enough_seats`."""
+    the code is `not_enough_seats`, `sales_start` for `sales_not_open`, and
+    `limit` and `held_or_bought` for `buyer_limit_reached`."""
 
     available = serializers.IntegerField(
         required=False,
         min_value=0,
         help_text="409 not_enough_seats: the event's seats available and not being taken "
         "right now (none of them N next to each other in a row)",
+    )
+    sales_start = serializers.DateTimeField(
+        required=False, help_text="409 sales_not_open: when the event's sales open (UTC)"
+    )
+    limit = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="409 buyer_limit_reached: the event's seats per buyer",
+    )
+    held_or_bought = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="409 buyer_limit_reached: the seats this buyer already holds or bought for "
+        "the event, every purchase held or confirmed counted",
     )
 
 

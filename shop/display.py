@@ -141,6 +141,7 @@ class SeatView:
     status: str
     price: str
     band: int  # the price band's number in the legend, from 1
+    accessible: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,38 +152,88 @@ class PriceBand:
     count: int
 
 
-def hall(seats_json: bytes) -> tuple[list[tuple[str, list[SeatView]]], list[PriceBand]]:
-    """The catalog's seats (the API's JSON, as cached) as rows of seats in
-    order, and the price legend (one band per price)."""
+@dataclass(frozen=True)
+class Section:
+    """A section of the hall ("" when the map has none): its rows of seats
+    in order, and how many of its seats are free."""
+
+    name: str
+    rows: list[tuple[str, list[SeatView]]]
+    available: int
+    total: int
+
+
+# A seat map past this many seats is drawn one section at a time (the page
+# of a 20,000-seat arena would weigh megabytes); the sections are listed
+# with what each has free, and best available still chooses over them all.
+DRAWN_AT_ONCE = 1200
+
+
+@dataclass(frozen=True)
+class Hall:
+    sections: list[Section]  # every section, drawn or not
+    drawn: list[Section]  # those the page draws (all, or the one asked for)
+    bands: list[PriceBand]
+    categories: list[str]  # the codes of the seats' price categories, in order
+
+    @property
+    def rows(self) -> list[tuple[str, list[SeatView]]]:
+        return [row for section in self.drawn for row in section.rows]
+
+
+def hall(seats_json: bytes, *, section: str | None = None) -> Hall:
+    """The catalog's seats (the API's JSON, as cached) as sections of rows
+    of seats in order, and the price legend (one band per price). A map of
+    more than ``DRAWN_AT_ONCE`` seats draws only ``section`` (none: no seat)."""
     seats = json.loads(seats_json)
     prices = sorted({(s["price"]["currency"], s["price"]["amount"]) for s in seats})
     band_of = {price: n for n, price in enumerate(prices, start=1)}
-    views = [
-        SeatView(
-            ref=s["ref"],
-            row=s["row"],
-            number=s["number"],
-            status=s["status"],
-            price=format_money(s["price"]["amount"], s["price"]["currency"]),
-            band=band_of[(s["price"]["currency"], s["price"]["amount"])],
+    by_section: dict[str, list[SeatView]] = {}
+    for s in seats:
+        price = (s["price"]["currency"], s["price"]["amount"])
+        by_section.setdefault(s.get("section", ""), []).append(
+            SeatView(
+                ref=s["ref"],
+                row=s["row"],
+                number=s["number"],
+                status=s["status"],
+                price=format_money(price[1], price[0]),
+                band=band_of[price],
+                accessible=bool(s.get("accessible")),
+            )
         )
-        for s in seats
-    ]
+    sections = [_section(name, views) for name, views in by_section.items()]
+    if len(seats) <= DRAWN_AT_ONCE:
+        drawn = sections
+    else:
+        drawn = [x for x in sections if x.name == section]
+    categories = sorted({s["category"] for s in seats if s.get("category")})
+    return Hall(sections, drawn, _bands(band_of, sections), categories)
+
+
+def _section(name: str, views: list[SeatView]) -> Section:
     views.sort(key=lambda v: (v.row, v.number))
     rows = [(row, list(group)) for row, group in groupby(views, key=lambda v: v.row)]
+    free = sum(1 for v in views if v.status == "available")
+    return Section(name=name, rows=rows, available=free, total=len(views))
+
+
+def _bands(band_of: dict[tuple[str, int], int], sections: list[Section]) -> list[PriceBand]:
+    views = [seat for section in sections for _, row in section.rows for seat in row]
+    all_rows = list(dict.fromkeys(row for section in sections for row, _ in section.rows))
     bands = []
     for (currency, amount), number in band_of.items():
         in_band = [v for v in views if v.band == number]
-        band_rows = sorted({v.row for v in in_band})
+        band_rows = [r for r in all_rows if r in {v.row for v in in_band}]
         bands.append(
             PriceBand(
                 number=number,
                 price=format_money(amount, currency),
-                rows=_rows_text(band_rows, [r for r, _ in rows]),
+                rows=_rows_text(band_rows, all_rows),
                 count=len(in_band),
             )
         )
-    return rows, bands
+    return bands
 
 
 def _rows_text(band_rows: list[str], all_rows: list[str]) -> str:
@@ -203,6 +254,7 @@ class EventView:
     name: str
     starts_at: datetime | None
     seats_available: int
+    organizer: str = ""  # the seller's name
 
 
 def events(events_json: bytes) -> list[EventView]:
@@ -212,6 +264,7 @@ def events(events_json: bytes) -> list[EventView]:
             name=e["name"],
             starts_at=parse_datetime(e["starts_at"]),
             seats_available=e["seats_available"],
+            organizer=e["organizer"]["name"],
         )
         for e in json.loads(events_json)
     ]

@@ -79,6 +79,12 @@ class PurchaseForm(forms.Form):
         help_text="With no seat chosen on the map: we pick the best seats side by side.",
         widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
     )
+    # Best available among one price category's seats (the API's "category").
+    category = forms.CharField(
+        required=False,
+        label="In",
+        widget=forms.Select(choices=[("", "any part of the hall")]),
+    )
     payment_method = PostedField(required=False, label="Payment method")
 
     def __init__(self, *args, event_id: int, **kwargs):
@@ -94,6 +100,11 @@ class PurchaseForm(forms.Form):
         else:
             method.help_text = "The payment method token your card processor gave you."
             method.widget = forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"})
+
+    def offer_categories(self, codes: list[str]) -> None:
+        """The price categories the seat map has, to choose best available in."""
+        widget = self.fields["category"].widget
+        widget.choices = [("", "any part of the hall"), *((c, c.replace("-", " ")) for c in codes)]
 
     def clean_idempotency_key(self) -> str:
         key = self.cleaned_data["idempotency_key"]
@@ -113,6 +124,8 @@ class PurchaseForm(forms.Form):
         quantity = (data.get("quantity") or "").strip()
         if quantity:
             body["quantity"] = int(quantity) if _NUMBER.fullmatch(quantity) else quantity
+            if data.get("category"):
+                body["category"] = data["category"]
         if data.get("payment_method") is not None:
             body["payment_method"] = data["payment_method"]
         request = plain_purchase_request(body)

@@ -34,9 +34,13 @@ from common.money import format_money
 from purchases import catalog_answers, selectors
 from purchases.buyer_history import buyer_history
 from purchases.errors import (
+    BuyerLimitReached,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    SalesClosed,
+    SalesNotOpen,
     SeatUnavailable,
+    UnknownCategory,
     UnknownEvent,
     UnknownSeats,
 )
@@ -132,7 +136,8 @@ def _seat_map(
     if seats is None:
         raise Http404("no such event")
     assert seats.body is not None  # asked with no ETag held: the body comes with the answer
-    rows, bands = display.hall(seats.body)
+    hall = display.hall(seats.body, section=request.GET.get("section"))
+    form.offer_categories(hall.categories)
     return render(
         request,
         "shop/seat_map.html",
@@ -140,15 +145,16 @@ def _seat_map(
             "event": next((e for e in _events() if e.id == event_id), None),
             "event_id": event_id,
             "nav": "events",
-            "rows": rows,
-            "bands": bands,
+            "hall": hall,
+            "rows": hall.rows,
+            "bands": hall.bands,
             "form": form,
             # A new key for every form drawn; a reload of a refused POST sends
             # the old one again, which the service refuses (or replays) the same way.
             "idempotency_key": new_idempotency_key(),
             "problem": problem,
             "chosen": set(chosen),
-            "any_available": any(s.status == "available" for _, row in rows for s in row),
+            "any_available": any(section.available for section in hall.sections),
         },
         status=status,
     )
@@ -178,17 +184,12 @@ def _purchase_post(request, event_id: int):
             event_id=data["event"],
             seat_refs=data.get("seats"),
             quantity=data.get("quantity"),
+            category=data.get("category"),
             payment_method=data["payment_method"],
         )
     except PurchaseThrottled as exc:
         return _throttled(request, event_id, wait=exc.wait)
-    except (
-        SeatUnavailable,
-        IdempotencyKeyReused,
-        UnknownSeats,
-        UnknownEvent,
-        NotEnoughSeats,
-    ) as exc:
+    except _REFUSALS as exc:
         status, problem = _refusal(exc, quantity=data.get("quantity"))
         return _seat_map(request, event_id, form, status=status, chosen=chosen, problem=problem)
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
@@ -198,7 +199,17 @@ def _purchase_post(request, event_id: int):
 
 
 # What the service refuses a start for, each told on the seat map (_refusal).
-_REFUSALS = (SeatUnavailable, IdempotencyKeyReused, UnknownSeats, UnknownEvent, NotEnoughSeats)
+_REFUSALS = (
+    SeatUnavailable,
+    IdempotencyKeyReused,
+    UnknownSeats,
+    UnknownEvent,
+    NotEnoughSeats,
+    SalesNotOpen,
+    SalesClosed,
+    BuyerLimitReached,
+    UnknownCategory,
+)
 
 
 def _throttled(request, event_id: int, *, wait: float | None) -> HttpResponse:
@@ -233,6 +244,8 @@ def _refusal(exc: Exception, *, quantity: int | None) -> tuple[int, dict]:
             "text": "This form was already used for another purchase (see your purchases). "
             "Nothing new was bought; choose again below to make a new purchase.",
         }
+    if isinstance(exc, SalesNotOpen | SalesClosed | BuyerLimitReached | UnknownCategory):
+        return _sellers_rule(exc)
     if isinstance(exc, NotEnoughSeats):
         return 409, {
             "code": exc.code,
@@ -244,6 +257,35 @@ def _refusal(exc: Exception, *, quantity: int | None) -> tuple[int, dict]:
         "code": "invalid",
         "field": "event" if isinstance(exc, UnknownEvent) else "seats",
         "text": f"Those seats are not in this hall ({exc}). Choose seats on the map.",
+    }
+
+
+def _sellers_rule(
+    exc: SalesNotOpen | SalesClosed | BuyerLimitReached | UnknownCategory,
+) -> tuple[int, dict]:
+    """A refusal by the seller's rules for the event, in words (the API's status)."""
+    if isinstance(exc, SalesNotOpen):
+        opens = exc.sales_start.strftime("%A %-d %B %Y, %H:%M UTC")
+        return 409, {
+            "code": exc.code,
+            "text": f"Sales for this event open on {opens}. Nothing was bought; come back then.",
+        }
+    if isinstance(exc, SalesClosed):
+        return 409, {
+            "code": exc.code,
+            "text": "Sales for this event are closed. Nothing was bought or charged.",
+        }
+    if isinstance(exc, BuyerLimitReached):
+        return 409, {
+            "code": exc.code,
+            "text": f"You may have at most {exc.limit} "
+            f"{_seat_words([''] * exc.limit)} for this event, and you hold or bought "
+            f"{exc.held_or_bought} already. Nothing was charged; choose fewer seats.",
+        }
+    return 400, {
+        "code": "invalid",
+        "field": "category",
+        "text": f"This hall has no part called {exc.category!r}. Choose another.",
     }
 
 

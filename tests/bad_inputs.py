@@ -64,6 +64,13 @@ class BadInput:
             if type(quantity) is not int:
                 return None
             data["quantity"] = str(quantity)
+        if "category" in body:
+            # The page offers a category for a quantity only, and "" is its
+            # "any part of the hall": neither refusal can come from a form.
+            category = body.pop("category")
+            if "quantity" not in data or not _sayable(category) or category == "":
+                return None
+            data["category"] = category
         if "payment_method" in body:
             method = body.pop("payment_method")
             if not _sayable(method):
@@ -93,7 +100,7 @@ BAD_INPUTS = [
     BadInput("duplicate-seats", "seats", {"seats": ["A1", "A1"]}),
     BadInput("blank-seat", "seats", {"seats": [""]}),
     BadInput("space-seat", "seats", {"seats": ["   "]}),
-    BadInput("long-seat", "seats", {"seats": ["A" * 11]}),
+    BadInput("long-seat", "seats", {"seats": ["A" * 33]}),
     BadInput("nul-in-seat", "seats", {"seats": ["A\x001"]}),
     BadInput("nul-seat", "seats", {"seats": ["\x00"]}),
     BadInput("surrogate-seat", "seats", {"seats": ["\ud800"]}),
@@ -110,6 +117,12 @@ BAD_INPUTS = [
     BadInput("quantity-a-fraction", "quantity", {"seats": MISSING, "quantity": 2.0}),
     BadInput("quantity-a-bool", "quantity", {"seats": MISSING, "quantity": True}),
     BadInput("quantity-null", "quantity", {"seats": MISSING, "quantity": None}),
+    # best available in one price category
+    BadInput("category-with-seats", "category", {"category": "stalls"}),
+    BadInput("category-blank", "category", {"seats": MISSING, "quantity": 1, "category": ""}),
+    BadInput(
+        "category-too-long", "category", {"seats": MISSING, "quantity": 1, "category": "c" * 33}
+    ),
     # the payment method
     BadInput("no-payment-method", "payment_method", {"payment_method": MISSING}),
     BadInput("blank-payment-method", "payment_method", {"payment_method": ""}),

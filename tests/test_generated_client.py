@@ -98,7 +98,13 @@ ERROR_CODES = {
         "400": {"invalid", "parse_error", "idempotency_key_missing", "idempotency_key_invalid"},
         "401": {"not_authenticated", "authentication_failed"},
         "403": {"permission_denied"},
-        "409": {"seat_unavailable", "not_enough_seats"},
+        "409": {
+            "seat_unavailable",
+            "not_enough_seats",
+            "sales_not_open",
+            "sales_closed",
+            "buyer_limit_reached",
+        },
         "413": {"payload_too_large"},
         "415": {"unsupported_media_type"},
         "422": {"idempotency_key_reused"},
@@ -383,7 +389,7 @@ def test_the_seats_of_a_purchase_have_their_limits(served_schema, settings):
         settings.MAX_SEATS_PER_PURCHASE,
         True,
     )
-    assert (seats["items"]["minLength"], seats["items"]["maxLength"]) == (1, 10)
+    assert (seats["items"]["minLength"], seats["items"]["maxLength"]) == (1, 32)
     # Best available: a quantity instead, one of the two (said in the description).
     quantity = body["properties"]["quantity"]
     assert (quantity["type"], quantity["minimum"], quantity["maximum"]) == (

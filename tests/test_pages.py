@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import uuid
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, quote
 
 import pytest
@@ -17,9 +18,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from purchases.models import IdempotencyRecord, PurchaseSaga, Seat
+from purchases.models import Event, IdempotencyRecord, PriceCategory, PurchaseSaga, Seat
 from purchases.ops.runbook import Action, action_run
 from purchases.services import saga_charge
+from shop import display
 
 from .conftest import cache_redis, row_counts, start_purchase
 from .factories import EventFactory, UserFactory
@@ -700,3 +702,87 @@ def test_a_user_without_purchases_is_told_so(client):
     UserFactory(username="dana")
     client.login(username="dana", password="pw")
     assert "No purchases yet" in page_of(client.get("/purchases/"))
+
+
+# --- the seller's seat maps on the buyer's page ---------------------------------------
+
+
+def test_a_blocked_seat_is_drawn_not_for_sale_and_an_accessible_one_says_so(alice_page, hall):
+    Seat.objects.filter(event=hall, ref="B2").update(status="unavailable", block_reason="desk")
+    Seat.objects.filter(event=hall, ref="A1").update(accessible=True, section="Stalls")
+
+    text = page_of(alice_page.get(f"/events/{hall.pk}/"))
+
+    assert seat_statuses(text)["B2"] == "unavailable"
+    assert re.search(r'value="B2" id="seat-B2"\s+disabled', text)
+    assert "Row B, seat 2, 50.00 EUR, not for sale" in text
+    assert "Row A, seat 1, 50.00 EUR, free, wheelchair space" in text
+    assert 'data-section-drawn="Stalls"' in text
+    assert "desk" not in text  # the seller's reason is the seller's
+
+
+def test_a_large_hall_is_drawn_one_section_at_a_time(alice_page, settings, monkeypatch):
+    # given: a hall past what the page draws at once, in two sections
+    monkeypatch.setattr(display, "DRAWN_AT_ONCE", 4)
+    event = EventFactory(seats=["A1", "A2", "A3", "B1", "B2", "B3"])
+    Seat.objects.filter(event=event, ref__startswith="B").update(section="Balcony")
+    Seat.objects.filter(event=event, ref__startswith="A").update(section="Stalls")
+    Seat.objects.filter(event=event, ref="B3").update(status="sold")
+
+    # when
+    overview = page_of(alice_page.get(f"/events/{event.pk}/"))
+    balcony = page_of(alice_page.get(f"/events/{event.pk}/?section=Balcony"))
+
+    # then: the sections with what each has free, and no seat until one is chosen
+    assert seat_statuses(overview) == {}
+    assert re.search(
+        r'data-section="Balcony"><a href="\?section=Balcony"[^>]*>Balcony</a>: 2 of 3', overview
+    )
+    assert re.search(
+        r'data-section="Stalls"><a href="\?section=Stalls"[^>]*>Stalls</a>: 3 of 3', overview
+    )
+    assert list(seat_statuses(balcony)) == ["B1", "B2", "B3"]
+    # best available still chooses over the whole hall
+    assert 'name="quantity"' in overview
+
+
+def test_best_available_in_a_category_from_the_page(alice_page, hall):
+    for code in ("stalls", "balcony"):
+        PriceCategory.objects.create(
+            event=hall, code=code, name=code, price_amount=5000, currency="EUR"
+        )
+    Seat.objects.filter(event=hall, ref__startswith="E").update(category="balcony")
+    Seat.objects.filter(event=hall).exclude(ref__startswith="E").update(category="stalls")
+    text = page_of(alice_page.get(f"/events/{hall.pk}/"))
+    assert '<option value="balcony">balcony</option>' in text
+
+    answer = alice_page.post(
+        f"/events/{hall.pk}/",
+        {
+            "idempotency_key": "page-category",
+            "quantity": "2",
+            "category": "balcony",
+            "payment_method": "pm_card_visa",
+        },
+    )
+
+    saga = saga_of(answer)
+    assert all(ref.startswith("E") for ref in saga.reservation.seats.values_list("ref", flat=True))
+
+
+@pytest.mark.parametrize(
+    "rules, code, says",
+    [
+        ({"sales_end": datetime(2020, 1, 1, tzinfo=UTC)}, "sales_closed", "are closed"),
+        ({"max_seats_per_buyer": 1}, "buyer_limit_reached", "at most 1 seat for this event"),
+    ],
+)
+def test_the_sellers_rules_are_told_in_words(alice_page, hall, rules, code, says):
+    Event.objects.filter(pk=hall.pk).update(**rules)
+
+    answer = buy(alice_page, hall, seats=["A1", "A2"])
+
+    assert answer.status_code == 409
+    shown, words = problem(page_of(answer))
+    assert shown == code and says in words, words
+    assert not PurchaseSaga.objects.exists()

@@ -19,6 +19,8 @@ PLAIN = [
     {"event": 3, "quantity": 4, "payment_method": "p" * 100},
     {"event": 3, "seats": ["A1"], "payment_method": VISA, "note": "ignored", "user": 9},
     {"event": 3, "seats": [f"S{i}" for i in range(8)], "payment_method": VISA},
+    {"event": 3, "seats": ["Z" * 32], "payment_method": VISA},
+    {"event": 3, "quantity": 2, "category": "stalls", "payment_method": VISA},
 ]
 
 # Bodies it leaves to the serializer: every bad input of tests/bad_inputs.py
