@@ -6,10 +6,16 @@
 -- and warns when the product's transaction changes):
 --
 --   1-10 BEGIN .. COMMIT               purchase_start's durable atomic block:
---                                      seats by ref (no lock), the idempotency
---                                      record (ON CONFLICT DO NOTHING), the seats
---                                      locked and held in one UPDATE, four
---                                      inserts, the hold timer
+--                                      the event's rules with the seats by ref
+--                                      (no lock), the idempotency record (ON
+--                                      CONFLICT DO NOTHING), the seats locked
+--                                      and held in one UPDATE (returning the
+--                                      prices held at), four inserts, the hold
+--                                      timer
+--
+-- The bench's event has no limit per buyer: an event with one adds two
+-- statements after the read (the buyer's advisory lock, the count of the
+-- buyer's seats), which this script does not send.
 --
 -- Under load nothing else reaches the database: the connection health check
 -- runs only on a connection idle for DB_IDLE_CHECK_AFTER_SECONDS
@@ -56,11 +62,11 @@
 
 BEGIN;
 
-SELECT "purchases_seat"."id", "purchases_seat"."ref", "purchases_seat"."price_amount", "purchases_seat"."currency" FROM "purchases_seat" WHERE ("purchases_seat"."event_id" = :ev AND "purchases_seat"."ref" IN ('S' || :n)) ORDER BY "purchases_seat"."id" ASC;
+SELECT e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer, s.id, s.ref, s.price_amount, s.currency FROM purchases_event e LEFT JOIN purchases_seat s ON s.event_id = e.id AND s.ref = ANY(ARRAY['S' || :n]) WHERE e.id = :ev ORDER BY s.id;
 
 INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-' || :run || '-' || :i, md5('pgb-' || :run || '-' || :client_id || '-' || :i) || md5('h-' || :run || '-' || :client_id || '-' || :i), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
 
-UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) ORDER BY id FOR UPDATE) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.event_id = :ev AND purchases_seat.status = 'available' RETURNING purchases_seat.id;
+UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) ORDER BY id FOR UPDATE) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.event_id = :ev AND purchases_seat.status = 'available' RETURNING purchases_seat.id, purchases_seat.price_amount;
 
 INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "hold_expires_at", "total_amount", "currency", "created_at") VALUES ('P' || :run || '-' || :client_id || '-' || :i, :ev, :uid, 'HELD', now() + make_interval(secs => :hold), 5000, 'EUR', now()) RETURNING "purchases_reservation"."id" AS res_id \gset
 

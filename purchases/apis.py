@@ -28,12 +28,18 @@ from common.api import RETRY_AFTER as _RETRY_AFTER
 from common.api import error
 from common.api import error_response as _errors
 from common.parsers import JSONParser
+from common.time import iso_z
 
 from . import availability, catalog_answers, selectors
 from .errors import (
+    BuyerLimitReached,
+    DomainError,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    SalesClosed,
+    SalesNotOpen,
     SeatUnavailable,
+    UnknownCategory,
     UnknownEvent,
     UnknownSeats,
 )
@@ -259,22 +265,28 @@ class PurchaseListCreateApi(APIView):
             ),
             400: _errors(
                 "`idempotency_key_missing`, `idempotency_key_invalid` (the header); `invalid` "
-                "(with `field` and `errors`): an unknown event (`field`: `event`), unknown "
-                "seats (`field`: `seats`, the refs in `seats`), seats of different "
-                "currencies, an empty list, duplicates, more than `MAX_SEATS_PER_PURCHASE` "
-                "seats, a missing field; a `quantity` that is not an integer from 1 to "
-                "`MAX_SEATS_PER_PURCHASE` (`field`: `quantity`); both `seats` and `quantity` "
-                "(`field`: `quantity`), neither (`field`: `seats`); `parse_error`: a body "
-                "that is not JSON"
+                "(with `field` and `errors`): an unknown event, or one not published yet "
+                "(`field`: `event`), unknown seats (`field`: `seats`, the refs in `seats`), "
+                "seats of different currencies, an empty list, duplicates, more than "
+                "`MAX_SEATS_PER_PURCHASE` seats, a missing field; a `quantity` that is not an "
+                "integer from 1 to `MAX_SEATS_PER_PURCHASE` (`field`: `quantity`); both `seats` "
+                "and `quantity` (`field`: `quantity`), neither (`field`: `seats`); a `category` "
+                "with `seats`, or one the event does not have (`field`: `category`); "
+                "`parse_error`: a body that is not JSON"
             ),
             401: _NOT_AUTHENTICATED,
             403: _errors("`permission_denied`: session authentication without a valid CSRF token"),
             409: OpenApiResponse(
                 PurchaseConflictSerializer,
-                description="`seat_unavailable` (with `seats`, those held or sold); "
-                "`not_enough_seats` (a `quantity`: no row has that many available seats next "
-                "to each other; with `available`, the event's seats available and not being "
-                "taken right now). Nothing is written",
+                description="`seat_unavailable` (with `seats`, those held, sold or blocked by "
+                "the seller); `not_enough_seats` (a `quantity`: no row has that many available "
+                "seats next to each other, of the `category` asked for if any; with "
+                "`available`, the event's (or the category's) seats available and not being "
+                "taken right now); `sales_not_open` (with `sales_start`, when they open); "
+                "`sales_closed` (the sales window has ended, or the event was cancelled); "
+                "`buyer_limit_reached` (with `limit`, the event's seats per buyer, and "
+                "`held_or_bought`, the seats this buyer already holds or bought for it, every "
+                "purchase counted, also those made at the same time). Nothing is written",
             ),
             413: _TOO_LARGE,
             415: _NOT_JSON,
@@ -288,9 +300,12 @@ class PurchaseListCreateApi(APIView):
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
         description="The seats are named (`seats`) or chosen by the server (`quantity`, best "
-        "available: that many seats next to each other in one row; rows in order, in a row "
-        "the block nearest its middle). Exactly one of `seats` and `quantity`. The `202` "
-        "lists the seats held; a replay of the key lists the same seats.",
+        "available: that many seats next to each other in one row, of the price `category` "
+        "if one is given; rows in order, in a row the block nearest its middle). Exactly one "
+        "of `seats` and `quantity`. The event's rules are checked with the seats: its sales "
+        "window, and its limit of seats per buyer; the hold lasts the event's hold time. The "
+        "`202` lists the seats held, and `total` is their price at the moment they were "
+        "held; a replay of the key lists the same seats.",
     )
     def post(self, request):
         problem = _key_problem(request.headers.get("Idempotency-Key"))
@@ -311,29 +326,16 @@ class PurchaseListCreateApi(APIView):
                 event_id=data["event"],
                 seat_refs=data.get("seats"),
                 quantity=data.get("quantity"),
+                category=data.get("category"),
                 payment_method=data["payment_method"],
             )
         except PurchaseThrottled as exc:
             raise exceptions.Throttled(wait=exc.wait) from None  # as DRF's check_throttles
-        except IdempotencyKeyReused as exc:
-            return error(422, exc.code, str(exc))
-        except SeatUnavailable as exc:
-            return error(409, exc.code, str(exc), seats=exc.seats)
-        except NotEnoughSeats as exc:
-            return error(409, exc.code, str(exc), available=exc.available)
-        except UnknownEvent as exc:
-            # Told apart from unknown seats only on the refusal path: the
-            # request itself does not look the event up.
-            return error(400, "invalid", str(exc), field="event", errors={"event": [str(exc)]})
-        except UnknownSeats as exc:
-            return error(
-                400,
-                "invalid",
-                str(exc),
-                field="seats",
-                errors={"seats": [str(exc)]},
-                seats=exc.seats,
-            )
+        except DomainError as exc:
+            refusal = _purchase_refusal(exc)
+            if refusal is None:
+                raise
+            return refusal
         link = f"/api/purchases/{started.saga_id}/"
         # The same answer for the first request and every replay of its key.
         response = Response({**started.purchase, "links": {"self": link}}, status=202)
@@ -355,6 +357,34 @@ class PurchaseListCreateApi(APIView):
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(selectors.purchase_list(user=request.user), request)
         return paginator.get_paginated_response(PurchaseSummarySerializer(page, many=True).data)
+
+
+def _purchase_refusal(exc: DomainError) -> Response | None:
+    """The answer to a start refused (docs/api.md); None for an error that
+    is not a refusal of the request (a bug: the 500 it becomes says so)."""
+    if isinstance(exc, IdempotencyKeyReused):
+        return error(422, exc.code, str(exc))
+    if isinstance(exc, SeatUnavailable):
+        return error(409, exc.code, str(exc), seats=exc.seats)
+    if isinstance(exc, NotEnoughSeats):
+        return error(409, exc.code, str(exc), available=exc.available)
+    if isinstance(exc, SalesNotOpen):
+        return error(409, exc.code, str(exc), sales_start=iso_z(exc.sales_start))
+    if isinstance(exc, SalesClosed):
+        return error(409, exc.code, str(exc))
+    if isinstance(exc, BuyerLimitReached):
+        return error(409, exc.code, str(exc), limit=exc.limit, held_or_bought=exc.held_or_bought)
+    if isinstance(exc, UnknownEvent):
+        # Told apart from unknown seats only on the refusal path: the
+        # request itself does not look the event up.
+        return error(400, "invalid", str(exc), field="event", errors={"event": [str(exc)]})
+    if isinstance(exc, UnknownCategory):
+        return error(400, "invalid", str(exc), field="category", errors={"category": [str(exc)]})
+    if isinstance(exc, UnknownSeats):
+        return error(
+            400, "invalid", str(exc), field="seats", errors={"seats": [str(exc)]}, seats=exc.seats
+        )
+    return None
 
 
 class PurchaseDetailApi(APIView):

@@ -1,5 +1,9 @@
 """Domain errors. The API maps each to one status code and ``code``."""
 
+from __future__ import annotations
+
+from datetime import datetime
+
 
 class DomainError(Exception):
     code = "domain_error"
@@ -63,3 +67,53 @@ class NotEnoughSeats(DomainError):
             f"available in all)"
         )
         self.available = available
+
+
+# --- the seller's rules (docs/api.md, "The seller's rules") ----------------------------
+# Checked in the start's transaction (purchases/saga/start.py).
+
+
+class SalesNotOpen(DomainError):
+    """The event's sales window has not opened: ``sales_start`` is ahead."""
+
+    code = "sales_not_open"
+
+    def __init__(self, sales_start: datetime):
+        super().__init__("sales for this event have not opened yet")
+        self.sales_start = sales_start
+
+
+class SalesClosed(DomainError):
+    """The event's sales window has closed (``sales_end`` reached), or the
+    event was cancelled."""
+
+    code = "sales_closed"
+
+    def __init__(self) -> None:
+        super().__init__("sales for this event are closed")
+
+
+class BuyerLimitReached(DomainError):
+    """The buyer would hold or have bought more than the event's
+    ``max_seats_per_buyer``: ``held_or_bought`` are the seats the buyer
+    already has (held or confirmed purchases, every one counted)."""
+
+    code = "buyer_limit_reached"
+
+    def __init__(self, *, limit: int, held_or_bought: int):
+        super().__init__(
+            f"at most {limit} seats per buyer for this event; you hold or bought "
+            f"{held_or_bought} already"
+        )
+        self.limit = limit
+        self.held_or_bought = held_or_bought
+
+
+class UnknownCategory(DomainError):
+    """Best available asked for a price category the event does not have."""
+
+    code = "invalid"
+
+    def __init__(self, category: str):
+        super().__init__(f"no such price category for this event: {category}")
+        self.category = category

@@ -1,9 +1,15 @@
 """The only module that takes row locks for purchases.
 
-Lock order, everywhere: event -> reservation -> saga -> seats, each by primary
-key. Two transactions that need the same rows take them in the same order, so
-they queue instead of deadlocking. The start transaction takes seats only; the
-saga steps take the saga, then its seats.
+Lock order, everywhere: event -> the buyer's lock of the event -> reservation
+-> saga -> seats -> price category, each by primary key. Two transactions that
+need the same rows take them in the same order, so they queue instead of
+deadlocking. The start transaction takes the buyer's lock (events with a
+limit per buyer only: ``buyer_event_lock``), then seats; the saga steps take
+the saga, then its seats; a release reads its seats' categories last, shared
+(``seats_release_at_current_price``). A seller's price change takes the
+category before the seats it re-prices (seller/lock_objects.py), the other
+way round: the two never wait for the same seats (a price change locks only
+seats on offer, a release only seats held or sold), so they form no cycle.
 
 Best available takes seats too, but never waits for one: ``SKIP LOCKED``
 passes over a seat another transaction has locked, so it can stand in no
@@ -11,13 +17,55 @@ cycle of waits, whatever the others hold (docs/design.md, "Start").
 """
 
 import functools
+import hashlib
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
 from common import rows
 
-from .models import PurchaseSaga, Reservation, Seat, SeatStatus
+from .models import Event, PriceCategory, PurchaseSaga, Reservation, Seat, SeatStatus
+
+# The lock is a transaction-level advisory lock, routed through the event's
+# row: under Citus the statement goes to the node that holds the event (and
+# its seats, reservations and sagas: one co-location group,
+# config/distribution.py), so every purchase of the event meets the lock on
+# that one node. Advisory locks are per node; a lock taken on whichever node
+# a client reached would not be shared.
+_BUYER_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s) FROM {event} WHERE id = %s"
+
+
+def buyer_event_lock(*, event_id: int, buyer_id: int) -> None:
+    """Wait for, then hold until the commit, the lock that every purchase of
+    this buyer for this event shares: the start of an event with a limit per
+    buyer (``max_seats_per_buyer``) takes it first, before it counts the
+    seats the buyer holds or bought, so that two purchases by one buyer at
+    once are counted one after the other (each counts the seats the other
+    committed) instead of both counting what was there before either.
+
+    First in the lock order (before the idempotency key's index entry and
+    the seats): a start waiting here holds no seat and no key. Only starts
+    take it, each once; releases and confirmations do not need it (a seat
+    released or confirmed never lets the buyer hold more). Events without a
+    limit never take it. No row is locked: the lock names (event, buyer), a
+    64-bit key hashed from them (``_buyer_lock_key``); two pairs that shared a
+    key would only queue behind each other.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BUYER_LOCK_SQL.format(event=Event._meta.db_table),
+            [_buyer_lock_key(event_id=event_id, buyer_id=buyer_id), event_id],
+        )
+
+
+def _buyer_lock_key(*, event_id: int, buyer_id: int) -> int:
+    # A namespace in the hashed text keeps this lock's keys apart from any
+    # other advisory lock the project may take.
+    digest = hashlib.blake2b(
+        f"purchases.buyer-limit:{event_id}:{buyer_id}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def seats_for_update(*, event_id: int, seat_ids: list[int]) -> list[Seat]:
@@ -33,26 +81,29 @@ UPDATE {seat} SET status = %s
   FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[])
         ORDER BY id FOR UPDATE) AS locked
  WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
-RETURNING {seat}.id
+RETURNING {seat}.id, {seat}.price_amount
 """
 
 
-def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> set[int]:
+def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> dict[int, int]:
     """Lock the seats in id order and hold those still available, in one
-    statement; returns the ids held. Fewer ids than asked: some were taken,
-    and the caller rolls back (the locks go with it).
+    statement; returns the ids held, each with its price as held. Fewer ids
+    than asked: some were taken (or blocked by the seller), and the caller
+    rolls back (the locks go with it).
 
     The subquery takes the row locks in the fixed order; the UPDATE re-checks
     ``status`` on the latest committed version of each row (READ COMMITTED's
     re-check after a wait), so a seat sold by the transaction we waited for is
-    not held again.
+    not held again. The price returned is that latest version's too: a
+    seller's price change committed since the caller read the seat (without a
+    lock) is the price the seat is held at.
     """
     with connection.cursor() as cursor:
         cursor.execute(
             _HOLD_SQL.format(seat=Seat._meta.db_table),
             [SeatStatus.HELD, event_id, list(seat_ids), event_id, SeatStatus.AVAILABLE],
         )
-        return {row[0] for row in cursor.fetchall()}
+        return dict(cursor.fetchall())
 
 
 _HOLD_SKIP_LOCKED_SQL = """
@@ -60,16 +111,27 @@ UPDATE {seat} SET status = %s
   FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[]) AND status = %s
         ORDER BY id FOR UPDATE SKIP LOCKED) AS locked
  WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
-RETURNING {seat}.id
+RETURNING {seat}.id, {seat}.price_amount
 """
 
 
-def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int]:
+class HoldAttempt(NamedTuple):
+    """What ``seats_hold_all_skip_locked`` did: the ids it could not hold
+    (empty: it held them all) and, when it held them all, each seat's price
+    as held."""
+
+    missing: set[int]
+    prices: dict[int, int]
+
+
+def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> HoldAttempt:
     """Hold all of the seats or none of them, without waiting for any lock.
 
-    Returns the ids that could not be held: sold or held already, or locked by
-    another transaction right now (``SKIP LOCKED`` passes over them instead of
-    waiting). Empty: every seat is held, and stays locked until the commit.
+    ``missing`` are the ids that could not be held: sold, held or blocked,
+    or locked by another transaction right now (``SKIP LOCKED`` passes over
+    them instead of waiting). Empty: every seat is held, and stays locked
+    until the commit; ``prices`` are then the prices they are held at (the
+    latest committed version's, as ``seats_lock_and_hold`` says).
 
     The statement runs in a savepoint: when it held only some of the seats,
     rolling the savepoint back releases their holds and their row locks at
@@ -91,12 +153,44 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> set[int
                 SeatStatus.AVAILABLE,
             ],
         )
-        held = {row[0] for row in cursor.fetchall()}
-    if held == set(seat_ids):
+        held = dict(cursor.fetchall())
+    if held.keys() == set(seat_ids):
         transaction.savepoint_commit(savepoint)
-        return set()
+        return HoldAttempt(missing=set(), prices=held)
     transaction.savepoint_rollback(savepoint)
-    return set(seat_ids) - held
+    return HoldAttempt(missing=set(seat_ids) - held.keys(), prices={})
+
+
+_RELEASE_SQL = """
+UPDATE {seat} SET status = %s, price_amount = COALESCE(
+    (SELECT c.price_amount FROM {category} c
+      WHERE c.event_id = {seat}.event_id AND c.code = {seat}.category FOR SHARE),
+    {seat}.price_amount)
+ WHERE {seat}.event_id = %s AND {seat}.id = ANY(%s::bigint[])
+"""
+
+
+def seats_release_at_current_price(*, event_id: int, seat_ids: list[int]) -> None:
+    """Make the seats available again, each at its category's current price
+    (its own price when it has no category: a seat made before categories).
+
+    A held or sold seat keeps the price it was held at while a seller's
+    price change rewrites the seats on offer; released, it is on offer
+    again at today's price. The category row is read ``FOR SHARE``, last in
+    the lock order (the caller has locked the seats). A price change updates
+    the category row first, then the seats on offer; so one in flight is
+    either waited for here and its new price taken (its seat update saw this
+    seat still held and passed it over), or waits for this commit and then
+    finds the seat on offer and re-prices it. Either way the seat ends at the
+    category's price. (The price change holds the category while it locks
+    seats, this holds seats while it waits for the category; no deadlock:
+    the seats it locks are on offer, never the ones a release holds.)
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RELEASE_SQL.format(seat=Seat._meta.db_table, category=PriceCategory._meta.db_table),
+            [SeatStatus.AVAILABLE, event_id, list(seat_ids)],
+        )
 
 
 def saga_for_update(*, saga_id) -> PurchaseSaga:

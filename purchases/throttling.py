@@ -18,7 +18,8 @@ What counts (docs/api.md, "Throttling"; ``purchase_start_throttled``, the
 one decision for the API and the pages): the throttle is decided after the
 request's key and body are valid, and a start that turns out not to count
 gives its step back (``refund``): a replay of a key, and a refusal of the
-input (``400``, ``422``). A start refused for its seats (``409``) counts:
+input (``400``, ``422``). A start refused for its seats or by the event's
+rules (``409``: taken, not open yet, closed, over the buyer's limit) counts:
 it is a real attempt at them, what a scalper repeats. Over the rate, a key
 that already has an answer replays it (its first answer wins over any
 refusal), read without starting anything. A step given back while the same
@@ -48,7 +49,7 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from . import services
 from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
-from .errors import IdempotencyKeyReused, UnknownEvent, UnknownSeats
+from .errors import IdempotencyKeyReused, UnknownCategory, UnknownEvent, UnknownSeats
 from .models import IdempotencyRecord
 
 
@@ -191,12 +192,14 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
     and the body are valid (bad input spent nothing before it).
 
     A start counts when it reaches the seats: a purchase started, or seats
-    refused (``SeatUnavailable``, ``NotEnoughSeats``: a real attempt at them,
-    what a scalper repeats). A replay of the key and a refusal of the input
-    (``IdempotencyKeyReused``, ``UnknownEvent``, ``UnknownSeats``) give their
-    step back. Over the rate, the key's first answer is replayed if it has
-    one (it wins over any refusal), from one indexed read and without
-    starting anything; else ``PurchaseThrottled``.
+    refused (``SeatUnavailable``, ``NotEnoughSeats``, and the event's rules:
+    ``SalesNotOpen``, ``SalesClosed``, ``BuyerLimitReached``; a real attempt
+    at them, what a scalper repeats). A replay of the key and a refusal of
+    the input (``IdempotencyKeyReused``, ``UnknownEvent``, ``UnknownSeats``,
+    ``UnknownCategory``) give their step back. Over the rate, the key's
+    first answer is replayed if it has one (it wins over any refusal), from
+    one indexed read and without starting anything; else
+    ``PurchaseThrottled``.
     """
     throttle = PurchaseStartThrottle()
     if not throttle.allow_request(request, view):
@@ -206,7 +209,7 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
         return replay
     try:
         started = services.purchase_start(user=request.user, **start)
-    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats):
+    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats, UnknownCategory):
         throttle.refund()
         raise
     if not started.created:

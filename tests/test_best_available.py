@@ -568,7 +568,7 @@ def test_a_stale_first_read_costs_one_more_attempt_not_one_per_seat_sold_since(m
     monkeypatch.setattr(
         start,
         "_best_available_candidates",
-        lambda *, event_id: next(reads, None) or real_read(event_id=event_id),
+        lambda **kwargs: next(reads, None) or real_read(**kwargs),
     )
     attempts = []
     real_hold = lock_objects.seats_hold_all_skip_locked

@@ -46,8 +46,9 @@ LARGE = (
 
 _FILL = [
     # Another event's seats, four per reservation below.
-    """INSERT INTO purchases_seat (event_id, ref, row, number, price_amount, currency, status)
-       SELECT %(event)s, 'S' || n, 'S', n, 5000, 'EUR', 'held'
+    """INSERT INTO purchases_seat (event_id, ref, row, number, price_amount, currency, status,
+           section, category, x, y, accessible, block_reason)
+       SELECT %(event)s, 'S' || n, 'S', n, 5000, 'EUR', 'held', '', '', 0, 0, false, ''
        FROM generate_series(1, 4 * %(rows)s) AS n""",
     """INSERT INTO purchases_reservation (event_id, ref, buyer_id, status, hold_expires_at,
            total_amount, currency, created_at)

@@ -27,7 +27,8 @@ def many_seats():
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {Seat._meta.db_table} (event_id, ref, row, number, price_amount,"
-            " currency, status) SELECT %s, 'S' || n, 'S', n, 5000, 'EUR', 'available'"
+            " currency, status, section, category, x, y, accessible, block_reason)"
+            " SELECT %s, 'S' || n, 'S', n, 5000, 'EUR', 'available', '', '', 0, 0, false, ''"
             " FROM generate_series(1, 250000) AS n",
             [other.pk],
         )

@@ -22,8 +22,8 @@ from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeIntent
 from purchases import lock_objects
 from purchases.errors import StaleSaga
-from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
-from purchases.saga.start import _seats_by_ref
+from purchases.models import Event, PurchaseSaga, Reservation, SagaHistory, Seat
+from purchases.saga.start import _event_and_seats_by_ref
 from purchases.saga.states import SagaState
 from purchases.saga.transition import By, move
 from webhooks import lock_objects as webhook_locks
@@ -444,11 +444,22 @@ def test_the_seats_named_in_a_purchase_are_read_as_the_orm_reads_them(event):
     expected = list(
         Seat.objects.filter(event=event, ref__in=asked).order_by("id").values_list(*fields)
     )
+    rules = ["status", "sales_start", "sales_end", "hold_seconds", "max_seats_per_buyer"]
+    Event.objects.filter(pk=event.pk).update(
+        sales_end=timezone.now() + timedelta(days=1), hold_seconds=300, max_seats_per_buyer=6
+    )
+    expected_rules = Event.objects.values_list(*rules).get(pk=event.pk)
 
-    read = _seats_by_ref(event.pk, asked)
+    # The event's rules come in the same statement (the reserve's round trips).
+    rules_read, read = _event_and_seats_by_ref(event.pk, asked)
 
     assert [tuple(getattr(s, f) for f in fields) for s in read] == expected and len(read) == 3
-    assert [s.ref for s in _seats_by_ref(event.pk + 999, refs)] == []
+    assert rules_read is not None
+    assert tuple(getattr(rules_read, f) for f in rules) == expected_rules
+    # The event without any seat named: its rules, no seats; no event: neither.
+    rules_alone, none_read = _event_and_seats_by_ref(event.pk, ["Z-99"])
+    assert rules_alone == rules_read and none_read == []
+    assert _event_and_seats_by_ref(event.pk + 999, refs) == (None, [])
 
 
 @pytest.mark.django_db

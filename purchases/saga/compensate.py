@@ -32,8 +32,6 @@ from ..models import (
     Reservation,
     ReservationSeat,
     ReservationStatus,
-    Seat,
-    SeatStatus,
 )
 from .alerts import raise_operator_alert
 from .confirm import Link, announce, purchase_facts, reservation_links
@@ -238,7 +236,9 @@ def _release_seats(saga: PurchaseSaga, links: list[Link], *, at: datetime) -> No
     seat_ids = [link.seat_id for link in live]
     # Lock order: saga (held by the caller) -> seats.
     lock_objects.seats_for_update(event_id=saga.event_id, seat_ids=seat_ids)
-    Seat.objects.filter(event_id=saga.event_id, id__in=seat_ids).update(status=SeatStatus.AVAILABLE)
+    # On offer again at its category's price today, not the price it was
+    # held at (docs/api.md, "Events, seat maps and prices").
+    lock_objects.seats_release_at_current_price(event_id=saga.event_id, seat_ids=seat_ids)
     availability_changed(saga.event_id)
     ReservationSeat.objects.filter(
         event_id=saga.event_id, id__in=[link.id for link in live]

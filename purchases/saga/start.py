@@ -7,8 +7,16 @@ back everything. The same key and body replay the first answer; the same
 key with another body is refused.
 
 The seats are named (``seat_refs``) or chosen here (``quantity``: best
-available, N seats next to each other in one row, docs/design.md, "Start").
-After the start, a saga is the same whichever way its seats were chosen.
+available, N seats next to each other in one row, of one price category when
+``category`` is given, docs/design.md, "Start"). After the start, a saga is
+the same whichever way its seats were chosen.
+
+The seller's rules are checked in the same transaction (docs/api.md, "The
+seller's rules"): the event's status and sales window, read with the seats
+(no lock); its limit of seats per buyer, counted under a lock that every
+purchase of the buyer for the event shares (``lock_objects.buyer_event_lock``);
+its hold duration. A seat's price is the one it is held at: the hold returns
+it, and a price changed since the unlocked read re-prices the purchase.
 
 The statements are few on purpose: this is the request path
 (docs/performance.md).
@@ -16,6 +24,7 @@ The statements are few on purpose: this is the request path
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -37,17 +46,23 @@ from outbox.services import timer_schedule
 from .. import lock_objects
 from ..availability import availability_changed
 from ..errors import (
+    BuyerLimitReached,
     DomainError,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    SalesClosed,
+    SalesNotOpen,
     SeatUnavailable,
+    UnknownCategory,
     UnknownEvent,
     UnknownSeats,
 )
 from ..models import (
     Actor,
     Event,
+    EventStatus,
     IdempotencyRecord,
+    PriceCategory,
     PurchaseSaga,
     Reservation,
     ReservationSeat,
@@ -79,14 +94,18 @@ def request_fingerprint(
     event_id: int,
     seat_refs: list[str] | None = None,
     quantity: int | None = None,
+    category: str | None = None,
     payment_method: str,
 ) -> str:
-    # A body names its seats or asks for a quantity; the canonical form of a
-    # body with seats is unchanged, so the records stored before best
-    # available existed still replay.
+    # A body names its seats or asks for a quantity (of a category, or of
+    # any); the canonical form of a body with seats, or with a quantity and
+    # no category, is unchanged, so the records stored before best available
+    # and categories existed still replay.
     chosen: dict[str, object]
     if quantity is not None:
         chosen = {"quantity": quantity}
+        if category is not None:
+            chosen["category"] = category
     elif seat_refs is not None:
         chosen = {"seats": list(seat_refs)}
     else:
@@ -120,6 +139,7 @@ def purchase_start(
     event_id: int,
     seat_refs: list[str] | None = None,
     quantity: int | None = None,
+    category: str | None = None,
     payment_method: str,
     now: datetime | None = None,
 ) -> PurchaseStarted:
@@ -127,8 +147,11 @@ def purchase_start(
 
     Exactly one of ``seat_refs`` (the seats named) and ``quantity`` (best
     available: 1 to ``MAX_SEATS_PER_PURCHASE`` seats next to each other in
-    one row, chosen here) is given; anything else is a caller's mistake
-    (``ValueError``). Refusals: ``UnknownEvent``, ``UnknownSeats``,
+    one row, chosen here, among the seats of price category ``category``
+    when it is given) is given; anything else, or a category with seats
+    named, is a caller's mistake (``ValueError``). Refusals:
+    ``UnknownEvent`` (also a draft), ``SalesClosed``, ``SalesNotOpen``,
+    ``UnknownSeats``, ``UnknownCategory``, ``BuyerLimitReached``,
     ``SeatUnavailable`` (named seats), ``NotEnoughSeats`` (a quantity),
     ``IdempotencyKeyReused``.
     """
@@ -139,8 +162,7 @@ def purchase_start(
             user=user,
             idempotency_key=idempotency_key,
             event_id=event_id,
-            seat_refs=seat_refs,
-            quantity=quantity,
+            choice=_Choice(seat_refs=seat_refs, quantity=quantity, category=category),
             payment_method=payment_method,
             now=now,
         )
@@ -153,6 +175,7 @@ def purchase_replay(
     event_id: int,
     seat_refs: list[str] | None = None,
     quantity: int | None = None,
+    category: str | None = None,
     payment_method: str,
 ) -> PurchaseStarted | None:
     """The first answer of the user's key for this body, starting nothing:
@@ -160,9 +183,27 @@ def purchase_replay(
     another body. One indexed read, for a start that may not run (the
     throttle's: purchases/throttling.py)."""
     fingerprint = request_fingerprint(
-        event_id=event_id, seat_refs=seat_refs, quantity=quantity, payment_method=payment_method
+        event_id=event_id,
+        seat_refs=seat_refs,
+        quantity=quantity,
+        category=category,
+        payment_method=payment_method,
     )
     return _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """How the body chooses its seats: named, or a quantity (of a category)."""
+
+    seat_refs: list[str] | None
+    quantity: int | None
+    category: str | None
+
+    @property
+    def asked(self) -> int:
+        """How many seats the body asks for."""
+        return self.quantity if self.quantity is not None else len(self.seat_refs or ())
 
 
 def _purchase_start(
@@ -170,30 +211,27 @@ def _purchase_start(
     user,
     idempotency_key: str,
     event_id: int,
-    seat_refs: list[str] | None,
-    quantity: int | None,
+    choice: _Choice,
     payment_method: str,
     now: datetime | None,
 ) -> PurchaseStarted:
-    _check_choice(seat_refs=seat_refs, quantity=quantity)
+    _check_choice(choice)
     now = clock(now)
     fingerprint = request_fingerprint(
         event_id=event_id,
-        seat_refs=seat_refs,
-        quantity=quantity,
+        seat_refs=choice.seat_refs,
+        quantity=choice.quantity,
+        category=choice.category,
         payment_method=payment_method,
     )
     saga = _new_saga(event_id=event_id, user=user, payment_method=payment_method, now=now)
-    hold_expires_at = now + timedelta(seconds=settings.PURCHASE_HOLD_SECONDS)
     try:
         purchase = _start_in_one_transaction(
             saga,
             user=user,
             idempotency_key=idempotency_key,
             fingerprint=fingerprint,
-            seat_refs=seat_refs,
-            quantity=quantity,
-            hold_expires_at=hold_expires_at,
+            choice=choice,
             now=now,
         )
     except (_KeyTaken, _Refused) as exc:
@@ -206,13 +244,15 @@ def _purchase_start(
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
 
-    _announce_started(saga, purchase=purchase, quantity=quantity)
+    _announce_started(saga, purchase=purchase, choice=choice)
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
 
 
-def _check_choice(*, seat_refs: list[str] | None, quantity: int | None) -> None:
+def _check_choice(choice: _Choice) -> None:
     """Exactly one of the seats named and a quantity; a quantity 1 to
-    ``MAX_SEATS_PER_PURCHASE``. Anything else is a caller's mistake."""
+    ``MAX_SEATS_PER_PURCHASE``; a category only with a quantity. Anything
+    else is a caller's mistake."""
+    seat_refs, quantity = choice.seat_refs, choice.quantity
     if (seat_refs is None) == (quantity is None):
         raise ValueError("give exactly one of seat_refs and quantity")
     if quantity is not None and (
@@ -221,6 +261,8 @@ def _check_choice(*, seat_refs: list[str] | None, quantity: int | None) -> None:
         or not 1 <= quantity <= settings.MAX_SEATS_PER_PURCHASE
     ):
         raise ValueError(f"quantity must be 1 to {settings.MAX_SEATS_PER_PURCHASE}")
+    if choice.category is not None and quantity is None:
+        raise ValueError("a category chooses seats for a quantity, not with seats named")
 
 
 def _new_saga(*, event_id: int, user, payment_method: str, now: datetime) -> PurchaseSaga:
@@ -243,18 +285,18 @@ def _start_in_one_transaction(
     user,
     idempotency_key: str,
     fingerprint: str,
-    seat_refs: list[str] | None,
-    quantity: int | None,
-    hold_expires_at: datetime,
+    choice: _Choice,
     now: datetime,
 ) -> dict:
-    """Pick, claim the key, hold and record; returns the purchase answered.
-    ``_KeyTaken`` when the key has an answer, ``_Refused`` for a refusal the
-    key's answer may override; either rolls everything back."""
+    """Check the event's rules, pick, claim the key, hold and record; returns
+    the purchase answered. ``_KeyTaken`` when the key has an answer,
+    ``_Refused`` for a refusal the key's answer may override; either rolls
+    everything back."""
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     with transaction.atomic(durable=True):
-        seats, candidates = _pick_seats(saga, seat_refs=seat_refs, quantity=quantity)
+        rules, seats, candidates = _pick_seats(saga, choice=choice, now=now)
+        hold_expires_at = now + timedelta(seconds=rules.hold_seconds_or_default)
         purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
         # First write: a concurrent duplicate waits here on the unique
         # index until we commit or roll back, then replays our answer.
@@ -269,19 +311,19 @@ def _start_in_one_transaction(
             now=now,
         ):
             raise _KeyTaken
-        if quantity is None:
-            _hold_named(saga, seats=seats)
+        picked = [(s.id, s.price_amount) for s in seats]
+        if candidates is None:
+            seats = _hold_named(saga, seats=seats)
         else:
-            assert candidates is not None  # read by _pick_seats for a quantity
-            seats, purchase = _hold_quantity(
-                saga,
-                quantity=quantity,
-                candidates=candidates,
-                first=seats,
-                purchase=purchase,
-                user=user,
-                idempotency_key=idempotency_key,
-                hold_expires_at=hold_expires_at,
+            seats = _hold_best_available(
+                event_id=saga.event_id, choice=choice, candidates=candidates, first=seats
+            )
+        if [(s.id, s.price_amount) for s in seats] != picked:
+            # Another buyer took (or is taking) a seat of the first pick, or
+            # the seller changed a price since the seats were read: the
+            # answer stored with the key is the one for the seats as held.
+            purchase = _answer_again(
+                saga, seats=seats, hold_expires_at=hold_expires_at, user=user, key=idempotency_key
             )
         _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
         saga_id = str(saga.id)
@@ -290,55 +332,56 @@ def _start_in_one_transaction(
 
 
 def _pick_seats(
-    saga: PurchaseSaga, *, seat_refs: list[str] | None, quantity: int | None
-) -> tuple[list[Seat], list[Seat] | None]:
-    """The seats named, or the best block of ``quantity``, priced on the
-    saga, without a lock; and the candidates read for a quantity (None for
-    seats named). ``_Refused`` when there are none to pick."""
-    if quantity is None:
-        assert seat_refs is not None  # exactly one of the two: checked above
-        return _priced_seats(event_id=saga.event_id, seat_refs=seat_refs, saga=saga), None
-    candidates = _best_available_candidates(event_id=saga.event_id)
-    block = _best_block(candidates, quantity=quantity)
-    if block is None:
-        raise _Refused(_no_block(event_id=saga.event_id, available=len(candidates)))
-    _price(saga, block)
-    return block, candidates
-
-
-def _hold_quantity(
-    saga: PurchaseSaga,
-    *,
-    quantity: int,
-    candidates: list[Seat],
-    first: list[Seat],
-    purchase: dict,
-    user,
-    idempotency_key: str,
-    hold_expires_at: datetime,
-) -> tuple[list[Seat], dict]:
-    """Hold ``first`` or the next best block (``_hold_best_available``);
-    returns the seats held and the purchase answered for them."""
-    held = _hold_best_available(
-        event_id=saga.event_id, quantity=quantity, candidates=candidates, first=first
+    saga: PurchaseSaga, *, choice: _Choice, now: datetime
+) -> tuple[_Rules, list[Seat], list[Seat] | None]:
+    """The event's rules, checked; the seats named, or the best block of the
+    quantity asked, priced on the saga, without a lock; and the candidates
+    read for a quantity (None for seats named). ``_Refused`` for a refusal
+    (the event's rules, the seats, the buyer's limit)."""
+    if choice.seat_refs is not None:
+        rules, seats = _event_and_seats_by_ref(saga.event_id, choice.seat_refs)
+        rules = _check_sales(rules, event_id=saga.event_id, now=now)
+        _check_named(seats, seat_refs=choice.seat_refs)
+        _check_buyer_limit(saga, rules=rules, asked=choice.asked)
+        _price(saga, seats)
+        return rules, seats, None
+    assert choice.quantity is not None  # exactly one of the two: checked above
+    rules = _check_sales(
+        _event_rules(saga.event_id, category=choice.category), event_id=saga.event_id, now=now
     )
-    if held == first:
-        return first, purchase
-    # Another buyer took (or is taking) a seat of the first pick: the answer
-    # stored with the key is this block's.
-    _price(saga, held)
-    purchase = _purchase(saga, seats=held, hold_expires_at=hold_expires_at)
-    IdempotencyRecord.objects.filter(user=user, key=idempotency_key).update(response_body=purchase)
-    return held, purchase
+    if choice.category is not None and not rules.category_known:
+        raise _Refused(UnknownCategory(choice.category))
+    _check_buyer_limit(saga, rules=rules, asked=choice.asked)
+    candidates = _best_available_candidates(event_id=saga.event_id, category=choice.category)
+    block = _best_block(candidates, quantity=choice.quantity)
+    if block is None:
+        raise _Refused(NotEnoughSeats(len(candidates)))
+    _price(saga, block)
+    return rules, block, candidates
 
 
-def _announce_started(saga: PurchaseSaga, *, purchase: dict, quantity: int | None) -> None:
+def _answer_again(
+    saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime, user, key: str
+) -> dict:
+    """Re-price the saga for the seats as held, and store the answer for
+    them with the key (claimed by this transaction); returns the answer."""
+    _price(saga, seats)
+    purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
+    IdempotencyRecord.objects.filter(user=user, key=key).update(response_body=purchase)
+    return purchase
+
+
+def _announce_started(saga: PurchaseSaga, *, purchase: dict, choice: _Choice) -> None:
     """The start's span attributes and log line, after the commit."""
     if tracing.enabled():
         tracing.set_attributes(
             {"saga.id": saga.id, "intent.id": saga.intent_id, "saga.state.to": S.PENDING.value}
         )
-    chosen = {} if quantity is None else {"quantity": quantity}
+    chosen: dict[str, object] = {}
+    if choice.quantity is not None:
+        chosen["quantity"] = choice.quantity
+    if choice.category is not None:
+        chosen["category"] = choice.category
     logger.info("purchase started", **log_extra(saga, seats=",".join(purchase["seats"]), **chosen))
 
 
@@ -354,39 +397,144 @@ class _Refused(Exception):
         self.error = error
 
 
-def _priced_seats(*, event_id: int, seat_refs: list[str], saga: PurchaseSaga) -> list[Seat]:
-    """The seats asked for, with their prices (set on the saga), in id order.
+# --- the seller's rules (docs/api.md, "The seller's rules") ----------------------------
 
-    Prices and refs of a seat never change: they are read without a lock;
-    availability is decided under the lock (``_hold_named``).
+
+@dataclass(frozen=True)
+class _Rules:
+    """The event's rules for a purchase, as the start read them (no lock: a
+    rule changed meanwhile applies from the next purchase on)."""
+
+    status: str
+    sales_start: datetime | None
+    sales_end: datetime | None
+    hold_seconds: int | None
+    max_seats_per_buyer: int | None
+    # Best available by category: whether the event has that category
+    # (True when none was asked for).
+    category_known: bool = True
+
+    @property
+    def hold_seconds_or_default(self) -> int:
+        # Null (or a nonsensical 0): the platform's hold.
+        return self.hold_seconds or settings.PURCHASE_HOLD_SECONDS
+
+
+_RULE_COLUMNS = "e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer"
+
+# Best available: the rules by the event's key, and whether the category
+# asked for is the event's (a NULL category: none asked for; one row at
+# most joined, the code being unique per event).
+_EVENT_RULES_SQL = (
+    f"SELECT {_RULE_COLUMNS}, %s::text IS NULL OR c.id IS NOT NULL FROM {{event}} e"
+    " LEFT JOIN {category} c ON c.event_id = e.id AND c.code = %s WHERE e.id = %s"
+)
+
+
+def _event_rules(event_id: int, *, category: str | None) -> _Rules | None:
+    """The event's rules (None: no such event), for best available."""
+    sql = _EVENT_RULES_SQL.format(category=PriceCategory._meta.db_table, event=Event._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [category, category, event_id])
+        row = cursor.fetchone()
+    return None if row is None else _Rules(*row)
+
+
+def _check_sales(rules: _Rules | None, *, event_id: int, now: datetime) -> _Rules:
+    """The rules of an event on sale now; ``_Refused`` otherwise. A draft is
+    the seller's alone: refused exactly as an event that does not exist."""
+    if rules is None or rules.status == EventStatus.DRAFT:
+        raise _Refused(UnknownEvent(event_id))
+    if rules.status == EventStatus.CANCELLED or (
+        rules.sales_end is not None and now >= rules.sales_end
+    ):
+        raise _Refused(SalesClosed())
+    if rules.sales_start is not None and now < rules.sales_start:
+        raise _Refused(SalesNotOpen(rules.sales_start))
+    return rules
+
+
+# The buyer's seats for the event: live links of reservations held or
+# confirmed, found through the reservations' (event, buyer) index and the
+# links' (reservation, event) index.
+_BUYER_SEATS_SQL = """
+SELECT count(*) FROM {link} l
+  JOIN {reservation} r ON r.id = l.reservation_id AND r.event_id = l.event_id
+ WHERE r.event_id = %s AND r.buyer_id = %s AND r.status = ANY(%s)
+   AND l.event_id = %s AND l.released_at IS NULL
+"""
+
+
+def _check_buyer_limit(saga: PurchaseSaga, *, rules: _Rules, asked: int) -> None:
+    """Refuse (``BuyerLimitReached``) seats past the event's limit per buyer,
+    counting every purchase of the buyer held or confirmed, also those
+    committed while this one waited for the buyer's lock. Nothing at all
+    for an event without a limit."""
+    limit = rules.max_seats_per_buyer
+    if limit is None:
+        return
+    # First lock of the transaction (lock_objects.py, the lock order); the
+    # count below is the next statement, so its snapshot (READ COMMITTED: one
+    # per statement) sees every purchase of this buyer committed before.
+    lock_objects.buyer_event_lock(event_id=saga.event_id, buyer_id=saga.buyer_id)
+    sql = _BUYER_SEATS_SQL.format(
+        link=ReservationSeat._meta.db_table, reservation=Reservation._meta.db_table
+    )
+    live = [ReservationStatus.HELD, ReservationStatus.CONFIRMED]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [saga.event_id, saga.buyer_id, live, saga.event_id])
+        (held_or_bought,) = cursor.fetchone()
+    if held_or_bought + asked > limit:
+        raise _Refused(BuyerLimitReached(limit=limit, held_or_bought=held_or_bought))
+
+
+# --- seats named ----------------------------------------------------------------------
+
+# Written once (docs/performance.md, "Statements written once"): built by
+# the ORM, the seats' read was 12 % of the web's samples in a reserve. The
+# event's rules come with them, in the same statement (the reserve's round
+# trips: bench/reserve.sql): one row per seat found, or one row with no seat
+# when none is; no row, no event.
+_EVENT_AND_SEATS_BY_REF_SQL = (
+    f"SELECT {_RULE_COLUMNS}, s.id, s.ref, s.price_amount, s.currency FROM {{event}} e"
+    " LEFT JOIN {seat} s ON s.event_id = e.id AND s.ref = ANY(%s)"
+    " WHERE e.id = %s ORDER BY s.id"
+)
+_SEAT_FIELDS = ["id", "ref", "price_amount", "currency"]
+_RULES_WIDTH = len(_RULE_COLUMNS.split(","))
+
+
+def _event_and_seats_by_ref(
+    event_id: int, seat_refs: list[str]
+) -> tuple[_Rules | None, list[Seat]]:
+    """The event's rules (None: no such event) and its seats named in
+    ``seat_refs`` (id, ref, price, currency; the rest deferred), in id order.
+
+    Refs and currencies of a seat never change once on sale, and a price
+    read here is only what the purchase expects: availability and the price
+    held at are decided under the lock (``_hold_named``).
     """
-    seats = _seats_by_ref(event_id, seat_refs)
+    sql = _EVENT_AND_SEATS_BY_REF_SQL.format(event=Event._meta.db_table, seat=Seat._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [seat_refs, event_id])
+        rows = cursor.fetchall()
+    if not rows:
+        return None, []
+    rules = _Rules(*rows[0][:_RULES_WIDTH])
+    seats = [
+        Seat.from_db(connection.alias, _SEAT_FIELDS, row[_RULES_WIDTH:])
+        for row in rows
+        if row[_RULES_WIDTH] is not None
+    ]
+    return rules, seats
+
+
+def _check_named(seats: list[Seat], *, seat_refs: list[str]) -> None:
     missing = sorted(set(seat_refs) - {s.ref for s in seats})
     if missing:
-        if not seats and not Event.objects.filter(pk=event_id).exists():
-            raise _Refused(UnknownEvent(event_id))
         raise _Refused(UnknownSeats(missing))
     if len({s.currency for s in seats}) != 1:
         raise _Refused(UnknownSeats(sorted(seat_refs)))  # one purchase, one currency
-    _price(saga, seats)
-    return seats
-
-
-# Written once (docs/performance.md, "Statements written once"): built by
-# the ORM, this read was 12 % of the web's samples in a reserve.
-_SEATS_BY_REF_SQL = (
-    "SELECT id, ref, price_amount, currency FROM {seat}"
-    " WHERE event_id = %s AND ref = ANY(%s) ORDER BY id"
-)
-_SEAT_FIELDS = ["id", "ref", "price_amount", "currency"]
-
-
-def _seats_by_ref(event_id: int, seat_refs: list[str]) -> list[Seat]:
-    """The event's seats named in ``seat_refs`` (id, ref, price, currency;
-    the rest deferred), in id order."""
-    with connection.cursor() as cursor:
-        cursor.execute(_SEATS_BY_REF_SQL.format(seat=Seat._meta.db_table), [event_id, seat_refs])
-        return [Seat.from_db(connection.alias, _SEAT_FIELDS, row) for row in cursor.fetchall()]
 
 
 def _price(saga: PurchaseSaga, seats: list[Seat]) -> None:
@@ -394,27 +542,48 @@ def _price(saga: PurchaseSaga, seats: list[Seat]) -> None:
     saga.amount = sum(s.price_amount for s in seats)
 
 
+def _hold_named(saga: PurchaseSaga, *, seats: list[Seat]) -> list[Seat]:
+    """Lock the seats named, waiting for them in id order, and hold them;
+    returns them, each at the price it is held at. A seat held, sold or
+    blocked by the seller: ``SeatUnavailable``."""
+    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id, seat_ids=[s.id for s in seats])
+    if len(held) != len(seats):
+        raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
+    return _at_prices(seats, held)
+
+
+def _at_prices(seats: list[Seat], prices: dict[int, int]) -> list[Seat]:
+    """``seats``, each priced as in ``prices`` (by id): the price it was held at."""
+    for seat in seats:
+        seat.price_amount = prices[seat.id]
+    return seats
+
+
 # --- best available (docs/design.md, "Start") -------------------------------------------
 
-# The event's available seats with the first and last number of their row
-# (of every seat of the row, whatever its status: the row's middle does not
-# move as it sells), in one statement and without a lock.
+# The event's available seats (of one category, when one is asked for: a
+# NULL category is none) with the first and last number of their row (of
+# every seat of the row, whatever its status or category: the row's middle
+# does not move as it sells), in one statement and without a lock. A row is
+# a section's: two sections may both have a row "A".
 _CANDIDATES_SQL = """
-SELECT id, ref, "row", number, price_amount, currency, row_first, row_last FROM (
-  SELECT id, ref, "row", number, price_amount, currency, status,
-         MIN(number) OVER (PARTITION BY "row") AS row_first,
-         MAX(number) OVER (PARTITION BY "row") AS row_last
+SELECT id, ref, section, "row", number, price_amount, currency, row_first, row_last FROM (
+  SELECT id, ref, section, "row", number, price_amount, currency, status, category,
+         MIN(number) OVER (PARTITION BY section, "row") AS row_first,
+         MAX(number) OVER (PARTITION BY section, "row") AS row_last
     FROM {seat} WHERE event_id = %s) AS seats
- WHERE status = %s
+ WHERE status = %s AND (%s::text IS NULL OR category = %s)
 """
 
 
-def _best_available_candidates(*, event_id: int) -> list[Seat]:
-    """The event's seats available now, as last committed (no lock: what is
-    chosen is locked, and re-checked, by ``_hold_best_available``)."""
+def _best_available_candidates(*, event_id: int, category: str | None = None) -> list[Seat]:
+    """The event's seats available now (of ``category``, when given), as
+    last committed (no lock: what is chosen is locked, and re-checked, by
+    ``_hold_best_available``). A seat the seller blocked is not available."""
     return list(
         Seat.objects.raw(
-            _CANDIDATES_SQL.format(seat=Seat._meta.db_table), [event_id, SeatStatus.AVAILABLE]
+            _CANDIDATES_SQL.format(seat=Seat._meta.db_table),
+            [event_id, SeatStatus.AVAILABLE, category, category],
         )
     )
 
@@ -425,17 +594,18 @@ def _best_block(
     """The best block of ``quantity`` seats among ``candidates`` (less the ids
     in ``excluded``), or None.
 
-    Rows in the order of their labels, compared by code point ("A" < "AA" <
-    "B"); the first row with a block wins. In a row, a block is
-    ``quantity`` seats with consecutive numbers, all candidates, of one
-    currency; the best is the one whose centre (the mean of its first and
-    last numbers) is nearest the row's centre (the mean of the row's first
-    and last seat numbers); of two as near, the lower numbers.
+    Rows in the order of their sections' names, then of their labels, each
+    compared by code point ("A" < "AA" < "B"; seats made without a section
+    have the empty one, first); the first row with a block wins. In a row,
+    a block is ``quantity`` seats with consecutive numbers, all candidates,
+    of one currency; the best is the one whose centre (the mean of its first
+    and last numbers) is nearest the row's centre (the mean of the row's
+    first and last seat numbers); of two as near, the lower numbers.
     """
-    rows: dict[str, list[Seat]] = defaultdict(list)
+    rows: dict[tuple[str, str], list[Seat]] = defaultdict(list)
     for seat in candidates:
         if seat.id not in excluded:
-            rows[seat.row].append(seat)
+            rows[seat.section, seat.row].append(seat)
     for label in sorted(rows):
         block = _best_in_row(sorted(rows[label], key=lambda s: s.number), quantity)
         if block is not None:
@@ -459,17 +629,12 @@ def _best_in_row(seats: list[Seat], quantity: int) -> list[Seat] | None:
     return best
 
 
-def _no_block(*, event_id: int, available: int) -> DomainError:
-    if available == 0 and not Event.objects.filter(pk=event_id).exists():
-        return UnknownEvent(event_id)
-    return NotEnoughSeats(available)
-
-
 def _hold_best_available(
-    *, event_id: int, quantity: int, candidates: list[Seat], first: list[Seat]
+    *, event_id: int, choice: _Choice, candidates: list[Seat], first: list[Seat]
 ) -> list[Seat]:
     """Hold ``first``, or failing that the next best block, never waiting for
-    a lock; returns the seats held. ``NotEnoughSeats`` when no block is left.
+    a lock; returns the seats held, each at the price it is held at.
+    ``NotEnoughSeats`` when no block is left.
 
     Each attempt holds one whole block or nothing
     (``lock_objects.seats_hold_all_skip_locked``). After a failed one the
@@ -482,6 +647,10 @@ def _hold_best_available(
     nothing left out: two buyers that each locked one seat of the same block
     at the same instant both gave it up, and it is free again.
     """
+    assert choice.quantity is not None  # best available
+    read = functools.partial(
+        _best_available_candidates, event_id=event_id, category=choice.category
+    )
     block: list[Seat] | None = first
     excluded: set[int] = set()
     read_again = True
@@ -489,20 +658,16 @@ def _hold_best_available(
         if block is None:
             if not (excluded and read_again):
                 raise NotEnoughSeats(len({s.id for s in candidates} - excluded))
-            candidates, excluded, read_again = (
-                _best_available_candidates(event_id=event_id),
-                set(),
-                False,
-            )
+            candidates, excluded, read_again = read(), set(), False
         else:
-            missing = lock_objects.seats_hold_all_skip_locked(
+            attempt = lock_objects.seats_hold_all_skip_locked(
                 event_id=event_id, seat_ids=[s.id for s in block]
             )
-            if not missing:
-                return block
-            excluded |= missing
-            candidates = _best_available_candidates(event_id=event_id)
-        block = _best_block(candidates, quantity=quantity, excluded=excluded)
+            if not attempt.missing:
+                return _at_prices(block, attempt.prices)
+            excluded |= attempt.missing
+            candidates = read()
+        block = _best_block(candidates, quantity=choice.quantity, excluded=excluded)
 
 
 def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime) -> dict:
@@ -515,13 +680,6 @@ def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetim
         "total": {"amount": saga.amount, "currency": saga.currency},
         "hold_expires_at": iso_z(hold_expires_at),
     }
-
-
-def _hold_named(saga: PurchaseSaga, *, seats: list[Seat]) -> None:
-    """Lock the seats named, waiting for them in id order, and hold them."""
-    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id, seat_ids=[s.id for s in seats])
-    if len(held) != len(seats):
-        raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
 
 
 def _record(
