@@ -11,6 +11,12 @@ from django.http import HttpResponse
 
 
 class RequestSizeLimitMiddleware:
+    """Refuse an API request's body over its route's limit before anything
+    reads it: ``MAX_REQUEST_BYTES``, or the view's own ``max_request_bytes``
+    where it declares one (the seller's seat maps: seller/apis.py). Judged
+    in ``process_view``, once the route is known and before any view (or a
+    later middleware's ``process_view``, CSRF's) can read the body."""
+
     def __init__(self, get_response):
         self.get_response = get_response
 
@@ -27,17 +33,20 @@ class RequestSizeLimitMiddleware:
                 "length_required",
                 "a request body needs a Content-Length header (chunked bodies are not taken)",
             )
+        return self.get_response(request)
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        if not request.path.startswith("/api/"):
+            return None
+        view_class = getattr(view_func, "view_class", None)
+        limit = getattr(view_class, "max_request_bytes", None) or settings.MAX_REQUEST_BYTES
         try:
-            too_big = int(length or "0") > settings.MAX_REQUEST_BYTES
+            too_big = int(request.META.get("CONTENT_LENGTH") or "0") > limit
         except ValueError:
             too_big = False
         if too_big:
-            return _error(
-                413,
-                "payload_too_large",
-                f"request bodies are limited to {settings.MAX_REQUEST_BYTES} bytes",
-            )
-        return self.get_response(request)
+            return _error(413, "payload_too_large", f"request bodies are limited to {limit} bytes")
+        return None
 
 
 def _error(status: int, code: str, detail: str) -> HttpResponse:

@@ -34,8 +34,8 @@ urlpatterns = [
     path("api/", include("organizers.urls")),
     # An organizer's webhook endpoints (the staff's are webhooks.urls).
     path("api/", include("webhooks.organizer_urls")),
-    # An organizer's events, seat maps, reads and report (docs/api.md, "Events, seat maps
-    # and prices").
+    # An organizer's events, seat maps, reads and report
+    # (docs/api.md, "Events, seat maps and prices").
     path("api/", include("seller.urls")),
     path("metrics", metrics_view, name="metrics"),
     # Liveness (no I/O) and readiness (database, broker, relay and beat

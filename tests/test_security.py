@@ -15,13 +15,14 @@ from django.db import transaction
 from kombu import Connection, Producer
 from rest_framework.test import APIClient
 
+from organizers.roles import Role
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.services import outbox_publish
 from purchases.models import IdempotencyRecord, PurchaseSaga
 from purchases.services import saga_charge
 
 from .conftest import _client_for, purchase_body, start_purchase
-from .factories import EventFactory, UserFactory
+from .factories import EventFactory, MembershipFactory, OrganizerFactory, UserFactory
 from .stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +206,31 @@ def test_an_oversized_body_is_refused_before_parsing(people, settings):
     assert answer.status_code == 413
     assert answer.json()["code"] == "payload_too_large"
     assert PurchaseSaga.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_route_may_take_larger_bodies_and_no_other_does(people, settings):
+    # The seller's seat map routes declare max_request_bytes (seller/apis.py);
+    # every other route keeps MAX_REQUEST_BYTES.
+    settings.MAX_REQUEST_BYTES = 1024
+    organizer = OrganizerFactory(slug="big-maps")
+    MembershipFactory(organizer=organizer, user=people["alice"], role=Role.OWNER)
+    seats = [{"ref": f"A{n}", "number": n, "category": "c"} for n in range(1, 200)]
+    body = {
+        "name": "Large",
+        "starts_at": "2027-01-01T20:00:00Z",
+        "currency": "EUR",
+        "price_categories": [{"code": "c", "name": "C", "price": {"amount": 1, "currency": "EUR"}}],
+        "seat_map": {"sections": [{"rows": [{"label": "A", "seats": seats}]}]},
+    }
+    client = _api(people["alice"])
+
+    created = client.post("/api/organizers/big-maps/events/", body, format="json")
+    elsewhere = client.post("/api/organizers/", {"slug": "x" * 2000, "name": "x"}, format="json")
+
+    assert created.status_code == 201, created.content
+    assert created.json()["seats"] == 199
+    assert (elsewhere.status_code, elsewhere.json()["code"]) == (413, "payload_too_large")
 
 
 @pytest.mark.django_db
