@@ -23,6 +23,7 @@ from payments.interface import GatewayUnavailable
 from payments.registry import override_gateway
 from purchases.models import (
     AuditRun,
+    Event,
     GatewayAnswer,
     PurchaseSaga,
     Reservation,
@@ -385,6 +386,22 @@ def test_a_saga_left_in_payment_failed_with_no_timer_is_silently_stuck(story, al
     _only(report, "no_silent_stuck", saga)
     assert "PAYMENT_FAILED" in report.violations[0].detail
     _command_fails("no_silent_stuck", saga)
+
+
+@pytest.mark.django_db
+def test_a_saga_inside_its_events_longer_hold_is_not_stuck(story, alice, settings):
+    # given: an event that holds seats for two hours, past PURCHASE_HOLD_SECONDS
+    # (300 s here) and RESUME_AFTER_SECONDS; a purchase left PENDING an hour
+    Event.objects.filter(pk=story.event.pk).update(hold_seconds=7200)
+    saga = start_purchase(alice, story.event, seats=["A7"])
+    story.clock.tick(3600)
+
+    # then: inside its hold, nothing to say; past it and the resumer's delay, stuck
+    assert [v for v in audit_run().violations if v.saga_id == str(saga.pk)] == []
+    story.clock.tick(3600 + settings.RESUME_AFTER_SECONDS + 60)
+    assert "no_silent_stuck" in {
+        v.invariant for v in audit_run().violations if v.saga_id == str(saga.pk)
+    }
 
 
 @pytest.mark.django_db

@@ -24,6 +24,9 @@ OVERRIDE_AGREES_WITH_GATEWAY = "override_agrees_with_gateway"
 # for, and no delivery announces another end.
 WEBHOOK_MISSING = "webhook_missing"
 WEBHOOK_CONTRADICTS = "webhook_contradicts"
+# The seller's report of an event (docs/api.md, "Sales and reports") equals
+# the ledger: purchases/ops/audit/event_reports.py.
+REPORT_EQUALS_LEDGER = "report_equals_ledger"
 
 # --- finding names: reported, not violations ------------------------------------
 
@@ -42,6 +45,7 @@ INVARIANTS = (
     OVERRIDE_AGREES_WITH_GATEWAY,
     WEBHOOK_MISSING,
     WEBHOOK_CONTRADICTS,
+    REPORT_EQUALS_LEDGER,
 )
 FINDINGS = (WEBHOOK_FAILED,)
 

@@ -15,7 +15,8 @@ seat checks are single statements, each consistent on its own, because every
 transaction that touches seats also settles the reservation in the same commit.
 
 Time-based verdicts use one threshold, ``stuck_after_seconds`` (default
-``RESUME_AFTER_SECONDS + PURCHASE_HOLD_SECONDS``): a saga still moving or an
+``RESUME_AFTER_SECONDS`` plus the longest hold of any event, its own
+``hold_seconds`` or ``PURCHASE_HOLD_SECONDS``): a saga still moving or an
 email still on its way is not a violation while it is younger than that.
 """
 
@@ -28,16 +29,18 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from payments.interface import GatewayCharge, PaymentGateway
 from payments.registry import get_gateway
 
-from ...models import AuditRun, PurchaseSaga
+from ...models import AuditRun, Event, PurchaseSaga
 from ...saga.states import TERMINAL, SagaState
 from ..heartbeats import heartbeat
 from .context import AuditContext
 from .emails import check_emails, email_messages
+from .event_reports import check_event_reports
 from .liveness import COMPENSATION_STATES, check_stuck, compensated_blind, live_signals
 from .money import Ledger, check_entries, check_ledger_without_saga, check_money, ledger_for
 from .report import UNKNOWN_NEVER_COMPENSATED_BLIND, AuditReport
@@ -68,7 +71,7 @@ def audit_run(
     started = time.perf_counter()
     now = now or timezone.now()
     if stuck_after_seconds is None:
-        stuck_after_seconds = settings.RESUME_AFTER_SECONDS + settings.PURCHASE_HOLD_SECONDS
+        stuck_after_seconds = settings.RESUME_AFTER_SECONDS + _longest_hold_seconds()
     audit = AuditContext(
         gateway=gateway, now=now, cutoff=now - timedelta(seconds=stuck_after_seconds)
     )
@@ -77,6 +80,7 @@ def audit_run(
         check_seats(audit)
         check_sagas(audit, chunk_size=chunk_size)
         check_ledger_without_saga(audit)
+        check_event_reports(audit)
         report = audit.report
         report.finished_at = now + timedelta(seconds=time.perf_counter() - started)
         pulse.seen = report.sagas_checked
@@ -196,3 +200,11 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
+
+
+def _longest_hold_seconds() -> int:
+    """The longest hold a saga may be in: an event may hold its seats longer
+    than ``PURCHASE_HOLD_SECONDS`` (its ``hold_seconds``), and a saga inside
+    its hold is not stuck."""
+    longest = Event.objects.aggregate(longest=Max("hold_seconds"))["longest"] or 0
+    return max(settings.PURCHASE_HOLD_SECONDS, longest)
