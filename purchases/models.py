@@ -32,7 +32,7 @@ class Event(models.Model):
     name = models.CharField(max_length=200)
     starts_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=EventStatus.choices, default=EventStatus.DRAFT)
-    # One currency per event: every price category's (purchases/seller/seat_maps.py).
+    # One currency per event: every price category's (seller/seat_maps.py).
     currency = models.CharField(max_length=3)
     # The sales window; either end open when null.
     sales_start = models.DateTimeField(null=True, blank=True)
@@ -73,7 +73,7 @@ class PriceCategory(models.Model):
     as it was when the seat was last offered (``Seat.price_amount``): a price
     change rewrites the seats that are not held or sold, never a held one,
     so a purchase keeps the price its seats were held at
-    (purchases/seller/services.py).
+    (seller/services.py).
     """
 
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="price_categories")

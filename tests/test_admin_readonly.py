@@ -1,7 +1,8 @@
-"""The admin shows money and inventory but never edits them: seats,
-reservations, sagas and the fake gateway's tables change only through the
-services (``config.admin.ReadOnlyAdminMixin``). Even a superuser is refused
-every add, change and delete; looking stays allowed."""
+"""The admin shows money and inventory but never edits them: seats, price
+categories, reservations, sagas, their history, daily sales and the fake
+gateway's tables change only through the services
+(``config.admin.ReadOnlyAdminMixin``). Even a superuser is refused every
+add, change and delete; looking stays allowed."""
 
 import json
 from collections.abc import Callable
@@ -19,7 +20,15 @@ from payments.fake_gateway.models import (
     FakeIntent,
     FakeRequest,
 )
-from purchases.models import Event, PurchaseSaga, Reservation, Seat
+from purchases.models import (
+    DailySales,
+    Event,
+    PriceCategory,
+    PurchaseSaga,
+    Reservation,
+    SagaHistory,
+    Seat,
+)
 from purchases.services import saga_charge
 
 from .conftest import start_purchase
@@ -79,6 +88,28 @@ CASES = {
         lambda w: w.sold,
         new={"intent_id": "pi_handmade"},
         edit={"state": "COMPENSATED"},
+    ),
+    "pricecategory": Case(
+        PriceCategory,
+        lambda w: PriceCategory.objects.create(
+            event=w.sold.event, code="stalls", name="Stalls", price_amount=2500, currency="EUR"
+        ),
+        new={"code": "handmade", "name": "Handmade", "price_amount": 1},
+        edit={"price_amount": 1},
+    ),
+    "sagahistory": Case(
+        SagaHistory,
+        lambda w: w.sold.history.order_by("id").first(),
+        new={"to_state": "CONFIRMED", "reason": "handmade"},
+        edit={"to_state": "COMPENSATED"},
+    ),
+    "dailysales": Case(
+        DailySales,
+        lambda w: DailySales.objects.create(
+            event=w.sold.event, day="2026-12-02", currency="EUR", confirmed_count=1
+        ),
+        new={"day": "2026-12-03", "currency": "EUR"},
+        edit={"confirmed_count": 99},
     ),
     "fakeintent": Case(
         FakeIntent,
@@ -195,7 +226,14 @@ def test_events_stay_editable(root_client, world):
 
     response = root_client.post(
         _url(Event, "change", event.pk),
-        {"name": "renamed", "starts_at_0": "2027-01-02", "starts_at_1": "20:00:00"},
+        {
+            "name": "renamed",
+            "starts_at_0": "2027-01-02",
+            "starts_at_1": "20:00:00",
+            # The price categories' table (read-only) posts its management form.
+            "price_categories-TOTAL_FORMS": "0",
+            "price_categories-INITIAL_FORMS": "0",
+        },
     )
 
     assert response.status_code == 302

@@ -20,6 +20,9 @@ holding ``webhooks.resend_webhookdelivery`` only (other staff see no action,
 and a forged POST does nothing), shows what it will do first, asks for a
 reason, then calls :func:`webhooks.services.webhook_resend` per delivery and
 writes the admin log.
+
+Both lists name the organizer (the endpoint's; "(platform-wide)" for an
+endpoint of none, sent every organizer's events) and filter by it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,18 @@ RESEND_MAX_DELIVERIES = 100
 ENDPOINT_PAGE_DELIVERIES = 20
 
 csrf_protect_m = method_decorator(csrf_protect)
+
+# An endpoint of no organizer, in the lists and their organizer filter.
+PLATFORM_WIDE = "(platform-wide)"
+
+
+class OrganizerFilter(admin.RelatedFieldListFilter):
+    """The organizer filter, which names its "empty" choice: the platform-wide
+    endpoints (and their deliveries)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.empty_value_display = format_html("{}", PLATFORM_WIDE)
 
 
 class EndpointForm(forms.ModelForm):
@@ -140,8 +155,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         "description",
         "updated",
     ]
-    # Organizer "empty": the platform-wide endpoints.
-    list_filter = ["enabled", "organizer"]
+    list_filter = ["enabled", ("organizer", OrganizerFilter)]
     search_fields = ["url", "description"]
     # The secret is never among them.
     readonly_fields = ["id", "deliveries", "secret_note", "created", "updated"]
@@ -415,6 +429,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "id",
         "event_type",
         "status",
+        "organizer",
         "endpoint",
         "saga_id",
         "message_id",
@@ -422,8 +437,8 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created",
         "settled",
     ]
-    list_filter = ["status", "event_type", "endpoint__organizer"]
-    list_select_related = ["endpoint"]
+    list_filter = ["status", "event_type", ("endpoint__organizer", OrganizerFilter)]
+    list_select_related = ["endpoint__organizer"]
     search_fields = ["message_id"]  # see get_search_results
     search_help_text = "Saga id, webhook-id (msg_…) or delivery id (exact)."
     show_full_result_count = False
@@ -452,6 +467,12 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(attempts_made=Count("attempts"))
 
     # --- columns ------------------------------------------------------------------
+
+    @admin.display(description="organizer", ordering="endpoint__organizer__slug")
+    def organizer(self, obj):
+        # The endpoint's: a delivery goes to one organizer's endpoint, or to a
+        # platform-wide one (sent every organizer's events).
+        return obj.endpoint.organizer or PLATFORM_WIDE
 
     @admin.display(description="attempts", ordering="attempts_made")
     def attempt_count(self, obj):

@@ -10,6 +10,12 @@ services. The runbook actions are thin callers of :mod:`purchases.ops.runbook`
 and reason), and each run lands in the admin log. The gateway is asked only
 when the operator asks for it (``?gateway=1`` on the saga page), outside any
 transaction.
+
+Beside the sagas, the rows they live among: events (name and start time
+editable; what the seller decides is shown, never edited here), their price
+categories, seats, reservations, every saga's history and the daily sales,
+all read-only. Each of these lists names the row's organizer and filters by
+it, at no query per row (docs/operations.md, "Admin").
 """
 
 from __future__ import annotations
@@ -22,34 +28,49 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.db.models import (
     BooleanField,
+    Count,
     Exists,
     ExpressionWrapper,
     OuterRef,
     Prefetch,
     Q,
     QuerySet,
+    Subquery,
 )
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
-from common.money import format_money
+from common.money import UnknownCurrency, format_money, minor_units_exponent
 from common.time import format_utc_seconds
-from config.admin import ReadOnlyAdminMixin, ReasonForm
+from config.admin import ReadOnlyAdminMixin, ReasonForm, exact_search
 from ledger.models import EntryKind, LedgerEntry
 from outbox.models import OutboxMessage
 from payments.interface import GatewayUnavailable
 from payments.registry import get_gateway
 from webhooks.selectors import deliveries_for_saga
 
+from ..availability import availability_changed
 from ..errors import DomainError, IllegalTransition
-from ..models import Event, PurchaseSaga, Reservation, ReservationSeat, Seat
+from ..models import (
+    DailySales,
+    Event,
+    PriceCategory,
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    SagaHistory,
+    Seat,
+)
+from ..saga.states import SagaState
 from ..selectors import payment_status
 from ..templatetags.saga_admin import saga_id
 from .runbook import LABELS, Action, ActionRefused, action_plan, action_run, actions_for
@@ -181,6 +202,23 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
     return view
 
 
+# --- the organizer of every row ---------------------------------------------------
+
+# Every list of an event's rows filters by the event's organizer (the seller
+# whose sale it is): Django's related-field filter, titled "organizer".
+ORGANIZER = "event__organizer"
+
+
+class OrganizerColumn:
+    """The "organizer" column of a list of an event's rows. The list's
+    ``list_select_related`` names ``event__organizer``, so the column costs
+    no query per row (tests/test_admin_organizers.py counts them)."""
+
+    @admin.display(description="organizer", ordering="event__organizer__slug")
+    def organizer(self, obj):
+        return obj.event.organizer
+
+
 # --- list filters -----------------------------------------------------------------
 
 
@@ -271,7 +309,7 @@ def _runbook_action(action: Action):
 
 
 @admin.register(PurchaseSaga)
-class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class PurchaseSagaAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
     # "age" stays the third column (after the checkbox): ``?o=3`` sorts by age.
     list_display = [
         "short_id",
@@ -282,18 +320,19 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "payment_status",
         "payment_method",
         "total",
+        "organizer",
         "event",
         "buyer",
         "attempts",
     ]
-    list_filter = ["state", NeedsOperatorFilter, AgeFilter, "event"]
+    list_filter = ["state", NeedsOperatorFilter, AgeFilter, ORGANIZER, "event"]
     # The pk is a UUID: matched exactly (or by the 8 characters the list shows)
     # in get_search_results, not with icontains.
     search_fields = ["intent_id", "reservation__ref", "buyer__username"]
     search_help_text = (
         "Saga id (whole, or its first 8 characters), intent id, reservation ref or buyer username."
     )
-    list_select_related = ["event", "buyer", "reservation"]
+    list_select_related = ["event__organizer", "buyer", "reservation"]
     show_full_result_count = False  # no count(*) over every saga on each page
     actions = [_runbook_action(a) for a in Action]
     fields = (
@@ -614,24 +653,183 @@ def _ledger_written(saga_id, written_before: set) -> list[str]:
 # --- the catalogue ------------------------------------------------------------------
 
 
+class EventForm(forms.ModelForm):
+    class Meta:
+        model = Event
+        fields = ["organizer", "name", "starts_at", "currency"]
+        help_texts = {
+            "currency": "ISO 4217 code (EUR, JPY...): every price of the event is in it. "
+            "It cannot change later.",
+        }
+
+    def clean_currency(self):
+        code = self.cleaned_data["currency"].strip().upper()
+        try:
+            minor_units_exponent(code)
+        except UnknownCurrency as exc:
+            raise forms.ValidationError("Not an ISO 4217 currency code.") from exc
+        return code
+
+
+class PriceCategoryInline(ReadOnlyAdminMixin, admin.TabularInline):
+    # Read-only: a price change rewrites the seats that are not held or sold
+    # in the same commit (the seller's API); saved here, it would not.
+    model = PriceCategory
+    fields = ("code", "name", "price", "seats")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        # Each category's seats, counted in the inline's one query.
+        seats = (
+            Seat.objects.filter(event=OuterRef("event"), category=OuterRef("code"))
+            .order_by()
+            .values("event")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return super().get_queryset(request).annotate(seat_count=Subquery(seats))
+
+    @admin.display(description="price")
+    def price(self, obj):
+        return format_money(obj.price_amount, obj.currency)
+
+    @admin.display(description="seats")
+    def seats(self, obj):
+        return obj.seat_count or 0
+
+
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "organizer", "starts_at"]
-    list_filter = ["organizer"]
+    """Events: their name and start time stay editable (the catalogue, not
+    money nor inventory). What the seller's API decides (status, currency,
+    the sales rules, the refund policy, the price categories and the seat
+    map) is shown here and changed there only: publishing and cancelling
+    are services with effects (a cancellation refunds every buyer), a price
+    change rewrites seats, and a seat map on sale is frozen."""
+
+    form = EventForm
+    list_display = ["id", "name", "organizer", "status", "starts_at", "currency", "published"]
+    list_filter = ["organizer", "status"]
     list_select_related = ["organizer"]
+    search_fields = ["name", "organizer__slug", "organizer__name"]
+    inlines = [PriceCategoryInline]
+    # The seller's, shown read-only on an event's page (see get_fieldsets).
+    SELLER_FIELDS = (
+        "status",
+        "currency",
+        "published",
+        "sales_window",
+        "hold",
+        "buyer_limit",
+        "refund_policy",
+    )
+
+    def get_fieldsets(self, request, obj=None):
+        if obj is None:
+            # A new event is a draft without seats: its seller builds the
+            # seat map and publishes it
+            # (docs/api.md, "Events, seat maps and prices"). Its organizer is
+            # chosen now, once.
+            return [(None, {"fields": ["organizer", "name", "starts_at", "currency"]})]
+        return [
+            (
+                None,
+                {"fields": ["organizer", "name", "starts_at", "status", "currency", "published"]},
+            ),
+            (
+                "Sales rules (the seller's, changed through the organizer's API)",
+                {"fields": ["sales_window", "hold", "buyer_limit", "refund_policy"]},
+            ),
+        ]
 
     def get_readonly_fields(self, request, obj=None):
         # An event's organizer is chosen when it is added: its sales are that
         # organizer's (docs/api.md, "Organizers and roles").
-        return ["organizer"] if obj is not None else []
+        return ["organizer", *self.SELLER_FIELDS] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        # The events list shows the new name or time at once (on commit).
+        availability_changed(obj.pk)
+
+    @admin.display(description="published", ordering="published_at")
+    def published(self, obj):
+        return format_utc_seconds(obj.published_at) if obj.published_at else "-"
+
+    @admin.display(description="sales window")
+    def sales_window(self, obj):
+        start = format_utc_seconds(obj.sales_start) if obj.sales_start else "open"
+        end = format_utc_seconds(obj.sales_end) if obj.sales_end else "open"
+        return f"from {start} until {end}"
+
+    @admin.display(description="hold")
+    def hold(self, obj):
+        if obj.hold_seconds is None:
+            return f"{settings.PURCHASE_HOLD_SECONDS} s (PURCHASE_HOLD_SECONDS)"
+        return f"{obj.hold_seconds} s"
+
+    @admin.display(description="seats per buyer")
+    def buyer_limit(self, obj):
+        return "no limit" if obj.max_seats_per_buyer is None else obj.max_seats_per_buyer
+
+    @admin.display(description="refund policy")
+    def refund_policy(self, obj):
+        if obj.buyer_can_cancel_until is None:
+            return "buyers cannot cancel"
+        return (
+            f"buyers may cancel until {format_utc_seconds(obj.buyer_can_cancel_until)}, "
+            f"fee {obj.cancel_fee_percent}%"
+        )
+
+
+@admin.register(PriceCategory)
+class PriceCategoryAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
+    # Read-only, as on the event's page (PriceCategoryInline).
+    list_display = ["code", "name", "organizer", "event", "price"]
+    list_filter = [ORGANIZER]
+    list_select_related = ["event__organizer"]
+    search_fields = ["code", "name", "event__name"]
+    fields = ("event", "code", "name", "price")
+    readonly_fields = fields
+
+    @admin.display(description="price", ordering="price_amount")
+    def price(self, obj):
+        return format_money(obj.price_amount, obj.currency)
 
 
 @admin.register(Seat)
-class SeatAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    # Read-only: prices and seat status change only through the services.
-    list_display = ["ref", "event", "status", "price"]
-    list_filter = ["event", "status"]
-    fields = ("event", "ref", "row", "number", "price", "status")
+class SeatAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
+    # Read-only: prices, seat status and the seat map change only through the
+    # services (a seat map on sale is frozen; blocks are the seller's).
+    list_display = [
+        "ref",
+        "organizer",
+        "event",
+        "section",
+        "category",
+        "accessible",
+        "status",
+        "price",
+    ]
+    list_filter = [ORGANIZER, "event", "status", "accessible"]
+    list_select_related = ["event__organizer"]
+    search_fields = ["=ref"]
+    fields = (
+        "event",
+        "ref",
+        "section",
+        "row",
+        "number",
+        "category",
+        "x",
+        "y",
+        "accessible",
+        "price",
+        "status",
+        "block_reason",
+    )
     readonly_fields = fields
 
     @admin.display(description="price", ordering="price_amount")
@@ -640,10 +838,11 @@ class SeatAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ReservationAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
     # Read-only: a reservation moves only with its saga.
-    list_display = ["ref", "event", "buyer", "status", "hold_expires_at", "total"]
-    list_filter = ["status", "event"]
+    list_display = ["ref", "organizer", "event", "buyer", "status", "hold_expires_at", "total"]
+    list_filter = ["status", ORGANIZER, "event"]
+    list_select_related = ["event__organizer", "buyer"]
     search_fields = ["ref", "buyer__username"]
     fields = ("ref", "event", "buyer", "status", "hold_expires_at", "total", "created_at")
     readonly_fields = fields
@@ -651,3 +850,108 @@ class ReservationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="total", ordering="total_amount")
     def total(self, obj):
         return format_money(obj.total_amount, obj.currency)
+
+
+class MovedToFilter(admin.SimpleListFilter):
+    """The state a move led to, from the states' list (not a DISTINCT over
+    every move ever made, which Django's own filter would read)."""
+
+    title = "moved to"
+    parameter_name = "to_state"
+
+    def lookups(self, request, model_admin):
+        return SagaState.choices
+
+    def queryset(self, request, queryset):
+        return queryset.filter(to_state=self.value()) if self.value() else queryset
+
+
+@admin.register(SagaHistory)
+class SagaHistoryAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
+    """Every saga's moves in one list, newest first (a saga's own are on its
+    page): which organizer's sales an operator moved, or what moved today."""
+
+    list_display = [
+        "when",
+        "saga_link",
+        "organizer",
+        "event",
+        "move",
+        "actor",
+        "actor_name",
+        "reason",
+    ]
+    list_filter = [ORGANIZER, "actor", MovedToFilter]
+    list_select_related = ["event__organizer"]
+    # By the primary key's index: the table grows with every move.
+    ordering = ["-id"]
+    show_full_result_count = False
+    search_fields = ["actor_name"]  # see get_search_results
+    search_help_text = "Saga id (whole) or operator name (exact)."
+    fields = (
+        "saga_link",
+        "event",
+        "from_state",
+        "to_state",
+        "when",
+        "actor",
+        "actor_name",
+        "reason",
+        "version",
+    )
+    readonly_fields = fields
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_search(queryset, search_term, field="actor_name")
+
+    @admin.display(description="at", ordering="at")
+    def when(self, obj):
+        return format_utc_seconds(obj.at)
+
+    @admin.display(description="saga")
+    def saga_link(self, obj):
+        # From the row's own column: no query for the saga.
+        url = reverse("admin:purchases_purchasesaga_change", args=[obj.saga_id])
+        return format_html('<a href="{}">{}</a>', url, saga_id(obj.saga_id))
+
+    @admin.display(description="move")
+    def move(self, obj):
+        return f"{obj.from_state or '-'} → {obj.to_state}"
+
+
+@admin.register(DailySales)
+class DailySalesAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
+    # Read-only: materialized from the outbox, each message counted once.
+    list_display = [
+        "day",
+        "organizer",
+        "event",
+        "confirmed_count",
+        "confirmed",
+        "cancelled_count",
+        "refunded_count",
+        "refunded",
+    ]
+    list_filter = [ORGANIZER, "event"]
+    list_select_related = ["event__organizer"]
+    date_hierarchy = "day"
+    ordering = ["-day", "event_id", "currency"]
+    fields = (
+        "event",
+        "day",
+        "currency",
+        "confirmed_count",
+        "confirmed",
+        "cancelled_count",
+        "refunded_count",
+        "refunded",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="confirmed", ordering="confirmed_amount")
+    def confirmed(self, obj):
+        return format_money(obj.confirmed_amount, obj.currency)
+
+    @admin.display(description="refunded", ordering="refunded_amount")
+    def refunded(self, obj):
+        return format_money(obj.refunded_amount, obj.currency)
