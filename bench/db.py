@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -24,6 +25,15 @@ BENCH_ORGANIZER_SQL = (
     " VALUES ('bench', 'bench venue', now())"
     " ON CONFLICT (slug) DO UPDATE SET name = EXCLUDED.name RETURNING id"
 )
+# Its slug, in the URLs under /api/organizers/{slug}/ (figure 13).
+BENCH_ORGANIZER_SLUG = "bench"
+
+# A seat as ``copy_event`` writes it: (ref, section, row, number, category,
+# x, y, accessible), the contract's seat-map fields
+# (docs/api.md, "Events, seat maps and prices"); its price is its category's.
+SeatRow = tuple[str, str, str, int, str, float, float, bool]
+# A price category: (code, name, price in minor units).
+CategoryRow = tuple[str, str, int]
 
 
 class PG:
@@ -196,6 +206,55 @@ class BenchDB:
         if hi - lo + 1 != n:
             raise PhaseFailed("seat ids are not contiguous")
         return event_id, lo - 1
+
+    def ensure_member(self, user_id: int, role: str = "owner") -> str:
+        """``user_id`` a member of the bench organizer with ``role`` (made,
+        or its role changed); returns the organizer's slug."""
+        self.q(
+            f"WITH o AS ({BENCH_ORGANIZER_SQL})"
+            " INSERT INTO organizers_membership (organizer_id, user_id, role, created_at)"
+            " SELECT o.id, %s, %s, now() FROM o"
+            " ON CONFLICT (organizer_id, user_id) DO UPDATE SET role = EXCLUDED.role",
+            [user_id, role],
+        )
+        return BENCH_ORGANIZER_SLUG
+
+    def copy_event(
+        self,
+        name: str,
+        *,
+        categories: Sequence[CategoryRow],
+        seats: Sequence[SeatRow],
+        status: str = "draft",
+    ) -> int:
+        """An event of the bench organizer in EUR with its price categories
+        and ``seats`` (each priced by its category), in one transaction, the
+        seats by ``COPY ... FROM STDIN`` (the fastest way PostgreSQL takes
+        rows from a client: figure 13's baseline for the seller's API);
+        ``status`` ``on_sale`` publishes it now. Returns the event's id."""
+        prices = {code: price for code, _, price in categories}
+        with self.conn.transaction():
+            (event_id,) = self.q1(
+                f"WITH o AS ({BENCH_ORGANIZER_SQL})"
+                " INSERT INTO purchases_event (organizer_id, name, starts_at, status, currency,"
+                " cancel_fee_percent, published_at) SELECT o.id, %s, now() + interval '30 days',"
+                " %s, 'EUR', 0, CASE WHEN %s THEN now() END FROM o RETURNING id",
+                [name, status, status == "on_sale"],
+            )
+            with self.conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO purchases_pricecategory (event_id, code, name, price_amount,"
+                    " currency) VALUES (%s, %s, %s, %s, 'EUR')",
+                    [(event_id, code, label, price) for code, label, price in categories],
+                )
+                with cur.copy(
+                    "COPY purchases_seat (event_id, ref, section, row, number, category, x, y,"
+                    " accessible, price_amount, currency, status, block_reason) FROM STDIN"
+                ) as copy:
+                    # The columns in SeatRow's order, then the price and the rest.
+                    for seat in seats:
+                        copy.write_row((event_id, *seat, prices[seat[4]], "EUR", "available", ""))
+        return event_id
 
     def noop_rows(self, n: int, *, key_prefix: str | None, lead_s: float, window_s: float) -> None:
         """``n`` outbox rows of topic ``bench.noop`` (no consumer: a delivery

@@ -36,6 +36,9 @@ bench/figures/:
    that nothing broke (confirmed once, consumers once, ledger = confirmed);
 12. tracing: reserve c=4 with tracing off (no ``OTEL_*``) vs the web built
    without it (bench/wsgi_without_tracing.py).
+13. seller: creating a 20,000-seat event through the API vs COPY; its seat map
+   cached vs the database; reserve c=4 with a buyer limit and sales window vs
+   without.
 
 ``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
 those figures (bench/profile.py): flame graphs in the log directory.
@@ -430,7 +433,7 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,tracing,webhooks,onsale,scaleout,sweeps (default: all)",
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,sweeps (default: all)",
     )
     parser.add_argument(
         "--profile",

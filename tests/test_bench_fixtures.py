@@ -23,6 +23,8 @@ from django.db import connection
 import bench.figures
 from bench.db import BenchDB
 from bench.figures import WITH_STACK, WITHOUT_STACK, reserve, sweeps
+from bench.figures import seller as figure_13
+from seller.seat_maps import event_from_json
 
 TINY = 3
 MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.figures.__path__))
@@ -122,6 +124,21 @@ def test_reserve_script_runs_on_the_current_schema(bench_db):
         " (SELECT topic FROM outbox_outboxmessage WHERE event_id = %(ev)s)",
         {"seat": idoff + 1, "ev": event},
     ) == ("held", "PENDING", "purchase.hold_expired")
+
+
+def test_figure_13s_api_body_is_the_seat_map_it_copies():
+    """Figure 13 times the seller's API against COPY of the same rows: the
+    body it posts, read by the product's own reader, must be exactly the
+    seats and categories its baseline copies (here across a section's end
+    and every price band)."""
+    seats = figure_13.seat_rows(figure_13.SECTION_ROWS * figure_13.ROW_SEATS + 3)
+    spec = event_from_json(figure_13.api_body("bench seller", seats))
+    assert [
+        (s.ref, s.section, s.row, s.number, s.category, s.x, s.y, s.accessible) for s in spec.seats
+    ] == seats
+    assert [(c.code, c.name, c.price_amount) for c in spec.categories] == list(figure_13.CATEGORIES)
+    assert {s[1] for s in seats} == set(figure_13.SECTIONS[:2])
+    assert {s[4] for s in seats} == {code for code, _, _ in figure_13.CATEGORIES}
 
 
 def test_figure_12s_web_without_tracing_starts():

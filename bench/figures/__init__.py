@@ -26,6 +26,7 @@ from bench.figures import (
     onsale,
     reserve,
     scale_out,
+    seller,
     sweeps,
     timers,
     tracing,
@@ -44,5 +45,6 @@ WITH_STACK = (
     webhooks,
     onsale,
     scale_out,
+    seller,
 )
 WITHOUT_STACK = (sweeps,)

@@ -195,8 +195,9 @@ def seed_live(db: BenchDB) -> None:
         )
         conn.execute(
             f"WITH o AS ({BENCH_ORGANIZER_SQL})"
-            " INSERT INTO purchases_event (organizer_id, name, starts_at)"
-            " SELECT o.id, 'sweeps', now() + interval '30 days' FROM o"
+            " INSERT INTO purchases_event (organizer_id, name, starts_at, status, currency,"
+            " cancel_fee_percent)"
+            " SELECT o.id, 'sweeps', now() + interval '30 days', 'on_sale', 'EUR', 0 FROM o"
         )
         conn.execute("""
             WITH r AS (
