@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from purchases import services
 from purchases.models import (
+    EventStatus,
     IdempotencyRecord,
     PurchaseSaga,
     Seat,
@@ -104,7 +105,22 @@ def test_event_list_is_public_with_exact_seats_available(
 
     # then
     assert before.status_code == 200
-    assert [set(e) for e in before.json()] == [{"id", "name", "starts_at", "seats_available"}] * 2
+    assert [set(e) for e in before.json()] == [
+        {
+            "id",
+            "name",
+            "starts_at",
+            "organizer",
+            "currency",
+            "sales_start",
+            "sales_end",
+            "seats_available",
+        }
+    ] * 2
+    assert before.json()[0]["organizer"] == {
+        "slug": event.organizer.slug,
+        "name": event.organizer.name,
+    }
     assert [(e["id"], e["name"], e["seats_available"]) for e in before.json()] == [
         (event.pk, event.name, 4),
         (other.pk, other.name, 3),
@@ -129,21 +145,31 @@ def test_event_seats_is_public_with_price(anon_api):
     response = anon_api.get(f"/api/events/{event.pk}/seats/")
 
     assert response.status_code == 200
+    seat = {
+        "section": "",
+        "row": "A",
+        "category": "",
+        "x": 0.0,
+        "y": 0.0,
+        "accessible": False,
+        "status": "available",
+        "price": {"amount": 3100, "currency": "EUR"},
+    }
     assert response.json() == [
-        {
-            "ref": "A1",
-            "row": "A",
-            "number": 1,
-            "status": "available",
-            "price": {"amount": 3100, "currency": "EUR"},
-        },
-        {
-            "ref": "A2",
-            "row": "A",
-            "number": 2,
-            "status": "available",
-            "price": {"amount": 3100, "currency": "EUR"},
-        },
+        {"ref": "A1", **seat, "number": 1},
+        {"ref": "A2", **seat, "number": 2},
+    ]
+    assert list(response.json()[0]) == [
+        "ref",
+        "section",
+        "row",
+        "number",
+        "category",
+        "x",
+        "y",
+        "accessible",
+        "status",
+        "price",
     ]
 
 
@@ -152,6 +178,23 @@ def test_event_seats_of_unknown_event_is_404_not_found(anon_api, event):
 
     data = assert_error(response, 404, "not_found")
     assert set(data) == {"code", "detail"}
+
+
+@pytest.mark.parametrize("status", [EventStatus.DRAFT, EventStatus.CANCELLED])
+def test_a_draft_or_cancelled_event_is_not_in_the_catalog(anon_api, status):
+    # given: one event on sale, one draft (or cancelled) of the same organizer
+    shown = EventFactory(seats=["A1"])
+    hidden = EventFactory(seats=["A1"], status=status, organizer=shown.organizer)
+
+    # when
+    events = anon_api.get("/api/events/")
+    seats = anon_api.get(f"/api/events/{hidden.pk}/seats/")
+    missing = anon_api.get(f"/api/events/{hidden.pk + 1000}/seats/")
+
+    # then: listed only on sale; its seats as missing as a missing event's
+    assert [e["id"] for e in events.json()] == [shown.pk]
+    assert (seats.status_code, seats.json()) == (missing.status_code, missing.json())
+    assert seats.status_code == 404
 
 
 def test_event_seats_show_held_and_sold(anon_api, alice_api, event, gateway):
@@ -561,6 +604,15 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/rotate-secret/",
         "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/deliveries/",
         "/api/organizers/{slug}/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend/",
+        "/api/organizers/{slug}/events/",
+        "/api/organizers/{slug}/events/{event_id}/",
+        "/api/organizers/{slug}/events/{event_id}/seat-map/",
+        "/api/organizers/{slug}/events/{event_id}/publish/",
+        "/api/organizers/{slug}/events/{event_id}/seats/block/",
+        "/api/organizers/{slug}/events/{event_id}/seats/unblock/",
+        "/api/organizers/{slug}/events/{event_id}/purchases/",
+        "/api/organizers/{slug}/events/{event_id}/purchases.csv",
+        "/api/organizers/{slug}/events/{event_id}/report/",
     }
     assert set(schema["paths"]["/api/purchases/"]) >= {"get", "post"}
     assert {"202", "400", "401", "409", "422"} <= set(
