@@ -241,6 +241,12 @@ RECONCILE_BACKOFF_SECONDS = [
 RESUME_AFTER_SECONDS = env.int("RESUME_AFTER_SECONDS", default=300)
 COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default=86400)
 MAX_SEATS_PER_PURCHASE = env.int("MAX_SEATS_PER_PURCHASE", default=10)
+# 20 at most: a purchase's total, up to this many seats at the highest price
+# a seller may set (seller/seat_maps.py, PRICE_MAX), fits its integer columns.
+if not 1 <= MAX_SEATS_PER_PURCHASE <= 20:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("MAX_SEATS_PER_PURCHASE must be 1 to 20")
 # Purchase starts per user (DRF rate syntax: N/s, N/min, N/hour, N/day).
 PURCHASE_THROTTLE_RATE = env.str("PURCHASE_THROTTLE_RATE", default="60/min")
 # Attempts at POST /api/auth/token/ per client address (password guessing).

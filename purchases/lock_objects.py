@@ -161,6 +161,17 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> HoldAtt
     return HoldAttempt(missing=set(seat_ids) - held.keys(), prices={})
 
 
+# The categories of the seats being released, locked FOR SHARE by primary
+# key before the release reads them: a price change locks the categories it
+# changes in the same order (seller/lock_objects.py), so two categories are
+# never taken in opposite orders by the two.
+_RELEASE_CATEGORIES_SQL = """
+SELECT c.id FROM {category} c
+ WHERE c.event_id = %s AND c.code IN (
+       SELECT s.category FROM {seat} s WHERE s.event_id = %s AND s.id = ANY(%s::bigint[]))
+ ORDER BY c.id FOR SHARE
+"""
+
 _RELEASE_SQL = """
 UPDATE {seat} SET status = %s, price_amount = COALESCE(
     (SELECT c.price_amount FROM {category} c
@@ -184,11 +195,18 @@ def seats_release_at_current_price(*, event_id: int, seat_ids: list[int]) -> Non
     finds the seat on offer and re-prices it. Either way the seat ends at the
     category's price. (The price change holds the category while it locks
     seats, this holds seats while it waits for the category; no deadlock:
-    the seats it locks are on offer, never the ones a release holds.)
+    the seats it locks are on offer, never the ones a release holds.) The
+    categories are locked first, by primary key, as a price change locks
+    them: taken one by one in the update's own order, two categories could
+    be taken in opposite orders by the two, each waiting for the other.
     """
+    tables = {"seat": Seat._meta.db_table, "category": PriceCategory._meta.db_table}
     with connection.cursor() as cursor:
         cursor.execute(
-            _RELEASE_SQL.format(seat=Seat._meta.db_table, category=PriceCategory._meta.db_table),
+            _RELEASE_CATEGORIES_SQL.format(**tables), [event_id, event_id, list(seat_ids)]
+        )
+        cursor.execute(
+            _RELEASE_SQL.format(**tables),
             [SeatStatus.AVAILABLE, event_id, list(seat_ids)],
         )
 

@@ -7,6 +7,12 @@ touches in id order, as a purchase holds them (``seats_lock_and_hold``).
 Two changes of one event follow one another, and a change that meets a
 purchase's seats waits for it instead of deadlocking with it.
 
+A price change locks its event, then every price category of the event by
+primary key (``categories_for_update``), then the seats on offer: a seat
+release reads the categories of its seats ``FOR SHARE`` in the same order
+(``purchases.lock_objects.seats_release_at_current_price``), so the two
+never take two categories in opposite orders.
+
 The event is locked ``FOR NO KEY UPDATE``: the foreign-key checks of the
 rows a purchase writes for the event (``FOR KEY SHARE``) do not wait for it.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from purchases.models import Event, Seat, SeatStatus
+from purchases.models import Event, PriceCategory, Seat, SeatStatus
 
 
 def event_for_update(*, organizer_id: int, event_id: int) -> Event | None:
@@ -26,6 +32,12 @@ def event_for_update(*, organizer_id: int, event_id: int) -> Event | None:
         .filter(pk=event_id, organizer_id=organizer_id)
         .first()
     )
+
+
+def categories_for_update(*, event: Event) -> dict[str, PriceCategory]:
+    """Every price category of ``event``, locked by primary key, by code."""
+    locked = PriceCategory.objects.select_for_update(of=("self",)).filter(event=event)
+    return {c.code: c for c in locked.order_by("id")}
 
 
 _SEATS_SQL = """

@@ -47,6 +47,11 @@ BLOCK_REASON_MAX = 200
 HOLD_SECONDS_MIN, HOLD_SECONDS_MAX = 60, 3600
 # PostgreSQL's integer (the seat's number, a price in minor units).
 MAX_INT = 2**31 - 1
+# The highest price of a seat, in minor units (999,999.99): Stripe's own
+# ceiling for one charge in most currencies, and low enough that a purchase's
+# total (at most MAX_SEATS_PER_PURCHASE seats, at most 20: config/settings.py)
+# stays inside the integer columns that hold it.
+PRICE_MAX = 99_999_999
 # Times an event may name (any later one is a mistake, and stays inside
 # datetime's range whatever its offset).
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -338,7 +343,7 @@ def _category(
         problems.add(f"{at}.price", "must be an object with amount and currency")
         return None
     amount, money = price.get("amount"), price.get("currency")
-    if problem := int_problem(amount, least=0):
+    if problem := int_problem(amount, least=0, most=PRICE_MAX):
         problems.add(f"{at}.price.amount", problem)
         ok = False
     if problem := currency_problem(money):
@@ -366,7 +371,7 @@ def check_categories(categories: Iterable[CategorySpec], *, currency: str) -> No
         for key, problem in (
             ("code", code_problem(spec.code)),
             ("name", name_problem(spec.name, most=CATEGORY_NAME_MAX)),
-            ("price.amount", int_problem(spec.price_amount, least=0)),
+            ("price.amount", int_problem(spec.price_amount, least=0, most=PRICE_MAX)),
         ):
             if problem:
                 problems.add(f"{at}.{key}", problem)

@@ -26,6 +26,7 @@ from .seat_maps import (
     HOLD_SECONDS_MIN,
     MAX_INT,
     MAX_SEATS,
+    PRICE_MAX,
     REF_MAX,
     ROW_MAX,
     SECTION_MAX,
@@ -194,7 +195,7 @@ def event_answer(event: Event) -> dict[str, Any]:
 
 
 class SellerPriceInputSerializer(serializers.Serializer):
-    amount = serializers.IntegerField(min_value=0, max_value=MAX_INT, help_text="Minor units")
+    amount = serializers.IntegerField(min_value=0, max_value=PRICE_MAX, help_text="Minor units")
     currency = serializers.CharField(min_length=3, max_length=3, help_text="ISO 4217, the event's")
 
 

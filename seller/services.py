@@ -40,6 +40,7 @@ from .seat_maps import (
     API_FIELD,
     BLOCK_REASON_MAX,
     MAX_SEATS,
+    PRICE_MAX,
     REF_MAX,
     CategorySpec,
     EventSpec,
@@ -259,7 +260,7 @@ def event_update(*, organizer: Organizer, event_id: int, changes: dict[str, Any]
 def _categories_update(*, event: Event, categories: list[CategorySpec], currency: str) -> None:
     """The event's price categories become ``categories`` (the whole list)."""
     check_categories(categories, currency=currency)
-    existing = {c.code: c for c in PriceCategory.objects.filter(event=event)}
+    existing = lock_objects.categories_for_update(event=event)
     codes = [c.code for c in categories]
     if set(codes) != set(existing):
         if event.status != EventStatus.DRAFT:
@@ -298,12 +299,12 @@ def category_prices_set(*, organizer: Organizer, event_id: int, prices: dict[str
     with transaction.atomic(durable=True):
         event = _event_locked(organizer, event_id)
         _not_cancelled(event)
-        existing = {c.code: c for c in PriceCategory.objects.filter(event=event)}
+        existing = lock_objects.categories_for_update(event=event)
         unknown = sorted(set(prices) - set(existing))
         if unknown:
             raise EventInvalid("price_categories", f"no price category {', '.join(unknown)}")
         for code, amount in prices.items():
-            if problem := int_problem(amount, least=0):
+            if problem := int_problem(amount, least=0, most=PRICE_MAX):
                 raise EventInvalid(f"price_categories.{code}", problem)
             row = existing[code]
             row.price_amount = amount

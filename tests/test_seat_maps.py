@@ -311,7 +311,7 @@ def test_a_seat_of_a_category_with_another_problem_is_not_refused_too():
 
     assert only_problem(data) == (
         "price_categories[0].price.amount",
-        "must be from 0 to 2147483647",
+        "must be from 0 to 99999999",
     )
 
 
@@ -613,7 +613,7 @@ def test_hand_built_categories_meet_the_same_rules():
         )
     ) == [
         ("price_categories[1].name", "must be 1 to 100 characters"),
-        ("price_categories[1].price.amount", "must be from 0 to 2147483647"),
+        ("price_categories[1].price.amount", "must be from 0 to 99999999"),
         ("price_categories[1].price.currency", "must be the event's currency, EUR"),
         ("price_categories[1].code", "'a' is the code of an earlier category"),
     ]

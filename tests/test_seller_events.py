@@ -11,15 +11,16 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from organizers.roles import Role
+from purchases import lock_objects as purchases_locks
 from purchases.models import Event, EventStatus, PriceCategory, PurchaseSaga, Seat, SeatStatus
 from seller import apis, services
 from seller.errors import SeatsNotBlockable
-from seller.seat_maps import MAX_SEATS, event_from_json
+from seller.seat_maps import MAX_SEATS, PRICE_MAX, event_from_json
 
 from .conftest import new_key
 from .factories import EventFactory, MembershipFactory, OrganizerFactory, UserFactory
@@ -734,3 +735,110 @@ def test_a_price_change_waits_for_a_hold_in_flight_and_leaves_its_price():
     assert "error" not in out, out
     assert prices(event.pk) == {"A1": 7000, "A2": 5000, "A3": 7000}
     assert Seat.objects.get(event=event, ref="A2").status == SeatStatus.HELD
+
+
+# --- found in review: categories in one order, prices that fit a purchase ------------------
+
+
+def _category_body(categories: list[tuple[str, int]], seats: list[tuple[str, str]]) -> dict:
+    return {
+        "name": "Two categories",
+        "starts_at": "2027-03-01T19:30:00Z",
+        "currency": "EUR",
+        "price_categories": [
+            {"code": code, "name": code, "price": {"amount": amount, "currency": "EUR"}}
+            for code, amount in categories
+        ],
+        "seat_map": {
+            "sections": [
+                {
+                    "name": "S",
+                    "rows": [
+                        {
+                            "label": "A",
+                            "seats": [
+                                {"ref": ref, "number": n, "category": category}
+                                for n, (ref, category) in enumerate(seats, start=1)
+                            ],
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_price_change_and_a_release_take_the_categories_in_one_order():
+    # given: categories a then b (by id); the seat of lower id is of b; both held
+    organizer = OrganizerFactory(slug="two-categories")
+    body = _category_body([("a", 100), ("b", 200)], [("A1", "b"), ("A2", "a")])
+    draft = services.event_create(organizer=organizer, spec=event_from_json(body))
+    event = services.event_publish(organizer=organizer, event_id=draft.pk)
+    Seat.objects.filter(event=event).update(status=SeatStatus.HELD)
+    ids = list(Seat.objects.filter(event=event).order_by("id").values_list("id", flat=True))
+    b = PriceCategory.objects.get(event=event, code="b").pk
+
+    def release():
+        with transaction.atomic():
+            purchases_locks.seats_for_update(event_id=event.pk, seat_ids=ids)
+            purchases_locks.seats_release_at_current_price(event_id=event.pk, seat_ids=ids)
+
+    # when: the price change waits on b (a reader holds it a moment), then the
+    # release of both seats starts: with the categories taken in opposite
+    # orders (a then b; b then a) the two deadlocked
+    with _other_connection() as watch, _other_connection() as reader:
+        with reader.transaction():
+            reader.execute(
+                f"SELECT 1 FROM {PriceCategory._meta.db_table} WHERE id = %s FOR SHARE", [b]
+            )
+            change_thread, change = _in_thread(
+                lambda: services.category_prices_set(
+                    organizer=organizer, event_id=event.pk, prices={"a": 111, "b": 222}
+                )
+            )
+            _wait_until_blocked(watch, change, change_thread)
+            release_thread, released = _in_thread(release)
+            _wait_until_blocked(watch, released, release_thread)
+        change_thread.join(60)
+        release_thread.join(60)
+
+    # then: both went through, and the released seats are at the new prices
+    assert (change.get("error"), released.get("error")) == (None, None)
+    prices = dict(Seat.objects.filter(event=event).values_list("ref", "price_amount"))
+    assert prices == {"A1": 222, "A2": 111}
+
+
+@pytest.mark.django_db
+def test_a_price_past_the_highest_is_refused_and_the_highest_buys_the_most_seats(
+    api, hall, settings
+):
+    # given: the most seats a purchase may have
+    settings.MAX_SEATS_PER_PURCHASE = 20
+    seats = [(f"A{n}", "top") for n in range(1, 21)]
+
+    # when: a price one past the highest, then the highest
+    over = api.post(
+        f"/api/organizers/{hall.slug}/events/",
+        _category_body([("top", PRICE_MAX + 1)], seats),
+        format="json",
+    )
+    created = api.post(
+        f"/api/organizers/{hall.slug}/events/",
+        _category_body([("top", PRICE_MAX)], seats),
+        format="json",
+    )
+
+    # then: refused naming the price; 20 seats at the highest price are one purchase
+    assert over.status_code == 400
+    assert over.json()["field"] == "price_categories[0].price.amount"
+    event_id = created.json()["id"]
+    assert api.post(f"/api/organizers/{hall.slug}/events/{event_id}/publish/").status_code == 200
+    bought = api.post(
+        "/api/purchases/",
+        {"event": event_id, "seats": [ref for ref, _ in seats], "payment_method": "pm_card_visa"},
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert bought.status_code == 202, bought.content
+    assert bought.json()["total"]["amount"] == 20 * PRICE_MAX

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from seller.seat_maps import PRICE_MAX
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _PRINT = (
@@ -60,3 +64,16 @@ def test_a_database_other_than_postgresql_is_refused_in_one_line():
     assert out.returncode != 0
     assert "ImproperlyConfigured: DATABASE_URL names django.db.backends.sqlite3" in out.stderr
     assert "PostgreSQL only" in out.stderr
+
+
+@pytest.mark.parametrize("seats", ["0", "21"])
+def test_more_seats_per_purchase_than_a_total_can_hold_is_refused(seats):
+    # 20 seats at the highest price a seller may set fill the purchase's
+    # integer total (seller/seat_maps.py, PRICE_MAX)
+    out = _run(DATABASE_URL="postgres://u@127.0.0.1:5432/x", MAX_SEATS_PER_PURCHASE=seats)
+    assert out.returncode != 0
+    assert "ImproperlyConfigured: MAX_SEATS_PER_PURCHASE must be 1 to 20" in out.stderr
+
+
+def test_twenty_seats_at_the_highest_price_fit_the_total_columns():
+    assert 20 * PRICE_MAX <= 2**31 - 1

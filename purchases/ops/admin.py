@@ -716,6 +716,8 @@ class EventAdmin(admin.ModelAdmin):
     search_fields = ["name", "organizer__slug", "organizer__name"]
     inlines = [PriceCategoryInline]
     # The seller's, shown read-only on an event's page (see get_fieldsets).
+    # What an operator may change on an event that exists.
+    EDITABLE = ("name", "starts_at")
     SELLER_FIELDS = (
         "status",
         "currency",
@@ -750,7 +752,16 @@ class EventAdmin(admin.ModelAdmin):
         return ["organizer", *self.SELLER_FIELDS] if obj is not None else []
 
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
+        if change:
+            # Only the fields this form changed (name, start): a whole-row
+            # save would write back the status and the seller's rules as
+            # they were read, undoing a publish or a rule that the seller
+            # committed meanwhile.
+            changed = [f for f in form.changed_data if f in self.EDITABLE]
+            if changed:
+                obj.save(update_fields=changed)
+        else:
+            super().save_model(request, obj, form, change)
         # The events list shows the new name or time at once (on commit).
         availability_changed(obj.pk)
 
