@@ -32,6 +32,7 @@ from purchases.models import (
     PurchaseSaga,
     Seat,
 )
+from purchases.ops.admin import EventAdmin
 from purchases.services import saga_charge
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.services import webhook_endpoint_create
@@ -297,6 +298,43 @@ def test_an_operator_renames_an_event_but_cannot_change_the_sellers_part(root, s
     assert event.organizer == north.organizer
     assert stalls.price_amount == 2500
     assert Seat.objects.get(event=event, ref="A2").price_amount == 2500
+
+
+def test_a_rename_does_not_undo_what_the_seller_committed_meanwhile(root, sellers, monkeypatch):
+    # given: the seller's rules change between the admin's read of the event
+    # and its save (a publish, a buyer limit committed in that instant)
+    north, _ = sellers
+    event = north.event
+    read = EventAdmin.save_form
+
+    def read_then_seller_commits(self, request, form, change):
+        obj = read(self, request, form, change)
+        Event.objects.filter(pk=event.pk).update(
+            status=EventStatus.CANCELLED, max_seats_per_buyer=4
+        )
+        return obj
+
+    monkeypatch.setattr(EventAdmin, "save_form", read_then_seller_commits)
+
+    # when
+    response = root.post(
+        reverse("admin:purchases_event_change", args=[event.pk]),
+        {
+            "name": "renamed",
+            "starts_at_0": "2027-01-02",
+            "starts_at_1": "20:00:00",
+            **_management("price_categories", 0),
+        },
+    )
+
+    # then: the name is the operator's, the rules stay the seller's
+    assert response.status_code == 302
+    event.refresh_from_db()
+    assert (event.name, event.status, event.max_seats_per_buyer) == (
+        "renamed",
+        EventStatus.CANCELLED,
+        4,
+    )
 
 
 def test_a_new_event_is_a_draft_in_a_known_currency(root, db):
