@@ -549,21 +549,14 @@ class SeatsBlockApi(OrganizerScopedApi):
         operation_id="organizers_events_seats_block",
     )
     def post(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
-        if pk is None:
-            return _no_event()
-        body = _seats_body(request.data)
-        if isinstance(body, Response):
-            return body
-        refs, reason = body
-        try:
-            changed = services.seats_block(
+        return _seats_changed(
+            request,
+            event_id,
+            status="unavailable",
+            change=lambda pk, refs, reason: services.seats_block(
                 organizer=self.organizer, event_id=pk, refs=refs, reason=reason
-            )
-        except EventError as exc:
-            return _refused(exc)
-        named = list(dict.fromkeys(refs))
-        return Response({"status": "unavailable", "seats": named, "changed": changed})
+            ),
+        )
 
 
 class SeatsUnblockApi(OrganizerScopedApi):
@@ -590,16 +583,29 @@ class SeatsUnblockApi(OrganizerScopedApi):
         operation_id="organizers_events_seats_unblock",
     )
     def post(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
-        if pk is None:
-            return _no_event()
-        body = _seats_body(request.data)
-        if isinstance(body, Response):
-            return body
-        refs, _ = body
-        try:
-            changed = services.seats_unblock(organizer=self.organizer, event_id=pk, refs=refs)
-        except EventError as exc:
-            return _refused(exc)
-        named = list(dict.fromkeys(refs))
-        return Response({"status": "available", "seats": named, "changed": changed})
+        return _seats_changed(
+            request,
+            event_id,
+            status="available",
+            change=lambda pk, refs, reason: services.seats_unblock(
+                organizer=self.organizer, event_id=pk, refs=refs
+            ),
+        )
+
+
+def _seats_changed(request, event_id: str, *, status: str, change) -> Response:
+    """Block or unblock: the event's id and the body read, ``change(pk,
+    refs, reason)`` called, the answer shaped (the seats named, once each,
+    in the order given)."""
+    pk = _id(event_id)
+    if pk is None:
+        return _no_event()
+    body = _seats_body(request.data)
+    if isinstance(body, Response):
+        return body
+    refs, reason = body
+    try:
+        changed = change(pk, refs, reason)
+    except EventError as exc:
+        return _refused(exc)
+    return Response({"status": status, "seats": list(dict.fromkeys(refs)), "changed": changed})
