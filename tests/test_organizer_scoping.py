@@ -67,10 +67,12 @@ class Route:
         return [m.upper() for m in METHODS if cls is None or hasattr(cls, m)]
 
 
-def _walk(patterns, prefix: str = "") -> Iterator[tuple[str, Callable]]:
+def url_routes(patterns, prefix: str = "") -> Iterator[tuple[str, Callable]]:
+    """Every route of ``patterns`` (a URL conf's), as written, with its view
+    (the seller pages' walker uses it too: tests/test_seller_pages.py)."""
     for pattern in patterns:
         if isinstance(pattern, URLResolver):
-            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern))
+            yield from url_routes(pattern.url_patterns, prefix + str(pattern.pattern))
         else:
             yield prefix + str(pattern.pattern), pattern.callback
 
@@ -79,7 +81,7 @@ def organizer_routes(urlconf=None) -> list[Route]:
     """Every route of the URL conf under an organizer's slug."""
     return [
         Route(route, view)
-        for route, view in _walk(get_resolver(urlconf).url_patterns)
+        for route, view in url_routes(get_resolver(urlconf).url_patterns)
         if route.startswith(SCOPED)
     ]
 

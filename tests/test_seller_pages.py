@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 import re
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import HttpResponse
 from django.test import Client
-from django.urls import URLResolver, get_resolver, path
+from django.urls import get_resolver, path
 
 from organizers.models import Membership, Organizer
 from organizers.roles import MAY, Action, Role
@@ -37,6 +37,7 @@ from webhooks.models import WebhookEndpoint
 
 from .conftest import start_purchase
 from .factories import EventFactory, MembershipFactory, OrganizerFactory, UserFactory
+from .test_organizer_scoping import url_routes
 
 pytestmark = pytest.mark.django_db
 
@@ -113,18 +114,10 @@ class Route:
         return dict.fromkeys(signed_in) if signed_in is not None else None
 
 
-def _walk(patterns, prefix: str = "") -> Iterator[tuple[str, Callable]]:
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern))
-        else:
-            yield prefix + str(pattern.pattern), pattern.callback
-
-
 def seller_routes(urlconf=None) -> list[Route]:
     return [
         Route(route, view)
-        for route, view in _walk(get_resolver(urlconf).url_patterns)
+        for route, view in url_routes(get_resolver(urlconf).url_patterns)
         if route.startswith(SELLER)
     ]
 
