@@ -20,7 +20,6 @@ import re
 from collections.abc import Mapping
 from typing import IO, Any
 
-from django.urls.converters import IntConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import ParseError
@@ -44,6 +43,7 @@ from .errors import (
     SeatsNotBlockable,
     UnknownSeatRefs,
 )
+from .event_paths import event_pk, no_event
 from .seat_maps import (
     NON_FIELD,
     event_from_json,
@@ -64,10 +64,6 @@ from .serializers import (
 
 # 100,000 seats of JSON (about 15 MB written compactly) with room to spare.
 SEAT_MAP_MAX_BYTES = 32 * 1024 * 1024
-# Ids are bigint: a longer run of digits names no row (and must not reach
-# PostgreSQL, which would refuse it as out of range).
-_MAX_ID = 2**63 - 1
-NO_EVENT = "no such event"
 
 
 # --- bodies ----------------------------------------------------------------------------------
@@ -128,19 +124,6 @@ class SeatMapCSVParser(BaseParser):
 # --- answers ---------------------------------------------------------------------------------
 
 
-def _id(segment: str) -> int | None:
-    """The id of a path segment, or None: the routes take any segment so
-    that a malformed one gets the API's JSON 404, whatever DEBUG says."""
-    if not re.fullmatch(IntConverter.regex, segment):
-        return None
-    value = int(segment)
-    return value if value <= _MAX_ID else None
-
-
-def _no_event() -> Response:
-    return error(404, "not_found", NO_EVENT)
-
-
 def _invalid(errors: list[tuple[str, str]]) -> Response:
     by_path: dict[str, list[str]] = {}
     for path, message in errors:
@@ -154,7 +137,7 @@ def _refused(exc: EventError | SeatMapInvalid) -> Response:
     if isinstance(exc, SeatMapInvalid):
         return _invalid(exc.errors)
     if isinstance(exc, EventNotFound):
-        return _no_event()
+        return no_event()
     if isinstance(exc, UnknownSeatRefs):
         detail = str(exc)
         return error(
@@ -300,13 +283,13 @@ class EventDetailApi(OrganizerScopedApi):
         operation_id="organizers_events_retrieve",
     )
     def get(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
+        pk = event_pk(event_id)
         if pk is None:
-            return _no_event()
+            return no_event()
         try:
             event = selectors.event_of(organizer=self.organizer, event_id=pk)
         except EventNotFound:
-            return _no_event()
+            return no_event()
         return Response(event_answer(event))
 
     @extend_schema(
@@ -341,9 +324,9 @@ class EventDetailApi(OrganizerScopedApi):
         operation_id="organizers_events_partial_update",
     )
     def patch(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
+        pk = event_pk(event_id)
         if pk is None:
-            return _no_event()
+            return no_event()
         try:
             services.event_update(organizer=self.organizer, event_id=pk, changes=request.data)
             event = selectors.event_of(organizer=self.organizer, event_id=pk)
@@ -384,13 +367,13 @@ class SeatMapApi(OrganizerScopedApi):
         operation_id="organizers_events_seat_map_retrieve",
     )
     def get(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
+        pk = event_pk(event_id)
         if pk is None:
-            return _no_event()
+            return no_event()
         try:
             event = selectors.event_of(organizer=self.organizer, event_id=pk)
         except EventNotFound:
-            return _no_event()
+            return no_event()
         rows = selectors.seat_map_of(event=event).values_list(*_SEAT_ROWS)
         categories = selectors.categories_of(event=event)
         return Response(seat_map_answer(rows=rows, categories=categories))
@@ -434,9 +417,9 @@ class SeatMapApi(OrganizerScopedApi):
         operation_id="organizers_events_seat_map_update",
     )
     def put(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
+        pk = event_pk(event_id)
         if pk is None:
-            return _no_event()
+            return no_event()
         try:
             event = selectors.event_of(organizer=self.organizer, event_id=pk)
             if event.status != EventStatus.DRAFT:
@@ -486,9 +469,9 @@ class EventPublishApi(OrganizerScopedApi):
         operation_id="organizers_events_publish",
     )
     def post(self, request, slug: str, event_id: str):
-        pk = _id(event_id)
+        pk = event_pk(event_id)
         if pk is None:
-            return _no_event()
+            return no_event()
         try:
             services.event_publish(organizer=self.organizer, event_id=pk)
             event = selectors.event_of(organizer=self.organizer, event_id=pk)
@@ -597,9 +580,9 @@ def _seats_changed(request, event_id: str, *, status: str, change) -> Response:
     """Block or unblock: the event's id and the body read, ``change(pk,
     refs, reason)`` called, the answer shaped (the seats named, once each,
     in the order given)."""
-    pk = _id(event_id)
+    pk = event_pk(event_id)
     if pk is None:
-        return _no_event()
+        return no_event()
     body = _seats_body(request.data)
     if isinstance(body, Response):
         return body

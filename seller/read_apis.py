@@ -11,12 +11,10 @@ same ``404`` as a missing one. Thin: parse, call ``seller.reports``, shape.
 from __future__ import annotations
 
 import csv
-import re
 from collections.abc import Iterator
 
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
-from django.urls.converters import IntConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
@@ -31,17 +29,13 @@ from purchases.models import Event, PurchaseSaga
 
 from . import reports, selectors
 from .errors import EventNotFound
+from .event_paths import event_pk, no_event
 from .read_serializers import (
     CSV_HEADER,
     EventReportSerializer,
     SellerPurchaseSerializer,
     purchase_csv_row,
 )
-
-# Ids are bigint: a longer run of digits names no row (and must not reach
-# PostgreSQL, which would refuse it as out of range).
-_MAX_ID = 2**63 - 1
-NO_EVENT = "no such event"
 
 # --- what the schema says ------------------------------------------------------------------
 
@@ -79,22 +73,13 @@ _BAD_FILTER = error_response(
 )
 
 
-def _event_pk(segment: str) -> int | None:
-    """The id of a path segment, or None: the routes take any segment so
-    that a malformed one gets the API's JSON 404, whatever DEBUG says."""
-    if not re.fullmatch(IntConverter.regex, segment):
-        return None
-    value = int(segment)
-    return value if value <= _MAX_ID else None
-
-
 class _EventReadApi(OrganizerScopedApi):
     required_action = Action.READ_SALES
 
     def event(self, event_id: str) -> Event | None:
         """The organizer's event of the path, or None (missing, malformed, or
         another organizer's: the same 404)."""
-        pk = _event_pk(event_id)
+        pk = event_pk(event_id)
         if pk is None:
             return None
         try:
@@ -109,10 +94,6 @@ class _EventReadApi(OrganizerScopedApi):
             status=request.query_params.get("status"),
             search=request.query_params.get("search"),
         )
-
-
-def _no_event() -> Response:
-    return error(404, "not_found", NO_EVENT)
 
 
 def _invalid(exc: reports.InvalidFilter) -> Response:
@@ -146,7 +127,7 @@ class EventPurchaseListApi(_EventReadApi):
     def get(self, request, slug: str, event_id: str):
         event = self.event(event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         try:
             purchases = self.purchases(request, event)
         except reports.InvalidFilter as exc:
@@ -203,7 +184,7 @@ class EventPurchaseCsvApi(_EventReadApi):
     def get(self, request, slug: str, event_id: str):
         event = self.event(event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         try:
             purchases = self.purchases(request, event)
         except reports.InvalidFilter as exc:
@@ -244,5 +225,5 @@ class EventReportApi(_EventReadApi):
     def get(self, request, slug: str, event_id: str):
         event = self.event(event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         return Response(EventReportSerializer(reports.event_report(event=event)).data)
