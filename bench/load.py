@@ -24,16 +24,21 @@ def http_client(base_url: str, user_id: int | None) -> wire.Client:
     return wire.Client(base_url, headers=auth_headers(user_id) if user_id is not None else {})
 
 
-def post_purchase(client: wire.Client, *, event_id: int, ref: str) -> tuple[int, float, str]:
-    """One purchase start; (status, seconds, body head). A connection dropped
-    by the server (keep-alive race) is retried once with the same
+def post_purchase(
+    client: wire.Client, *, event_id: int, ref: str, headers: dict | None = None
+) -> tuple[int, float, str]:
+    """One purchase start (``headers``: e.g. another buyer's authorization
+    than the client's own); (status, seconds, body head). A connection
+    dropped by the server (keep-alive race) is retried once with the same
     Idempotency-Key, which is exactly what the key is for."""
     key = uuid.uuid4().hex
     body = {"event": event_id, "seats": [ref], "payment_method": "pm_card_visa"}
     started = time.perf_counter()
     for attempt in (1, 2):
         try:
-            r = client.post("/api/purchases/", json=body, headers={"Idempotency-Key": key})
+            r = client.post(
+                "/api/purchases/", json=body, headers={**(headers or {}), "Idempotency-Key": key}
+            )
             head = "" if r.status_code in (202, 409) else r.text[:300]
             return r.status_code, time.perf_counter() - started, head
         except wire.TransportError as exc:
@@ -71,25 +76,28 @@ def start_purchase(
 
 
 class _Clients:
-    """``len(users)`` threads, each its own user and connection, each sending
-    the next request as soon as the previous answered; every request a new
-    Idempotency-Key and the next free seat (S1, S2...) of the event."""
+    """``len(buyers)`` threads, each its own connection and buyers, each
+    sending the next request as soon as the previous answered; every request
+    a new Idempotency-Key, the next free seat (S1, S2...) of the event, and
+    the client's next buyer in turn."""
 
-    def __init__(self, base_url: str, users: list[int], event_id: int, nseats: int):
-        self.base_url, self.users, self.event_id, self.nseats = base_url, users, event_id, nseats
+    def __init__(self, base_url: str, buyers: list[list[int]], event_id: int, nseats: int):
+        self.base_url, self.buyers, self.event_id, self.nseats = base_url, buyers, event_id, nseats
         self.stop = threading.Event()
         self.exhausted = threading.Event()
         self.counter = itertools.count(1)
-        self.records: list[list[tuple]] = [[] for _ in users]  # (sent, answered, secs, status)
+        self.records: list[list[tuple]] = [[] for _ in buyers]  # (sent, answered, secs, status)
         self.errors: list[str] = []
-        self.barrier = threading.Barrier(len(users) + 1, timeout=60)
+        self.barrier = threading.Barrier(len(buyers) + 1, timeout=60)
         self.threads = [
-            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(len(users))
+            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(len(buyers))
         ]
 
     def _loop(self, k: int) -> None:
         try:
-            with http_client(self.base_url, self.users[k]) as client:
+            mine = self.buyers[k]
+            turns = itertools.cycle([auth_headers(u) for u in mine] if len(mine) > 1 else [{}])
+            with http_client(self.base_url, mine[0]) as client:
                 self.barrier.wait()
                 while not self.stop.is_set():
                     n = next(self.counter)
@@ -97,7 +105,9 @@ class _Clients:
                         self.exhausted.set()
                         return
                     t = time.monotonic()
-                    status, secs, head = post_purchase(client, event_id=self.event_id, ref=f"S{n}")
+                    status, secs, head = post_purchase(
+                        client, event_id=self.event_id, ref=f"S{n}", headers=next(turns)
+                    )
                     self.records[k].append((t, time.monotonic(), secs, status))
                     if status != 202 and len(self.errors) < 5:
                         self.errors.append(f"{status} {head}")
@@ -163,10 +173,17 @@ def closed_loop(
     duration: float,
     event_id: int,
     nseats: int,
+    buyers_per_client: int = 1,
 ) -> dict:
-    """``clients`` closed-loop clients for ``warmup`` + ``duration`` seconds;
-    what answered within the measured window, summarized."""
-    run = _Clients(stack.base_url, users[:clients], event_id, nseats)
+    """``clients`` closed-loop clients for ``warmup`` + ``duration`` seconds,
+    each buying in turn as ``buyers_per_client`` users of ``users``; what
+    answered within the measured window, summarized."""
+    b = buyers_per_client
+    if len(users) < clients * b:
+        raise ValueError(f"{clients} clients of {b} buyers need {clients * b} users")
+    run = _Clients(
+        stack.base_url, [users[k * b : (k + 1) * b] for k in range(clients)], event_id, nseats
+    )
     for th in run.threads:
         th.start()
     roots = {**{n: p.pid for n, p in stack.procs.items()}, "bench_client": os.getpid()}
@@ -195,6 +212,7 @@ def closed_loop(
         "latency_202": lat_summary(ok),
         "errors_sample": run.errors,
         "started_total": run.done(),
+        "buyers_per_client": b,
     }
     if bad > max(1, 0.01 * len(window)):
         raise PhaseFailed(f"{label}: {bad} of {len(window)} requests were not 202: {run.errors}")

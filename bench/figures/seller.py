@@ -12,7 +12,8 @@ beside its baseline in the same run:
 - the reserve at 4 clients as figure 1 measures it (the worker's consumer
   paused) on an event with a buyer limit that never refuses (the lock and
   the count run) and a sales window open, against an event with neither, in
-  the order with, without, without, with; and the statements of one reserve
+  the order with, without, without, with, each client buying in turn as 64
+  buyers; and the statements of one reserve
   of each, captured in this process, to show the rules were checked.
 
 They run in the order reserve, seat map, create. A part that fails leaves
@@ -58,6 +59,12 @@ CATEGORIES: tuple[CategoryRow, ...] = (
 # A buyer limit no run reaches: the reserve takes the buyer's lock and
 # counts the buyer's seats, and is never refused.
 UNLIMITED = 1_000_000
+# Each reserve client buys in turn as this many buyers (4 x 64 = the bench's
+# 256 users), on both sides: a buyer's count reads that buyer's live seats,
+# which a real limit keeps to a handful; one buyer per client would make
+# every count read hundreds of held seats by the end of a run, a buyer no
+# limit would have let in.
+BUYERS_PER_CLIENT = 64
 
 
 # --- the fixtures ----------------------------------------------------------------------
@@ -269,6 +276,7 @@ def _reserve(ctx: Context, rules: bool, k: int) -> dict:
             duration=ctx.dur,
             event_id=event,
             nseats=nseats,
+            buyers_per_client=BUYERS_PER_CLIENT,
         )
     finally:
         ctx.broker.purge()
