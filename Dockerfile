@@ -32,6 +32,7 @@ COPY purchases/ purchases/
 COPY shop/ shop/
 COPY accounts/ accounts/
 COPY seller/ seller/
+COPY stripe_events/ stripe_events/
 COPY webhooks/ webhooks/
 COPY templates/ templates/
 

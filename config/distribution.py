@@ -94,6 +94,9 @@ TABLES: dict[str, Placement] = {
     "purchases_gatewayanswer": Distributed(
         "event_id", EVENT, "the gateway's answers about a saga, written in its step's commit"
     ),
+    "purchases_dispute": Distributed(
+        "event_id", EVENT, "a chargeback on a purchase, written beside its saga's ledger rows"
+    ),
     "purchases_dailysales": Distributed(
         "event_id", EVENT, "an event's sales per day, counted in the delivery's commit"
     ),
@@ -161,6 +164,11 @@ TABLES: dict[str, Placement] = {
     ),
     "purchases_auditrun": Reference("one row per run of the auditor (hours apart)"),
     # --- the coordinator's own ----------------------------------------------------------
+    "stripe_events_stripeevent": Local(
+        "Stripe's events as received, one row per event id: written by the endpoint, read by "
+        "id by its consumer, joined to nothing; as a reference table each would be copied to "
+        "every node, and it belongs to no event"
+    ),
     "django_migrations": Local(
         "Django's record of applied migrations: `migrate` reads and writes it, on the coordinator"
     ),

@@ -59,6 +59,8 @@ INSTALLED_APPS = [
     "accounts",
     # The sellers' box office: events as data, reads and pages.
     "seller",
+    # Stripe's signed events: the endpoint, the inbox, the consumer (docs/stripe.md).
+    "stripe_events",
 ]
 
 MIDDLEWARE = [
@@ -288,6 +290,35 @@ FAKE_GATEWAY_LATENCY_MS = env.int("FAKE_GATEWAY_LATENCY_MS", default=0)
 # Share (0..1) of successful charges whose answer the fake loses after
 # charging, whatever the payment method (the chaos suite sets 0.3).
 FAKE_GATEWAY_CHAOS_TIMEOUT_RATE = env.float("FAKE_GATEWAY_CHAOS_TIMEOUT_RATE", default=0.0)
+
+# --- the processor: the fake gateway or Stripe (docs/stripe.md) -----------------
+# fake: the fake gateway above (payments/gateway.py); stripe: Stripe through
+# its official library (payments/stripe/).
+PAYMENT_GATEWAY = env.str("PAYMENT_GATEWAY", default="fake")
+if PAYMENT_GATEWAY not in ("fake", "stripe"):
+    # Read at start-up: a misspelt processor must not fall back to the fake.
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("PAYMENT_GATEWAY must be fake or stripe")
+STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
+STRIPE_PUBLISHABLE_KEY = env.str("STRIPE_PUBLISHABLE_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
+# Stripe's own by default; localstripe's for tests and make run's Stripe mode.
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com").rstrip("/")
+STRIPE_JS_URL = env.str("STRIPE_JS_URL", default="https://js.stripe.com/v3/")
+# A Stripe call that has not answered within this long is UNKNOWN (reconciled).
+STRIPE_TIMEOUT_SECONDS = env.float("STRIPE_TIMEOUT_SECONDS", default=10.0)
+# How old a Stripe-Signature's timestamp may be (Stripe's own default).
+STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
+if PAYMENT_GATEWAY == "stripe":
+    # Refused at start-up, not at the first purchase (docs/stripe.md, "Settings").
+    from payments.stripe.keys import check_stripe_settings
+
+    check_stripe_settings(
+        secret_key=STRIPE_SECRET_KEY,
+        publishable_key=STRIPE_PUBLISHABLE_KEY,
+        webhook_secret=STRIPE_WEBHOOK_SECRET,
+    )
 
 # --- outgoing webhooks (docs/api.md) -------------------------------------------
 # A receiver that has not answered within this many seconds is a failed

@@ -47,6 +47,8 @@ urlpatterns = [
     path("", include("shop.urls")),
     # The seller pages (/seller/...).
     path("", include("seller.page_urls")),
+    # Stripe's signed events (docs/stripe.md, "Stripe's events"): no token, no CSRF.
+    path("", include("stripe_events.urls")),
 ]
 
 if settings.FAKE_GATEWAY_ENABLED:

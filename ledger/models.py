@@ -13,12 +13,17 @@ from django.db import models
 class EntryKind(models.TextChoices):
     CHARGE = "charge", "charge"
     REFUND = "refund", "refund"
+    # A chargeback: the bank took the charge back (negative, like a refund),
+    # and, if the dispute was won, gave it back (positive). purchases/disputes.py.
+    DISPUTE = "dispute", "dispute"
+    DISPUTE_REVERSAL = "dispute_reversal", "dispute reversal"
 
 
 class LedgerEntry(models.Model):
     intent_id = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, choices=EntryKind.choices)
-    # Signed, minor units: a charge is positive, a refund negative.
+    # Signed, minor units: a charge is positive, a refund negative (and a
+    # dispute negative, its reversal positive).
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     saga_id = models.UUIDField(db_index=True)

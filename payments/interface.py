@@ -1,10 +1,21 @@
 """The payment gateway port: what the saga may ask a card processor, and the
-shapes of the answers. Adapters (HTTP, in-process fake) implement
-:class:`PaymentGateway`; nothing else in the code base talks to a processor.
+shapes of the answers. Adapters (the fake's HTTP, in-process fakes, Stripe)
+implement :class:`PaymentGateway`; nothing else in the code base talks to a
+processor.
 
 Every call is made *outside* any database transaction (see
 ``payments.guards.assert_no_transaction``) and every charge carries the saga's
-``intent_id`` as its idempotency key.
+``intent_id`` as (or as the root of) its idempotency key.
+
+An intent is named to the port by a *reference*: the processor's own id of
+it once the saga has recorded one (Stripe's ``pi_…``), else the saga's
+``intent_id`` (the fake gateway's intents are named by it; a processor that
+names its own finds them by the ``intent_id`` in their metadata).
+
+A processor whose intents are its own objects (:class:`IntentCreatingGateway`,
+``creates_intent = True``) is asked to ``create`` the intent first, no money
+moving; the saga records the reference in a commit, then charges (confirms)
+it (docs/design.md, "The saga").
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ class ChargeOutcome(enum.StrEnum):
     DECLINED = "DECLINED"
     # Timeout, 5xx, connection lost: the charge may or may not have landed.
     UNKNOWN = "UNKNOWN"
+    # The buyer must authenticate (3-D Secure) before any money moves.
+    REQUIRES_ACTION = "REQUIRES_ACTION"
 
 
 class IntentStatus(enum.StrEnum):
@@ -33,6 +46,8 @@ class IntentStatus(enum.StrEnum):
     CANCELED = "canceled"
     REFUNDED = "refunded"
     REQUIRES_PAYMENT = "requires_payment"
+    # Waiting for the buyer's authentication (3-D Secure): nothing charged yet.
+    REQUIRES_ACTION = "requires_action"
     NOT_FOUND = "not_found"
     # We could not get an answer (timeout, 5xx, connection lost).
     UNKNOWN = "unknown"
@@ -50,16 +65,43 @@ class RefundOutcome(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
+class CreateOutcome(enum.StrEnum):
+    CREATED = "created"  # the intent exists; nothing is charged
+    DECLINED = "declined"  # refused outright (an unusable payment method)
+    UNKNOWN = "unknown"  # no usable answer: it may exist
+
+
 @dataclass(frozen=True)
 class ChargeRequest:
     intent_id: str
     amount: int  # minor units
     currency: str  # ISO 4217
     payment_method: str
+    # The processor's id of the intent, once recorded ("" before, and always
+    # for the fake gateway).
+    processor_ref: str = ""
+    # For the processor's metadata: the purchase (saga) id and the reservation.
+    purchase_id: str = ""
+    reservation: str = ""
+    # The saga's charge attempt (1-based): a processor whose confirm is keyed
+    # per attempt derives the key from it.
+    attempt: int = 1
 
 
 # Every answer has a ``label``: what it said, normalised and lower-case
 # ("succeeded", "not_found", "unknown", ...), as the evidence stores it.
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    outcome: CreateOutcome
+    processor_ref: str = ""  # with CREATED
+    detail: str = ""
+    latency_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.outcome.value
 
 
 @dataclass(frozen=True)
@@ -69,6 +111,9 @@ class ChargeResult:
     # A short machine-readable reason ("timeout", "http_503", "declined", ...)
     detail: str = ""
     latency_ms: float = 0.0
+    # With REQUIRES_ACTION: what the buyer's browser completes the
+    # authentication with (Stripe's client secret).
+    action_secret: str = ""
 
     @property
     def label(self) -> str:
@@ -83,6 +128,11 @@ class IntentLookup:
     raw: dict = field(default_factory=dict)
     # The processor's reference of the charge it holds, when it names one.
     charge_id: str | None = None
+    # The processor's id of the intent it found, when it was asked by our
+    # intent id (a create whose answer was lost): the saga records it.
+    processor_ref: str = ""
+    # With REQUIRES_ACTION: as ChargeResult.action_secret.
+    action_secret: str = ""
 
     @property
     def label(self) -> str:
@@ -122,6 +172,8 @@ class GatewayCharge:
 
 
 class PaymentGateway(Protocol):
+    """``ref`` below: the intent's reference (the module docstring)."""
+
     def charge(self, request: ChargeRequest) -> ChargeResult: ...
 
     def retrieve(self, intent_id: str) -> IntentLookup: ...
@@ -131,3 +183,18 @@ class PaymentGateway(Protocol):
     def refund(self, intent_id: str, *, idempotency_key: str) -> RefundResult: ...
 
     def list_charges(self, intent_id: str) -> list[GatewayCharge]: ...
+
+
+class IntentCreatingGateway(PaymentGateway, Protocol):
+    """A processor whose intents are its own objects: ``create`` makes one
+    (no money moves), keyed by the saga's intent id, and ``charge`` confirms
+    the one the saga recorded (``ChargeRequest.processor_ref``)."""
+
+    creates_intent: bool  # True
+
+    def create(self, request: ChargeRequest) -> CreateResult: ...
+
+
+def creates_intent(gateway: PaymentGateway) -> bool:
+    """Whether the saga must ``create`` the intent before charging it."""
+    return bool(getattr(gateway, "creates_intent", False))

@@ -1,5 +1,7 @@
-"""Which gateway the code base uses: one HTTP adapter per process, built from
-settings, unless a test installs another (``override_gateway``)."""
+"""Which gateway the code base uses: one adapter per process, chosen by
+``settings.PAYMENT_GATEWAY`` ("fake": the HTTP adapter of the fake gateway;
+"stripe": Stripe's, docs/stripe.md), unless a test installs another
+(``override_gateway``)."""
 
 from __future__ import annotations
 
@@ -8,27 +10,44 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from django.conf import settings
+
 from .gateway import HttpPaymentGateway
 from .interface import PaymentGateway
 
 logger = logging.getLogger(__name__)
 
-_default_gateway: HttpPaymentGateway | None = None
+# One adapter per process and per processor: keyed by PAYMENT_GATEWAY, so
+# that a test that changes the setting gets the adapter it names.
+_defaults: dict[str, PaymentGateway] = {}
 _override: PaymentGateway | None = None
 _default_lock = threading.Lock()
 
 
 def get_gateway() -> PaymentGateway:
     """The gateway the code base should use: an override if a test set one,
-    else one :class:`HttpPaymentGateway` per process, built from settings."""
-    global _default_gateway
+    else one adapter per process, of the processor ``PAYMENT_GATEWAY`` names
+    (``StripePaymentGateway`` or :class:`HttpPaymentGateway`)."""
     if _override is not None:
         return _override
-    if _default_gateway is None:
+    processor = settings.PAYMENT_GATEWAY
+    gateway = _defaults.get(processor)
+    if gateway is None:
         with _default_lock:
-            if _default_gateway is None:
-                _default_gateway = HttpPaymentGateway()
-    return _default_gateway
+            gateway = _defaults.get(processor)
+            if gateway is None:
+                gateway = _defaults[processor] = _build(processor)
+    return gateway
+
+
+def _build(processor: str) -> PaymentGateway:
+    if processor == "stripe":
+        # Imported here: the stripe library takes ~150 ms to import, which a
+        # process of the fake gateway's (make run, most tests) need not pay.
+        from .stripe.adapter import StripePaymentGateway
+
+        return StripePaymentGateway()
+    return HttpPaymentGateway()
 
 
 def set_gateway(gateway: PaymentGateway | None) -> None:

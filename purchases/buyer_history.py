@@ -41,6 +41,7 @@ class ByRefund(NamedTuple):
 _BOOKED = "Payment received; your seats are booked"
 _DECLINED = "Your payment was declined"
 _EXPIRED = "The hold on your seats ran out before the payment went through"
+_AUTHENTICATE = "Your bank asks you to confirm the payment"
 _CANCELLING = "We are cancelling the purchase and releasing your seats"
 _CANCELLED = ByRefund(
     refunded="Your payment was refunded and the purchase cancelled",
@@ -57,6 +58,15 @@ SENTENCES: dict[tuple[SagaState | None, SagaState], str | ByRefund] = {
     (S.CHARGING, S.PAYMENT_FAILED): _DECLINED,
     (S.CHARGING, S.UNKNOWN): "We are confirming the payment with the bank",
     (S.CHARGING, S.EXPIRED): _EXPIRED,
+    (S.CHARGING, S.REQUIRES_ACTION): _AUTHENTICATE,
+    (S.UNKNOWN, S.REQUIRES_ACTION): _AUTHENTICATE,
+    (S.REQUIRES_ACTION, S.CONFIRMED): _BOOKED,
+    (S.REQUIRES_ACTION, S.PAYMENT_FAILED): (
+        "Your bank did not confirm the payment; nothing was charged"
+    ),
+    (S.REQUIRES_ACTION, S.EXPIRED): (
+        "The hold on your seats ran out before the payment was confirmed; nothing was charged"
+    ),
     (S.UNKNOWN, S.CHARGING): "We are trying the payment again",
     (S.UNKNOWN, S.CONFIRMED): _BOOKED,
     (S.UNKNOWN, S.PAYMENT_FAILED): _DECLINED,

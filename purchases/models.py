@@ -247,6 +247,17 @@ class PurchaseSaga(models.Model):
     # whatever carried it to the worker (config/tracing.py). The db default
     # keeps raw INSERTs valid.
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # The processor that charges it (settings.PAYMENT_GATEWAY when it began):
+    # "fake" or "stripe" (docs/stripe.md).
+    processor = models.CharField(max_length=10, default="fake", db_default="fake")
+    # The processor's own id of the intent (Stripe's ``pi_…``), recorded in a
+    # commit after the create and before the charge; empty for the fake,
+    # whose intents are named by ``intent_id``.
+    processor_ref = models.CharField(max_length=255, blank=True, default="", db_default="")
+    # While REQUIRES_ACTION: what the buyer's browser completes the
+    # authentication with (Stripe's client secret); cleared by the move out
+    # of it. Shown only to the buyer (docs/api.md, "Paying with Stripe").
+    action_secret = models.CharField(max_length=255, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -266,6 +277,13 @@ class PurchaseSaga(models.Model):
                 condition=Q(state__in=NON_TERMINAL),
             ),
             models.Index(fields=["buyer", "-created_at"], name="saga_buyer_recent_idx"),
+            # A processor's event names the intent by its own id (pi_…) when
+            # it carries no purchase id of ours: only Stripe's sagas have one.
+            models.Index(
+                fields=["processor_ref"],
+                name="saga_processor_ref_idx",
+                condition=~Q(processor_ref=""),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -279,6 +297,45 @@ class PurchaseSaga(models.Model):
     @property
     def hold_timer_key(self) -> str:
         return f"hold:{self.id}"
+
+    @property
+    def gateway_ref(self) -> str:
+        """How the gateway port names this saga's intent: the processor's id
+        once recorded, else ours (payments/interface.py)."""
+        return self.processor_ref or self.intent_id
+
+
+class Dispute(models.Model):
+    """A buyer's bank disputing a confirmed purchase's charge (a chargeback),
+    as the processor last told us: one row per processor dispute, updated in
+    place as it moves (purchases/disputes.py). The money it moves is in the
+    ledger (``dispute`` / ``dispute_reversal`` entries), not here."""
+
+    saga = models.ForeignKey(
+        PurchaseSaga, on_delete=models.PROTECT, related_name="disputes", db_constraint=False
+    )
+    # The saga's event: the row lives on the saga's shard.
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    processor_ref = models.CharField(max_length=255)  # Stripe's dp_…
+    # Stripe's dispute status: warning_needs_response, needs_response,
+    # under_review, won, lost, ...
+    status = models.CharField(max_length=40)
+    amount = models.PositiveIntegerField()  # minor units
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["processor_ref", "event"], name="dispute_once_per_processor_ref"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"dispute {self.processor_ref} ({self.status})"
 
 
 class Actor(models.TextChoices):

@@ -6,7 +6,16 @@ from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet
 
 from ledger.models import EntryKind, LedgerEntry
 
-from .models import Event, EventStatus, PurchaseSaga, ReservationSeat, SagaHistory, Seat, SeatStatus
+from .models import (
+    Dispute,
+    Event,
+    EventStatus,
+    PurchaseSaga,
+    ReservationSeat,
+    SagaHistory,
+    Seat,
+    SeatStatus,
+)
 from .saga.states import SagaState
 
 
@@ -79,6 +88,16 @@ def purchase_version(*, user, saga_id) -> tuple[int, str] | None:
     )
 
 
+def saga_dispute(saga: PurchaseSaga) -> Dispute | None:
+    """The purchase's latest dispute (a chargeback), or None: one indexed
+    read, by the saga and its event (its shard)."""
+    return (
+        Dispute.objects.filter(saga_id=saga.pk, event_id=saga.event_id)
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
 def saga_seat_refs(saga: PurchaseSaga) -> list[str]:
     links = getattr(saga.reservation, "links", None)
     if links is None:
@@ -92,6 +111,7 @@ PAYMENT_STATUSES = [
     ("refunded", "the ledger holds the charge and its refund"),
     ("not_started", "PENDING: no charge attempted yet"),
     ("processing", "CHARGING: the charge is on its way"),
+    ("requires_action", "REQUIRES_ACTION: waiting for the buyer's authentication; nothing charged"),
     ("unknown", "UNKNOWN, UNKNOWN_EXPIRED: we are finding out whether the charge landed"),
     (
         "not_captured",
@@ -103,6 +123,7 @@ PAYMENT_STATUSES = [
 _BEFORE_THE_LEDGER = {
     SagaState.PENDING: "not_started",
     SagaState.CHARGING: "processing",
+    SagaState.REQUIRES_ACTION: "requires_action",
     SagaState.UNKNOWN: "unknown",
     SagaState.UNKNOWN_EXPIRED: "unknown",
 }

@@ -17,9 +17,10 @@ from rest_framework import serializers
 from common.api import ErrorSerializer
 
 from .buyer_history import buyer_history
+from .disputes import dispute_answer
 from .models import Event, PurchaseSaga, Seat, SeatStatus
 from .saga.states import TERMINAL, SagaState
-from .selectors import PAYMENT_STATUSES, saga_payment_status, saga_seat_refs
+from .selectors import PAYMENT_STATUSES, saga_dispute, saga_payment_status, saga_seat_refs
 
 S = SagaState
 
@@ -32,6 +33,7 @@ CATEGORY_MAX = Seat._meta.get_field("category").max_length or 32
 _STATE_MEANINGS = {
     S.PENDING: "the seats are held; no charge attempted yet",
     S.CHARGING: "the charge is on its way",
+    S.REQUIRES_ACTION: "your bank asks you to confirm the payment; nothing charged yet",
     S.CONFIRMED: "the seats are yours",
     S.PAYMENT_FAILED: "the payment was declined; the purchase is being undone",
     S.UNKNOWN: "we are finding out whether the charge landed",
@@ -351,6 +353,40 @@ class HistoryEntrySerializer(serializers.Serializer):
 class PaymentSerializer(serializers.Serializer):
     intent_id = serializers.CharField(read_only=True)
     status = serializers.ChoiceField(PAYMENT_STATUSES, read_only=True)
+    processor = serializers.ChoiceField(
+        [("fake", "the fake gateway"), ("stripe", "Stripe")],
+        read_only=True,
+        help_text='Who charges the card (docs/api.md, "Paying with Stripe")',
+    )
+    processor_ref = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="The processor's id of the payment (Stripe's pi_...); null until it has one",
+    )
+
+
+class NextActionSerializer(serializers.Serializer):
+    type = serializers.ChoiceField([("authenticate", "3-D Secure")], read_only=True)
+    processor = serializers.ChoiceField([("stripe", "Stripe")], read_only=True)
+    client_secret = serializers.CharField(
+        read_only=True, help_text="For Stripe.js's confirmCardPayment, in the buyer's browser"
+    )
+
+
+class DisputeSerializer(serializers.Serializer):
+    """A dispute of the purchase's charge (a chargeback), as the processor last said it."""
+
+    status = serializers.CharField(
+        read_only=True,
+        help_text="Stripe's dispute status: warning_needs_response, warning_under_review, "
+        "warning_closed, needs_response, under_review, won, lost, prevented",
+    )
+    amount = MoneySerializer(
+        read_only=True, help_text="The disputed amount (all or part of the total)"
+    )
+    reason = serializers.CharField(
+        read_only=True, help_text="The bank's reason as Stripe names it (fraudulent, general, ...)"
+    )
 
 
 class PurchaseSummarySerializer(serializers.ModelSerializer):
@@ -382,15 +418,46 @@ class PurchaseSummarySerializer(serializers.ModelSerializer):
 
 class PurchaseDetailSerializer(PurchaseSummarySerializer):
     payment = serializers.SerializerMethodField()
+    next_action = serializers.SerializerMethodField()
+    dispute = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
 
     class Meta(PurchaseSummarySerializer.Meta):
-        fields = [*PurchaseSummarySerializer.Meta.fields, "payment", "history"]
+        fields = [
+            *PurchaseSummarySerializer.Meta.fields,
+            "payment",
+            "next_action",
+            "dispute",
+            "history",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(PaymentSerializer)
     def get_payment(self, saga) -> dict[str, Any]:
-        return {"intent_id": saga.intent_id, "status": saga_payment_status(saga)}
+        return {
+            "intent_id": saga.intent_id,
+            "status": saga_payment_status(saga),
+            "processor": saga.processor,
+            "processor_ref": saga.processor_ref or None,
+        }
+
+    @extend_schema_field(NextActionSerializer(allow_null=True))
+    def get_next_action(self, saga) -> dict[str, Any] | None:
+        """What the buyer must do for the purchase to go on (REQUIRES_ACTION:
+        authenticate with the processor); null otherwise."""
+        if saga.state != S.REQUIRES_ACTION or not saga.action_secret:
+            return None
+        return {
+            "type": "authenticate",
+            "processor": saga.processor,
+            "client_secret": saga.action_secret,
+        }
+
+    @extend_schema_field(DisputeSerializer(allow_null=True))
+    def get_dispute(self, saga) -> dict[str, Any] | None:
+        """The purchase's latest dispute (a chargeback); null if none."""
+        dispute = saga_dispute(saga)
+        return None if dispute is None else dispute_answer(dispute)
 
     @extend_schema_field(HistoryEntrySerializer(many=True))
     def get_history(self, saga) -> Any:  # a list (the stubs type .data as a dict)

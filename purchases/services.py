@@ -36,7 +36,7 @@ from .saga.operator import (
     saga_look_up_escalated,
     saga_note,
 )
-from .saga.reconcile import saga_reconcile
+from .saga.reconcile import purchase_processor_event, saga_reconcile
 from .saga.start import PurchaseStarted, purchase_replay, purchase_start, request_fingerprint
 from .saga.transition import SYSTEM, By, saga_transition
 
@@ -48,6 +48,7 @@ __all__ = [
     "NotEnoughSeats",
     "PurchaseStarted",
     "event_create_with_seats",
+    "purchase_processor_event",
     "purchase_refund",
     "purchase_replay",
     "purchase_start",

@@ -9,6 +9,11 @@
 #   nothing listens on 6379 and redis-server is installed: a disposable Redis
 #   there. Both are stopped afterwards; a Redis that cannot be had fails in
 #   one line naming what to install.
+#
+#   LOCALSTRIPE_URL if set; else, when the virtualenv has localstripe (a dev
+#   dependency: Stripe's API for tests/stripe_harness.py, docs/stripe.md), it
+#   is started from scratch on a free port and stopped afterwards; one that
+#   does not start fails in one line naming it.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,11 +21,16 @@ py="${PYTHON:-$here/../.venv/bin/python}"
 tmp=""
 started_pg=""
 started_redis=""
+started_localstripe=""
 
 cleanup() {
   if [[ -n "$started_pg" ]]; then
     kill -TERM "$started_pg" 2>/dev/null || true
     wait "$started_pg" 2>/dev/null || true
+  fi
+  if [[ -n "$started_localstripe" ]]; then
+    kill -TERM "$started_localstripe" 2>/dev/null || true
+    wait "$started_localstripe" 2>/dev/null || true
   fi
   if [[ -n "$started_redis" ]]; then
     redis-cli -p "$started_redis" shutdown nosave >/dev/null 2>&1 || true
@@ -80,5 +90,24 @@ if [[ -z "${REDIS_URL:-}" ]]; then
   fi
 fi
 export CELERY_BROKER_URL="${CELERY_BROKER_URL:-$REDIS_URL}"
+
+localstripe="$here/../.venv/bin/localstripe"
+if [[ -z "${LOCALSTRIPE_URL:-}" && -x "$localstripe" ]]; then
+  tmp="${tmp:-$(mktemp -d /tmp/boxoffice-services.XXXXXX)}"
+  port="$(free_port)"
+  "$localstripe" --from-scratch --port "$port" >"$tmp/localstripe.log" 2>&1 &
+  started_localstripe=$!
+  for _ in $(seq 100); do
+    listening 127.0.0.1 "$port" && break
+    kill -0 "$started_localstripe" 2>/dev/null || break  # it died: no use waiting
+    sleep 0.1
+  done
+  if ! listening 127.0.0.1 "$port"; then
+    echo "make test: localstripe ($localstripe) did not start on port $port: $(tail -n 1 "$tmp/localstripe.log" 2>/dev/null)" >&2
+    exit 2
+  fi
+  export LOCALSTRIPE_URL="http://127.0.0.1:$port"
+  echo "started localstripe: $LOCALSTRIPE_URL"
+fi
 
 "$@"

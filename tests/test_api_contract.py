@@ -517,7 +517,13 @@ def test_purchase_detail_of_a_new_purchase(alice_api, event):
     assert {k: data[k] for k in same} == {k: started[k] for k in same}
     # the 202 echoes the request's order, the detail lists seats in seat order
     assert sorted(data["seats"]) == sorted(started["seats"]) == ["A1", "A2"]
-    assert data["payment"] == {"intent_id": saga.intent_id, "status": "not_started"}
+    assert data["payment"] == {
+        "intent_id": saga.intent_id,
+        "status": "not_started",
+        "processor": "fake",
+        "processor_ref": None,
+    }
+    assert data["next_action"] is None
     assert saga.intent_id.startswith("pi_")
     assert len(data["history"]) == 1
     entry = data["history"][0]

@@ -28,6 +28,7 @@ PACKAGES = (
     "organizers",
     "accounts",
     "seller",
+    "stripe_events",
 )
 
 

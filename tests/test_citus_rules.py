@@ -323,7 +323,7 @@ def test_the_checker_passes_a_table_that_follows_the_rules():
 # The writers whose rows would land on NO_EVENT's node if the caller did not
 # say which event they belong to.
 EVENT_WRITERS = {"outbox_publish", "timer_schedule", "webhook_publish"}
-PRODUCT = ("purchases", "outbox", "webhooks", "ledger", "shop", "config")
+PRODUCT = ("purchases", "outbox", "webhooks", "ledger", "shop", "config", "stripe_events")
 
 
 def _calls_without_event(source: str) -> list[int]:

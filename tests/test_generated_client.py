@@ -48,7 +48,15 @@ from .test_e2e import stack  # noqa: F401 - the end-to-end stack, reused as a fi
 BIN = Path(sys.executable).parent
 PACKAGE = "boxoffice_client"
 PURCHASES = "/api/purchases/"
-PAYMENT_STATUSES = {"captured", "refunded", "not_started", "processing", "unknown", "not_captured"}
+PAYMENT_STATUSES = {
+    "captured",
+    "refunded",
+    "not_started",
+    "processing",
+    "requires_action",
+    "unknown",
+    "not_captured",
+}
 
 PUBLIC_OPERATIONS = [
     "auth.auth_token_create",

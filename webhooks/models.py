@@ -20,6 +20,7 @@ class WebhookEvent(models.TextChoices):
     FAILED = "purchase.failed", "the purchase failed; nothing was charged"
     REFUNDED = "purchase.refunded", "the purchase was undone and refunded"
     NEEDS_ATTENTION = "purchase.needs_attention", "an operator was asked to step in"
+    DISPUTED = "purchase.disputed", "the buyer's bank disputes the charge"
 
 
 class WebhookEndpoint(models.Model):

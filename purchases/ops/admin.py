@@ -174,7 +174,7 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
     gateway = get_gateway()
     view: dict = {"fetched_at": timezone.now(), "intent_id": saga.intent_id}
     try:
-        lookup = gateway.retrieve(saga.intent_id)
+        lookup = gateway.retrieve(saga.gateway_ref)
     except Exception as exc:  # the page must render whatever the gateway does
         logger.exception("admin gateway look-up failed", extra={"saga_id": str(saga.pk)})
         view["error"] = f"look-up failed: {type(exc).__name__}: {exc}"
@@ -186,7 +186,7 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
             raw=lookup.raw,
         )
     try:
-        charges = gateway.list_charges(saga.intent_id)
+        charges = gateway.list_charges(saga.gateway_ref)
     except GatewayUnavailable as exc:
         view["charges_error"] = str(exc)
     except Exception as exc:

@@ -17,7 +17,7 @@ written twice side by side: in Python for a saga's facts
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -32,6 +32,7 @@ from outbox.models import InboxEntry, OutboxMessage
 from .. import services
 from ..models import (
     Actor,
+    Dispute,
     GatewayAnswer,
     PurchaseSaga,
     ReservationSeat,
@@ -51,7 +52,7 @@ TIMER_TOPICS = frozenset({Topic.HOLD_EXPIRED, *DRIVING})
 _COMPENSATING = frozenset({S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING, S.COMPENSATION_PENDING})
 # A charge outcome that is not definitive: the hold expiry cancels the
 # intent before it releases anything.
-_IN_DOUBT = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED})
+_IN_DOUBT = frozenset({S.PENDING, S.CHARGING, S.REQUIRES_ACTION, S.UNKNOWN, S.UNKNOWN_EXPIRED})
 _ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
 
 
@@ -75,6 +76,8 @@ class SagaFacts:
     processed: dict[int, dict[str, datetime]]
     ledger: list[LedgerEntry]
     seat_links: list[ReservationSeat]
+    # Chargebacks of its charge, oldest first (purchases/disputes.py).
+    disputes: list[Dispute] = field(default_factory=list)
 
 
 def saga_facts(saga: PurchaseSaga) -> SagaFacts:
@@ -96,6 +99,11 @@ def saga_facts(saga: PurchaseSaga) -> SagaFacts:
             ReservationSeat.objects.filter(reservation_id=saga.reservation_id)
             .select_related("seat")
             .order_by("seat__row", "seat__number", "id")
+        ),
+        disputes=list(
+            Dispute.objects.filter(saga_id=saga.pk, event_id=saga.event_id).order_by(
+                "created_at", "id"
+            )
         ),
     )
 
@@ -271,7 +279,14 @@ class _Reading:
         return (
             f"charged {format_money(self.charge.amount, self.charge.currency)} once "
             f"({reference}){override}, {self._seats()}, {self._email(Topic.CONFIRMED)}"
+            f"{self._disputed()}"
         )
+
+    def _disputed(self) -> str:
+        if not self.facts.disputes:
+            return ""
+        d = self.facts.disputes[-1]
+        return f"; DISPUTED ({d.status}, {format_money(d.amount, d.currency)})"
 
     def _compensated(self) -> str:
         if self.charge is not None and self.refund is None:
@@ -320,6 +335,13 @@ class _Reading:
             asked = self._last_move_to(S.CHARGING)
             when = f" at {at_(asked.at)}" if asked else ""
             return f"{money} asked of the gateway{when}, no answer recorded yet; {seats}"
+        if state == S.REQUIRES_ACTION:
+            asked = self._last_move_to(S.REQUIRES_ACTION)
+            when = f" since {at_(asked.at)}" if asked else ""
+            return (
+                f"{money} not charged: waiting for the buyer to authenticate (3-D Secure)"
+                f"{when}; {seats}"
+            )
         if state == S.UNKNOWN:
             answer = self._last_answer("charge")
             cause = (
@@ -391,6 +413,10 @@ class _Reading:
             parts.append("the charge task charges it (enqueued when the purchase started)")
         elif state == S.CHARGING:
             parts.append("the worker that asked records the gateway's answer")
+        elif state == S.REQUIRES_ACTION:
+            parts.append(
+                "the processor's event (or the next look-up) tells how the authentication ended"
+            )
         elif state in (S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING):
             parts.append(
                 "the compensation runs (a refund if charged, then the seats are "
@@ -551,6 +577,12 @@ class _Reading:
             lines.append(f"ledger: {entries}; net {net}")
         else:
             lines.append("ledger: no entry (no charge recorded)")
+        for d in self.facts.disputes:
+            lines.append(
+                f"dispute {d.processor_ref} opened {at_(d.created_at)}: {d.status}, "
+                f"{format_money(d.amount, d.currency)}, reason {d.reason or 'not given'} "
+                f"(last heard {at_(d.updated_at)}; answered in the processor's dashboard)"
+            )
         for alert in self.alerts:
             answered = "unanswered" if alert in self.unanswered else "answered"
             why = _times_in(alert.payload.get("why", ""))

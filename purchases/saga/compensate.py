@@ -7,6 +7,12 @@ idempotency key, ``refund:<intent_id>``) -> free the seats -> announce
 Nothing is released before the money is back: a refund the gateway does not
 confirm leaves the saga COMPENSATION_PENDING with a retry timer, and one the
 gateway says has nothing to refund waits for an operator.
+
+With a processor whose intents are its own objects (Stripe), an intent that
+holds no charge is canceled before the seats are released: a declined or
+unauthenticated PaymentIntent could otherwise still be confirmed by a
+browser holding its client secret (docs/stripe.md, "The charge"). One found
+charged after all is written to the ledger and refunded.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from django.db import transaction
 from ledger.models import EntryKind, LedgerEntry
 from ledger.services import ledger_has_charge, ledger_record
 from outbox.services import outbox_publish, timer_cancel, timer_schedule
-from payments.interface import PaymentGateway, RefundOutcome
+from payments.interface import CancelOutcome, PaymentGateway, RefundOutcome
 from webhooks.services import WebhookEvent
 
 from .. import lock_objects
@@ -72,8 +78,10 @@ def saga_compensate(
         decide=_compensate_decide(
             saga_id=saga_id, now=now, by=by, reason=reason, may_start_from=may_start_from
         ),
-        call=lambda saga, ask: gateway.refund(
-            saga.intent_id, idempotency_key=f"refund:{saga.intent_id}"
+        call=lambda saga, ask: (
+            gateway.cancel(saga.gateway_ref)
+            if ask.asked == "cancel"
+            else gateway.refund(saga.gateway_ref, idempotency_key=f"refund:{saga.intent_id}")
         ),
         record=_compensate_record(saga_id=saga_id, now=now, by=by),
         now=now,
@@ -102,6 +110,8 @@ def _compensate_decide(
             return None
         if ledger_has_charge(intent_id=saga.intent_id) and not refunded(saga):
             return Ask("refund", saga.version)
+        if saga.processor_ref and not _voided(saga):
+            return Ask("cancel", saga.version, ref=saga.gateway_ref)
         return lambda: _finish(saga_id=saga_id, refund_reference="", now=now, by=by)
 
     return decide
@@ -111,6 +121,8 @@ def _compensate_record(*, saga_id, now: datetime | None, by: By):
     def record(saga: PurchaseSaga, ask: Ask, result, at: datetime) -> Next:
         if saga.version != ask.version or saga.state != S.COMPENSATING:
             return None
+        if ask.asked == "cancel":
+            return _voided_or_not(saga, result, saga_id=saga_id, at=at, now=now, by=by)
         if result.outcome == RefundOutcome.NOT_CHARGED:
             _wait_for_an_operator(saga, at=at, by=by)
             return None
@@ -128,6 +140,48 @@ def _compensate_record(*, saga_id, now: datetime | None, by: By):
         return lambda: _finish(saga_id=saga_id, refund_reference=reference, now=now, by=by)
 
     return record
+
+
+def _voided(saga: PurchaseSaga) -> bool:
+    """Whether the processor already said this saga's intent is canceled
+    (the hold's expiry asks first; a compensation asks only once)."""
+    return GatewayAnswer.objects.filter(saga=saga, asked="cancel", answer="canceled").exists()
+
+
+def _voided_or_not(saga: PurchaseSaga, result, *, saga_id, at: datetime, now, by: By) -> Next:
+    """The cancel of an intent with no charge in the ledger."""
+    if result.outcome == CancelOutcome.CANCELED:
+        return lambda: _finish(saga_id=saga_id, refund_reference="", now=now, by=by)
+    if result.outcome == CancelOutcome.ALREADY_CHARGED:
+        # Charged after all (a browser confirmed it while we released):
+        # the money is real. Write it, alert once, and refund it.
+        ledger_record(
+            intent_id=saga.intent_id,
+            kind=EntryKind.CHARGE,
+            amount=saga.amount,
+            currency=saga.currency,
+            saga_id=saga.pk,
+            event_id=saga.event_id,
+            now=at,
+            gateway_reference=result.charge_id or "",
+            note="charged while the purchase was being undone; refunded by its compensation",
+        )
+        raise_operator_alert(
+            saga,
+            why="a charge landed while the purchase was undone",
+            now=at,
+            once_per="late_charge",
+        )
+        return lambda: saga_compensate(saga_id=saga_id, now=now, by=by)
+    move(
+        saga,
+        S.COMPENSATION_PENDING,
+        at=at,
+        by=by,
+        reason=f"intent not canceled yet ({result.detail or result.label}); will retry",
+    )
+    _arm_refund_retry(saga, at=at)
+    return None
 
 
 def _wait_for_an_operator(saga: PurchaseSaga, *, at: datetime, by: By) -> None:
@@ -218,8 +272,8 @@ def refunded(saga: PurchaseSaga) -> bool:
 
 
 def _arm_refund_retry(saga: PurchaseSaga, *, at: datetime) -> None:
-    # The n-th refund answer arms the n-th retry.
-    n = GatewayAnswer.objects.filter(saga=saga, asked="refund").count()
+    # The n-th refund (or cancel) answer arms the n-th retry.
+    n = GatewayAnswer.objects.filter(saga=saga, asked__in=("refund", "cancel")).count()
     timer_schedule(
         key=f"refund:{saga.pk}:{n}",
         topic=Topic.REFUND_RETRY,

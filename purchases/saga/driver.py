@@ -56,6 +56,7 @@ DRIVES: dict[SagaState, Drive] = {
     S.PENDING: Drive("never charged (the enqueue was lost?): charge with its intent id", _charge),
     S.CHARGING: Drive("charge answer never recorded (worker died?): look the intent up", _look_up),
     S.UNKNOWN: Drive("reconcile probe not scheduled: look the intent up", _look_up),
+    S.REQUIRES_ACTION: Drive("waiting on the buyer's authentication: look the intent up", _look_up),
     S.PAYMENT_FAILED: Drive("declined, compensation never ran: compensate", _compensate),
     S.EXPIRED: Drive("expired, compensation never ran: compensate", _compensate),
     S.COMPENSATING: Drive("compensation interrupted: resume it", _compensate),

@@ -92,7 +92,7 @@ def saga_look_up_escalated(
         step="look_up_escalated",
         saga_id=saga_id,
         decide=decide,
-        call=lambda saga, ask: gateway.retrieve(saga.intent_id),
+        call=lambda saga, ask: gateway.retrieve(saga.gateway_ref),
         record=record,
         now=now,
     )
@@ -197,7 +197,7 @@ def saga_compensate_manual(
         step="compensate_manual",
         saga_id=saga_id,
         decide=decide,
-        call=lambda saga, ask: gateway.cancel(saga.intent_id),
+        call=lambda saga, ask: gateway.cancel(saga.gateway_ref),
         record=record,
         now=now,
     )

@@ -276,6 +276,7 @@ def _new_saga(*, event_id: int, user, payment_method: str, now: datetime) -> Pur
         created_at=now,
         updated_at=now,
         trace_context=tracing.traceparent(),
+        processor=settings.PAYMENT_GATEWAY,
     )
 
 

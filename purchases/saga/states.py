@@ -7,6 +7,8 @@ from django.db import models
 class SagaState(models.TextChoices):
     PENDING = "PENDING"
     CHARGING = "CHARGING"
+    # The buyer must authenticate the payment (3-D Secure); nothing charged.
+    REQUIRES_ACTION = "REQUIRES_ACTION"
     CONFIRMED = "CONFIRMED"
     PAYMENT_FAILED = "PAYMENT_FAILED"
     UNKNOWN = "UNKNOWN"
@@ -21,9 +23,14 @@ S = SagaState
 
 TRANSITIONS: dict[SagaState, frozenset[SagaState]] = {
     S.PENDING: frozenset({S.CHARGING, S.EXPIRED}),
-    S.CHARGING: frozenset({S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN, S.EXPIRED}),
+    S.CHARGING: frozenset({S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN, S.EXPIRED, S.REQUIRES_ACTION}),
+    # Authenticated and charged, authentication failed, or abandoned until
+    # the hold ran out (the intent canceled at the processor first).
+    S.REQUIRES_ACTION: frozenset({S.CONFIRMED, S.PAYMENT_FAILED, S.EXPIRED}),
     # A look-up that finds no charge allows a retry with the same key.
-    S.UNKNOWN: frozenset({S.CHARGING, S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN_EXPIRED, S.EXPIRED}),
+    S.UNKNOWN: frozenset(
+        {S.CHARGING, S.CONFIRMED, S.PAYMENT_FAILED, S.UNKNOWN_EXPIRED, S.EXPIRED, S.REQUIRES_ACTION}
+    ),
     # Escalated: an operator (or the hold expiry, after the gateway's definitive
     # answer) settles it.
     S.UNKNOWN_EXPIRED: frozenset({S.CONFIRMED, S.EXPIRED, S.COMPENSATING}),

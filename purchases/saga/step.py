@@ -44,9 +44,12 @@ Next = Callable[[], PurchaseSaga] | None
 class Ask:
     """What a step asks the gateway, decided under the saga's lock."""
 
-    asked: str  # "charge" | "retrieve" | "cancel" | "refund"
+    asked: str  # "create" | "charge" | "retrieve" | "cancel" | "refund"
     version: int  # the saga's version when it was decided
     attempt: int = 0  # 1-based position in a backoff schedule (0: none)
+    # The intent's reference the call names (PurchaseSaga.gateway_ref), for
+    # a step whose answer is about that intent only.
+    ref: str = ""
 
 
 def gateway_or_default(gateway: PaymentGateway | None) -> PaymentGateway:

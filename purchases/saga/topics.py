@@ -27,6 +27,8 @@ class Topic(enum.StrEnum):
     CONFIRMED = "purchase.confirmed"
     CANCELLED = "purchase.cancelled"
     NEEDS_OPERATOR = "purchase.needs_operator"
+    # Stripe's signed event, recorded once by its id (stripe_events/): act on it.
+    STRIPE_EVENT = "stripe.event"
 
 
 # Timers whose delivery drives a live saga forward: a saga waiting on one is
@@ -47,6 +49,8 @@ ROUTING: dict[str, list[str]] = {
     Topic.CONFIRMED: [CONFIRMATION_EMAIL, ANALYTICS_ON_CONFIRMED],
     Topic.CANCELLED: [CANCELLATION_EMAIL, ANALYTICS_ON_CANCELLED],
     Topic.NEEDS_OPERATOR: ["purchases.consumers.operator_alert"],
+    # Re-reads the object from Stripe, then probes the saga or records the dispute.
+    Topic.STRIPE_EVENT: ["stripe_events.consumers.stripe_event_act"],
 }
 
 # The Celery task that charges a new purchase (enqueued on the start's commit

@@ -91,16 +91,30 @@ def move(
     at: datetime,
     by: By = SYSTEM,
     count_attempt: bool = False,
+    action_secret: str = "",
 ) -> PurchaseSaga:
-    """Move ``saga`` to ``to`` inside the caller's transaction."""
+    """Move ``saga`` to ``to`` inside the caller's transaction.
+
+    ``action_secret``: with a move to REQUIRES_ACTION, what the buyer's
+    browser authenticates with; every move writes it, so a move out of
+    REQUIRES_ACTION clears it."""
     if not in_transaction():
         raise RuntimeError("a transition belongs inside its commit")
     source = SagaState(saga.state)
     if to not in TRANSITIONS[source]:
         raise IllegalTransition(source, to)
     with _transition_span(saga, source, to):
+        if action_secret and to != S.REQUIRES_ACTION:
+            raise ValueError("an action secret belongs to a move to REQUIRES_ACTION")
         updated = _move_and_record(
-            saga, source, to, reason=reason, at=at, by=by, count_attempt=count_attempt
+            saga,
+            source,
+            to,
+            reason=reason,
+            at=at,
+            by=by,
+            count_attempt=count_attempt,
+            action_secret=action_secret,
         )
         if updated != 1:
             raise StaleSaga(f"saga {saga.pk} is no longer {source} v{saga.version}")
@@ -108,6 +122,7 @@ def move(
         saga.version += 1
         saga.updated_at = at
         saga.awaiting_operator_since = None
+        saga.action_secret = action_secret
         if to == S.COMPENSATING and saga.compensation_started_at is None:
             saga.compensation_started_at = at
         if count_attempt:
@@ -124,11 +139,12 @@ def move(
 # names the whole key (id and event): by the id alone, a planner without
 # statistics ANDed it with the live-state index. Any move ends a wait for an
 # operator (the move is the verdict); the first COMPENSATING stamps when the
-# compensation started.
+# compensation started; the action secret lives only while REQUIRES_ACTION.
 _MOVE_SQL = """
 WITH moved AS (
   UPDATE {saga} SET state = %(to)s, version = version + 1, updated_at = %(at)s,
          attempts = attempts + %(attempt)s, awaiting_operator_since = NULL,
+         action_secret = %(action_secret)s,
          compensation_started_at = COALESCE(compensation_started_at, %(compensating)s)
    WHERE id = %(id)s AND event_id = %(event)s AND state = %(source)s AND version = %(version)s
   RETURNING id, event_id, version
@@ -149,6 +165,7 @@ def _move_and_record(
     at: datetime,
     by: By,
     count_attempt: bool,
+    action_secret: str,
 ) -> int:
     """The conditional update and the history row (PostgreSQL); returns the
     number of sagas moved (0: it was no longer ``source`` at that version)."""
@@ -168,6 +185,7 @@ def _move_and_record(
                 "reason": reason[:500],
                 "actor": by.actor,
                 "actor_name": by.name,
+                "action_secret": action_secret,
             },
         )
         return cursor.rowcount

@@ -45,8 +45,10 @@ class AuditContext:
     def age(self, at: datetime) -> str:
         return f"{int((self.now - at).total_seconds())}s"
 
-    def list_charges(self, intent_id: str) -> list[GatewayCharge] | None:
-        """The intent's charges, or None (the reason in ``self.unanswered``)."""
+    def list_charges(self, intent_id: str, *, ref: str = "") -> list[GatewayCharge] | None:
+        """The intent's charges, or None (the reason in ``self.unanswered``,
+        by ``intent_id``); asked by ``ref`` (``PurchaseSaga.gateway_ref``)
+        when given."""
         if self.failures_in_a_row >= GATEWAY_FAILURES_BEFORE_GIVING_UP:
             self.unanswered[intent_id] = (
                 f"not asked: the gateway gave no answer {self.failures_in_a_row} times in a row"
@@ -54,7 +56,7 @@ class AuditContext:
             return None
         self.report.intents_checked += 1
         try:
-            charges = self.gateway.list_charges(intent_id)
+            charges = self.gateway.list_charges(ref or intent_id)
         except GatewayUnavailable as exc:
             self.failures_in_a_row += 1
             self.unanswered[intent_id] = str(exc)

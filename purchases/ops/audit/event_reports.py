@@ -114,6 +114,9 @@ def _read_ledger(money: dict[int, EventMoney]) -> None:
             owner_reservation=Subquery(owner.values("reservation__status")[:1]),
         )
         .filter(owner_event__isnull=False)
+        # A dispute's entries are the bank's money: the report (seller/reports.py)
+        # shows charges and refunds, and the seats stay sold.
+        .exclude(kind__in=[EntryKind.DISPUTE, EntryKind.DISPUTE_REVERSAL])
         .order_by()
         .values("event_id", "owner_event", "owner_state", "owner_reservation", "kind", "currency")
         .annotate(total=Sum("amount"))

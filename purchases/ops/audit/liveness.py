@@ -22,7 +22,9 @@ S = SagaState
 ESCALATED = (S.UNKNOWN_EXPIRED, S.COMPENSATION_PENDING)
 COMPENSATION_UNFINISHED = (S.COMPENSATING, S.COMPENSATION_PENDING)
 COMPENSATION_STATES = (S.COMPENSATING, S.COMPENSATION_PENDING, S.COMPENSATED)
-UNKNOWN_STATES = (S.UNKNOWN, S.UNKNOWN_EXPIRED)
+# The states after which a charge may land without our knowing yet: an
+# unknown answer, and an authentication (3-D Secure) the buyer may complete.
+UNKNOWN_STATES = (S.UNKNOWN, S.UNKNOWN_EXPIRED, S.REQUIRES_ACTION)
 
 # Gateway answers that settle whether a charge landed (or can still land).
 DEFINITIVE_ANSWERS = (

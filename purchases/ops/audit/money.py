@@ -1,7 +1,11 @@
 """Money: per intent, at most one charge at the gateway, the gateway's net
 captured equals the ledger's net, a CONFIRMED saga has exactly one charge
 entry and a COMPENSATED one nets zero, and an operator's override agrees with
-the gateway once it can be asked."""
+the gateway once it can be asked.
+
+A dispute's entries (``dispute``, ``dispute_reversal``: purchases/disputes.py)
+are the bank's money, not the processor's capture: they are kept apart
+(``disputed``) and judged by none of these rules."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from .report import (
 )
 
 S = SagaState
+_DISPUTE_KINDS = (EntryKind.DISPUTE, EntryKind.DISPUTE_REVERSAL)
 
 
 @dataclass
@@ -32,6 +37,8 @@ class Ledger:
     refunds: int = 0
     others: int = 0
     overrides: int = 0
+    # The net of the dispute entries (withdrawn, and reinstated if won).
+    disputed: int = 0
 
 
 def ledger_for(intent_ids: list[str]) -> dict[str, Ledger]:
@@ -45,6 +52,9 @@ def ledger_for(intent_ids: list[str]) -> dict[str, Ledger]:
         .values_list("intent_id", "kind", "n", "total", "overrides")
     ):
         entry = ledger[intent_id]
+        if kind in _DISPUTE_KINDS:
+            entry.disputed += total or 0
+            continue
         entry.net += total or 0
         entry.overrides += overrides
         if kind == EntryKind.CHARGE:

@@ -151,7 +151,15 @@ def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
     endpoints = webhook_endpoints()
     sagas = (
         PurchaseSaga.objects.order_by("pk")
-        .only("id", "intent_id", "state", "version", "updated_at", "compensation_started_at")
+        .only(
+            "id",
+            "intent_id",
+            "processor_ref",
+            "state",
+            "version",
+            "updated_at",
+            "compensation_started_at",
+        )
         .iterator(chunk_size=chunk_size)
     )
     for chunk in _batched(sagas, chunk_size):
@@ -171,7 +179,7 @@ def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga], *, endpoints: list
     charges: dict[str, list[GatewayCharge] | None] = {}
     for saga in chunk:
         if saga.state != S.PENDING or saga.intent_id in ledger:
-            charges[saga.intent_id] = ctx.list_charges(saga.intent_id)
+            charges[saga.intent_id] = ctx.list_charges(saga.intent_id, ref=saga.gateway_ref)
 
     current = dict(PurchaseSaga.objects.filter(pk__in=ids).values_list("pk", "version"))
     for saga in chunk:

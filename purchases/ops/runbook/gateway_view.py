@@ -30,7 +30,7 @@ def gateway_view(saga: PurchaseSaga, *, gateway: PaymentGateway | None = None) -
     any transaction (the adapters assert it)."""
     gateway = gateway if gateway is not None else get_gateway()
     try:
-        charges = gateway.list_charges(saga.intent_id)
+        charges = gateway.list_charges(saga.gateway_ref)
     except GatewayUnavailable as exc:
         return GatewayView(reachable=False, text=f"the gateway cannot be reached ({exc})")
     captured = sum(c.amount for c in charges if c.status == "succeeded")

@@ -78,6 +78,10 @@ def _weigh_the_gateway(plan: Plan, saga: PurchaseSaga, gateway) -> None:
         plan.why = f"the gateway says charged: confirm instead ({view.text})"
 
 
+# The states whose charge outcome "reconcile now" looks up at the gateway.
+_LOOKED_UP = frozenset({S.CHARGING, S.REQUIRES_ACTION, S.UNKNOWN, S.UNKNOWN_EXPIRED})
+
+
 def _describe(plan: Plan, saga: PurchaseSaga) -> None:
     """Fill in what the action does: why, gateway calls, ledger, seats, emails."""
     state, action = SagaState(plan.state), plan.action
@@ -106,7 +110,7 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
         else:
             plan.ledger = f"refund -{money}, marked as an override"
             plan.seats_freed, plan.emails = seats, undone
-    elif action == Action.RECONCILE_NOW and state in (S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED):
+    elif action == Action.RECONCILE_NOW and state in _LOOKED_UP:
         plan.gateway_calls = ["retrieve"]
         plan.why = "look the intent up; act only on a definitive answer"
         if state != S.UNKNOWN_EXPIRED:
@@ -117,7 +121,7 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
             plan.why = services.DRIVES[state].why
             plan.gateway_calls = ["charge"]
             plan.emails = ["confirmation or failure, by the outcome"]
-        elif state in (S.CHARGING, S.UNKNOWN):
+        elif state in _LOOKED_UP - {S.UNKNOWN_EXPIRED}:
             plan.why, plan.gateway_calls = services.DRIVES[state].why, ["retrieve"]
         else:  # a compensation to run or finish
             compensation(services.DRIVES[state].why)
