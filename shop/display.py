@@ -34,13 +34,19 @@ class Status:
 
 
 # While the seats are held and the outcome is open, the page counts the hold down.
-HOLDING = frozenset({S.PENDING, S.CHARGING, S.UNKNOWN, S.UNKNOWN_EXPIRED})
+HOLDING = frozenset({S.PENDING, S.CHARGING, S.REQUIRES_ACTION, S.UNKNOWN, S.UNKNOWN_EXPIRED})
 
 _CONFIRMING = "We are confirming with your bank"
 _WORDS: dict[SagaState, Status] = {
     S.PENDING: Status("Seats held", "Your seats are held while we take the payment.", "progress"),
     S.CHARGING: Status(
         "Taking the payment", "We are taking the payment; this takes a few seconds.", "progress"
+    ),
+    S.REQUIRES_ACTION: Status(
+        "Confirm the payment with your bank",
+        "Your bank asks you to confirm this payment. Nothing is charged until you do; "
+        "your seats stay held until the hold runs out.",
+        "waiting",
     ),
     S.UNKNOWN: Status(
         _CONFIRMING,
@@ -117,6 +123,12 @@ def is_terminal(state: str) -> bool:
 
 def is_holding(state: str) -> bool:
     return _state(state) in HOLDING
+
+
+def awaits_authentication(state: str) -> bool:
+    """The purchase waits on the buyer's bank (3-D Secure): the page
+    completes the authentication with Stripe.js."""
+    return _state(state) is S.REQUIRES_ACTION
 
 
 def purchase_etag(version: int) -> str:

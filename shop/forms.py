@@ -29,6 +29,19 @@ TEST_PAYMENT_METHODS = [
 TEST_METHOD_TOKENS = frozenset(token for token, _ in TEST_PAYMENT_METHODS)
 
 
+def stripe_mode() -> bool:
+    """Stripe is the processor (docs/api.md, "Paying with Stripe"): the
+    buyer's browser makes the payment method with Stripe.js, and the form
+    posts only its id."""
+    return settings.PAYMENT_GATEWAY == "stripe"
+
+
+def offers_test_methods() -> bool:
+    """The fake gateway's test cards are offered while it is the processor
+    and on; they mean nothing to Stripe."""
+    return bool(settings.FAKE_GATEWAY_ENABLED) and not stripe_mode()
+
+
 def new_idempotency_key() -> str:
     """A key for one purchase form, drawn when the page is rendered."""
     return f"page-{secrets.token_urlsafe(24)}"
@@ -95,7 +108,12 @@ class PurchaseForm(forms.Form):
         # The limit is read per form, so that it follows the setting (as the API's).
         quantity.widget.attrs.update(min=1, max=settings.MAX_SEATS_PER_PURCHASE)
         method = self.fields["payment_method"]
-        if settings.FAKE_GATEWAY_ENABLED:
+        if stripe_mode():
+            # The id Stripe.js made in the browser (shop/static/shop/shop.js);
+            # the card's number never comes here.
+            method.label = "Card"
+            method.widget = forms.HiddenInput()
+        elif offers_test_methods():
             method.widget = forms.Select(choices=TEST_PAYMENT_METHODS)
         else:
             method.help_text = "The payment method token your card processor gave you."

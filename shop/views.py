@@ -47,7 +47,13 @@ from purchases.errors import (
 from purchases.throttling import PurchaseThrottled, purchase_start_throttled
 
 from . import display
-from .forms import TEST_METHOD_TOKENS, PurchaseForm, new_idempotency_key
+from .forms import (
+    TEST_METHOD_TOKENS,
+    PurchaseForm,
+    new_idempotency_key,
+    offers_test_methods,
+    stripe_mode,
+)
 
 # How often a waiting purchase page asks whether its purchase moved (the
 # fragment's poll; docs/api.md, "Pages for buyers", measures its cost).
@@ -84,7 +90,7 @@ def event_seat_map(request, event_id: int):
     # A choice carried in the query (back from the login page, see
     # _log_in_to_buy) is drawn ticked and filled in; Buy judges it.
     chosen = request.GET.getlist("seats")
-    initial = {"payment_method": "pm_card_visa"} if settings.FAKE_GATEWAY_ENABLED else {}
+    initial = {"payment_method": "pm_card_visa"} if offers_test_methods() else {}
     initial.update({k: request.GET[k] for k in ("quantity", "payment_method") if k in request.GET})
     return _seat_map(
         request, event_id, PurchaseForm(initial=initial, event_id=event_id), chosen=chosen
@@ -113,7 +119,7 @@ def _log_in_to_buy(request, event_id: int):
     # Only one of the fake gateway's test cards: a real processor's payment
     # method is the buyer's, and a URL ends up in logs, history and Referer.
     method = request.POST.get("payment_method", "")
-    if settings.FAKE_GATEWAY_ENABLED and method in TEST_METHOD_TOKENS:
+    if offers_test_methods() and method in TEST_METHOD_TOKENS:
         choice["payment_method"] = method
     seat_map = reverse("shop-seat-map", args=[event_id])
     response = redirect_to_login(f"{seat_map}?{choice.urlencode()}" if choice else seat_map)
@@ -155,9 +161,20 @@ def _seat_map(
             "problem": problem,
             "chosen": set(chosen),
             "any_available": any(section.available for section in hall.sections),
+            "stripe": _stripe_js(),
         },
         status=status,
     )
+
+
+def _stripe_js() -> dict[str, str] | None:
+    """What a page that takes a card, or completes its 3-D Secure, needs in
+    Stripe mode (docs/stripe.md, "The buyer's pages"): where Stripe.js is
+    loaded from and the publishable key, which is public by design. None
+    with the fake gateway: its pages load nothing of Stripe's."""
+    if not stripe_mode():
+        return None
+    return {"js_url": settings.STRIPE_JS_URL, "publishable_key": settings.STRIPE_PUBLISHABLE_KEY}
 
 
 def _purchase_post(request, event_id: int):
@@ -361,7 +378,21 @@ def _purchase_context(saga) -> dict:
         "poll_every": POLL_EVERY,
         "poll_headers": display.poll_headers(saga.version),
         "live_url": reverse("shop-purchase-live", args=[saga.pk]),
+        "authentication": _authentication(saga),
     }
+
+
+def _authentication(saga) -> dict[str, str] | None:
+    """The 3-D Secure the buyer has to complete, while the saga waits on it
+    (REQUIRES_ACTION): the PaymentIntent's client secret, which the page
+    hands to ``stripe.confirmCardPayment``. Only ever rendered for the
+    purchase's owner: both views read the saga through
+    ``selectors.purchase_get(user=...)``, which answers None to anyone else."""
+    if not display.awaits_authentication(saga.state) or not saga.action_secret:
+        return None
+    if not stripe_mode():  # a saga of Stripe's, while the site runs on the fake
+        return None
+    return {"client_secret": saga.action_secret}
 
 
 @login_required
@@ -372,6 +403,10 @@ def purchase_detail(request, saga_id):
         raise Http404("no such purchase")  # another user's too, exactly alike
     context = _purchase_context(saga)
     context["event_name"] = _event_names().get(saga.event_id, f"event {saga.event_id}")
+    # A purchase that may still move may come to wait on the buyer's bank
+    # (REQUIRES_ACTION, while the page follows it live): its page loads
+    # Stripe.js; a settled one has nothing left to authenticate.
+    context["stripe"] = None if context["terminal"] else _stripe_js()
     return render(request, "shop/purchase_detail.html", context)
 
 
