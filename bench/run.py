@@ -39,6 +39,9 @@ bench/figures/:
 13. seller: creating a 20,000-seat event through the API vs COPY; its seat map
    cached vs the database; reserve c=4 with a buyer limit and sales window vs
    without.
+14. stripe: the charge path's CPU per confirmed purchase (worker, web, its
+   PostgreSQL) with the Stripe SDK adapter against localstripe vs the fake
+   gateway's HTTP adapter, alternated; the processor's CPU apart.
 
 ``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
 those figures (bench/profile.py): flame graphs in the log directory.
@@ -433,7 +436,7 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,sweeps (default: all)",
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,sweeps (default: all)",
     )
     parser.add_argument(
         "--profile",
@@ -459,8 +462,8 @@ def main() -> int:
         "--e2e-purchases",
         type=int,
         default=0,
-        help="purchases per end-to-end run, figures 2, 9 and 11 (default 300, figure 9 1000, "
-        "--full 2000)",
+        help="purchases per end-to-end run, figures 2, 9, 11 and 14 (default 300, figure 9 "
+        "1000, --full 2000)",
     )
     parser.add_argument(
         "--duration",

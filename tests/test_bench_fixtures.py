@@ -24,6 +24,7 @@ import bench.figures
 from bench.db import BenchDB
 from bench.figures import WITH_STACK, WITHOUT_STACK, reserve, sweeps
 from bench.figures import seller as figure_13
+from bench.figures import stripe as figure_14
 from seller.seat_maps import event_from_json
 
 TINY = 3
@@ -161,3 +162,30 @@ def test_figure_12s_web_without_tracing_starts():
         timeout=120,
     )
     assert started.returncode == 0, started.stderr[-2000:]
+
+
+def test_figure_14_never_counts_the_processor_as_ours():
+    # Figure 14 compares the product's CPU per purchase with Stripe's SDK
+    # against the fake's HTTP adapter; the processor (localstripe, or the
+    # fake gateway and its database) is reported apart, and neither it nor
+    # the bench's own load and connections may land in "ours".
+    per_purchase_ms = {
+        "web": 2.0,
+        "worker": 3.0,
+        "webhooks": 0.25,
+        "relay": 0.25,
+        "pg_product": 1.0,
+        "redis": 0.5,
+        "gateway": 4.0,
+        "pg_gateway": 1.0,
+        "localstripe": 20.0,
+        "load_generator": 0.5,
+        "pg_bench": 0.3,
+        "total": 33.0,
+    }
+
+    shown = figure_14.summary(per_purchase_ms)
+
+    assert shown["ours"] == 7.0
+    assert shown["processor"] == 25.0
+    assert (shown["worker"], shown["web"], shown["pg_product"]) == (3.0, 2.0, 1.0)

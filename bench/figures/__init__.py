@@ -27,6 +27,7 @@ from bench.figures import (
     reserve,
     scale_out,
     seller,
+    stripe,
     sweeps,
     timers,
     tracing,
@@ -46,5 +47,6 @@ WITH_STACK = (
     onsale,
     scale_out,
     seller,
+    stripe,
 )
 WITHOUT_STACK = (sweeps,)
