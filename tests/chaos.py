@@ -277,6 +277,45 @@ class Redis:
             self.proc.wait(10)
 
 
+class LocalstripeServer:
+    """A throw-away localstripe (Stripe's API, emulated: a dev dependency,
+    docs/stripe.md, "Testing against localstripe") in the foreground, from
+    scratch, for a Stripe-mode run: its PaymentIntents are that run's only."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base
+        self.port = free_port()
+        self.executable = Path(sys.executable).with_name("localstripe")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why no localstripe can run here, or None."""
+        if not Path(sys.executable).with_name("localstripe").exists():
+            return "no localstripe in the virtualenv (make install: a dev dependency)"
+        return None
+
+    def start(self) -> None:
+        self.proc = spawn(
+            [str(self.executable), "--from-scratch", "--port", str(self.port)],
+            log=self.dir / "localstripe.log",
+        )
+        wait_until(lambda: listening(self.port), "localstripe to listen", 30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
 def _whoami() -> str:
     import pwd
 
@@ -776,8 +815,12 @@ class PurchaseLoad:
         mean_gap: float,
         rng_seed: int,
         hot_seats: int = 12,
+        methods: dict[str, float] | None = None,
     ) -> None:
         self.base_url = base_url
+        # payment method -> share of the purchases (the fake's test cards
+        # unless given: the Stripe-mode run buys with localstripe's)
+        self.methods = methods or PAYMENT_METHODS
         self.event = seed_data["event"]
         self.tokens = seed_data["tokens"]
         self.seats = seed_data["seats"]
@@ -828,7 +871,7 @@ class PurchaseLoad:
     def _run(self, rng: random.Random) -> None:
         import httpx
 
-        methods, weights = zip(*PAYMENT_METHODS.items(), strict=True)
+        methods, weights = zip(*self.methods.items(), strict=True)
         with httpx.Client(base_url=self.base_url, timeout=15) as client:
             while not self.stopping.is_set():
                 token = rng.choice(self.tokens)
@@ -861,11 +904,14 @@ class PurchaseLoad:
                 )
 
     def _reuse_with_other_body(self, client, token, key, body) -> None:
+        # Another of the load's methods (with the fake's cards:
+        # pm_card_chargeDeclined for pm_card_visa, as before).
+        another = next(m for m in self.methods if m != "pm_card_visa")
         other = {
             **body,
             "payment_method": "pm_card_visa"
             if body["payment_method"] != "pm_card_visa"
-            else "pm_card_chargeDeclined",
+            else another,
         }
         again = self._post(client, token, key, other)
         if again is None or again.status_code >= 500:
@@ -974,9 +1020,9 @@ class Db:
     def states(self) -> dict[str, str]:
         return {str(i): s for i, s in self.rows("SELECT id, state FROM purchases_purchasesaga")}
 
-    def independent_checks(self) -> list[str]:
-        """The money and seat invariants straight from the tables, as a second
-        opinion beside the auditor (which reads the gateway through its API)."""
+    def fake_gateway_checks(self) -> list[str]:
+        """The fake gateway's charges against the ledger: at most one charge
+        per intent, the ledger's net equal to what the gateway captured."""
         problems = []
         for intent, n in self.rows(
             "SELECT intent_id, count(*) FROM fake_gateway_fakecharge GROUP BY 1 HAVING count(*) > 1"
@@ -993,6 +1039,14 @@ class Db:
             """
         ):
             problems.append(f"{intent}: ledger net {ledger} != gateway captured {gateway}")
+        return problems
+
+    def independent_checks(self, *, fake_gateway: bool = True) -> list[str]:
+        """The money and seat invariants straight from the tables, as a second
+        opinion beside the auditor (which reads the gateway through its API).
+        ``fake_gateway=False`` (a run against another processor, whose
+        records are not in our tables): the seats and the ledger only."""
+        problems = self.fake_gateway_checks() if fake_gateway else []
         for ref, n in self.rows(
             "SELECT s.ref, count(*) FROM purchases_reservationseat rs "
             "JOIN purchases_seat s ON s.id = rs.seat_id "
@@ -1060,9 +1114,9 @@ class Db:
             (saga_id,),
         ):
             lines.append(f"    {at:%H:%M:%S.%f} {frm or '-'} -> {to} [{actor}] {reason}")
-        lines.append("  probes:")
+        lines.append("  gateway answers:")
         for at, asked, answer, detail, attempt in self.rows(
-            "SELECT at, asked, answer, detail, attempt FROM purchases_reconciliationprobe "
+            "SELECT at, asked, answer, detail, attempt FROM purchases_gatewayanswer "
             "WHERE saga_id = %s ORDER BY at, id",
             (saga_id,),
         ):
