@@ -71,11 +71,21 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float =
     """Send ``sig`` to the process's group, wait ``grace`` seconds, then SIGKILL
     the group: what is left of it (pool processes of a master that died
     first) goes too."""
+    signal_group(proc, sig)
+    reap_group(proc, grace)
+
+
+def signal_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the process's group, if the process still runs."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace)
+
+
+def reap_group(proc: subprocess.Popen, grace: float = 15) -> None:
+    """Wait ``grace`` seconds for a signalled process, then SIGKILL its group."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(5)
@@ -252,12 +262,17 @@ class ProcessGroup:
         return self.procs[name]
 
     def stop(self, name: str | None = None, *, first: Iterable[str] = ()) -> None:
-        """Stop ``name``, or every process: those named in ``first`` first, in
-        that order, then the rest in the order they were started."""
-        for key in [name] if name else [*first, *self.procs]:
-            proc = self.procs.pop(key, None)
-            if proc is not None:
-                stop_group(proc)
+        """Stop ``name``, or every process: SIGTERM to each, those named in
+        ``first`` first, in that order, then the rest in the order they were
+        started; then each is waited for (``stop_group``'s grace) while the
+        others stop too. A Celery worker takes 2-3 s to stop: one after
+        another, they were most of an end-to-end test's teardown."""
+        keys = [name] if name else [*first, *self.procs]
+        procs = [proc for key in keys if (proc := self.procs.pop(key, None)) is not None]
+        for proc in procs:
+            signal_group(proc)
+        for proc in procs:
+            reap_group(proc)
 
     # liveness and waits
 

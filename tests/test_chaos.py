@@ -193,9 +193,8 @@ def run_scenario(
     rng = random.Random(int(os.environ.get("CHAOS_SEED", time.time_ns() % 1_000_000)))
     seed_value = rng.randrange(1_000_000)
     started = time.monotonic()
-    seeded = chaos.seed(stack, users=scenario.users, rows=scenario.rows, per_row=scenario.per_row)
-    endpoint = chaos.create_endpoint(stack, url=receiver.url)
-    receiver.arm(secret=endpoint["secret"], seed=seed_value)
+    # The processes boot (seconds of imports) while the seed and the
+    # endpoint are written; both are there before the first purchase.
     stack.start_web()
     stack.start_worker("worker1")
     stack.start_worker("worker2")
@@ -206,6 +205,9 @@ def run_scenario(
     stack.start_webhook_worker("worker-webhooks")  # killed like the others
     stack.start_relay()
     stack.start_beat()
+    seeded = chaos.seed(stack, users=scenario.users, rows=scenario.rows, per_row=scenario.per_row)
+    endpoint = chaos.create_endpoint(stack, url=receiver.url)
+    receiver.arm(secret=endpoint["secret"], seed=seed_value)
     stack.wait_ready()
     timeline: list[str] = []
 
@@ -288,7 +290,7 @@ def run_scenario(
         pending = db.pending_deliveries()
         if live == 0 and due == 0 and pending == 0:
             break
-        time.sleep(1)
+        time.sleep(0.25)
     settle_seconds = time.monotonic() - settle_started
     note(
         f"settled after {settle_seconds:.1f}s (live sagas {live}, due outbox rows {due}, "

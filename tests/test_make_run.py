@@ -36,7 +36,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -268,7 +267,9 @@ def _ctrl_c(proc: subprocess.Popen, var_dir: Path, seen: set[int]) -> dict[int, 
     os.killpg(proc.pid, signal.SIGINT)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(30)
-    time.sleep(0.5)  # a process orphaned on the way out, still exiting
+    # A process orphaned on the way out may still be exiting: it has half a
+    # second to go (polled: a stop that left nothing does not wait).
+    poll(lambda: not _alive(seen | _pids_of(var_dir)), timeout=0.5, every=0.05)
     return _alive(seen | _pids_of(var_dir))
 
 

@@ -44,9 +44,6 @@ from purchases.services import purchase_start, request_fingerprint, saga_charge
 from .conftest import new_key, purchase_body, race, row_counts, start_purchase
 from .factories import EventFactory, SeatFactory, UserFactory
 
-# The crowd of another event's purchases, never analyzed, that the plans' tests use.
-from .test_purchase_plans import _plan, _planned_by_guess, crowded  # noqa: F401
-
 PURCHASES = "/api/purchases/"
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 
@@ -724,23 +721,3 @@ def test_the_buyers_lock_key_names_the_event_and_the_buyer():
     assert lock_objects._buyer_lock_key(event_id=1, buyer_id=2) == lock_objects._buyer_lock_key(
         event_id=1, buyer_id=2
     )
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("crowded")
-def test_the_limits_statements_read_by_index_without_statistics(alice):
-    """Sixty thousand reservations of the same buyer for another event,
-    never analyzed (tests/test_purchase_plans.py): the buyer's lock and the
-    count of the buyer's seats each find their rows by an index."""
-    event = EventFactory(max_seats_per_buyer=4)
-    start_purchase(alice, event, seats=["A1"])
-
-    with CaptureQueriesContext(connection) as ctx:
-        start_purchase(alice, event, seats=["A2"])
-
-    sql = [q["sql"] for q in ctx.captured_queries]
-    assert any("pg_advisory_xact_lock" in s for s in sql)
-    [count] = [s for s in sql if "count(" in s.lower()]
-    assert "reservation_event_buyer_idx" in _plan(count), _plan(count)
-    bad = _planned_by_guess(ctx.captured_queries)
-    assert bad == [], "\n\n".join(bad)
