@@ -485,9 +485,7 @@ def test_an_intent_the_expiry_found_by_our_id_and_canceled_settles_it_without_an
 
 
 @pytest.mark.django_db
-def test_our_cancel_whose_answer_was_lost_is_not_a_cancel_behind_our_back(
-    alice, event, processor
-):
+def test_our_cancel_whose_answer_was_lost_is_not_a_cancel_behind_our_back(alice, event, processor):
     # given: a lost create, then the hold's expiry cancels the intent and
     # loses that answer (the chaos run's second false alarm)
     processor.lose["create"] = 1
