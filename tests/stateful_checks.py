@@ -44,7 +44,15 @@ SOLD_STATES = (S.CONFIRMED, S.COMPENSATING, S.COMPENSATION_PENDING)
 
 # Gateway answers that prove no charge can land (or landed) on an intent: the
 # only evidence on which a saga that tried to charge may release its seats.
-NO_CHARGE_EVIDENCE = {("charge", "declined"), ("retrieve", "declined"), ("cancel", "canceled")}
+# A look-up that reads "canceled" is one too (the auditor's DEFINITIVE_ANSWERS
+# agree): a canceled intent takes no charge, and the saga acts on it when the
+# cancel was ours and its answer was lost (purchases/saga/reconcile.py).
+NO_CHARGE_EVIDENCE = {
+    ("charge", "declined"),
+    ("retrieve", "declined"),
+    ("retrieve", "canceled"),
+    ("cancel", "canceled"),
+}
 
 _SUBJECT = re.compile(
     r"^(?:(?P<confirmed>Your tickets): reservation (?P<r1>\S+)"
