@@ -18,11 +18,14 @@ from .interface import (
     ChargeOutcome,
     ChargeResult,
     GatewayCharge,
+    GatewayRefund,
     GatewayUnavailable,
     IntentLookup,
     IntentStatus,
+    RefundAnswer,
     RefundOutcome,
     RefundResult,
+    RefundState,
 )
 
 
@@ -125,3 +128,53 @@ def interpret_charges(status_code: int, body: Any) -> list[GatewayCharge]:
         ]
     except (KeyError, TypeError) as exc:
         raise GatewayUnavailable("list charges: bad_response") from exc
+
+
+# What a refund's ``status`` reads as (the fake's, which are Stripe's).
+_REFUND_STATES = {
+    "succeeded": RefundState.SUCCEEDED,
+    "pending": RefundState.PENDING,
+    "failed": RefundState.FAILED,
+}
+# Refusals of a refund: nothing was refunded, and asking again changes nothing.
+_REFUND_REFUSALS = frozenset({"not_charged", "amount_too_large"})
+
+
+def interpret_refund_answer(
+    status_code: int, body: Any, *, latency_ms: float = 0.0
+) -> RefundAnswer:
+    """A refund's create or look-up answer (``POST …/refunds``, ``GET
+    refunds/<refund_id>``). FAILED only on a definitive refusal; a 409
+    ``refund_id_in_use`` (a refund exists under the id, made with another
+    key) is UNKNOWN like any doubt: a look-up by the id finds it."""
+    if status_code == 200 and isinstance(body, dict):
+        state, ref = _REFUND_STATES.get(str(body.get("status"))), body.get("id")
+        if state is not None and isinstance(ref, str) and ref:
+            detail = ""
+            if state == RefundState.FAILED:
+                detail = str(body.get("failure_reason") or "failed")
+            return RefundAnswer(state, processor_ref=ref, detail=detail, latency_ms=latency_ms)
+    code = _code(body)
+    if (status_code == 409 and code in _REFUND_REFUSALS) or (status_code == 400 and code):
+        # 400: the processor refused the request before refunding anything.
+        return RefundAnswer(RefundState.FAILED, detail=code, latency_ms=latency_ms)
+    if status_code == 404 and code == "not_found":
+        return RefundAnswer(RefundState.NOT_FOUND, detail="not_found", latency_ms=latency_ms)
+    return RefundAnswer(
+        RefundState.UNKNOWN, detail=_doubt(status_code, body), latency_ms=latency_ms
+    )
+
+
+def interpret_refunds(status_code: int, body: Any) -> list[GatewayRefund]:
+    """Raises :class:`GatewayUnavailable` unless the answer is a readable list."""
+    if status_code != 200 or not isinstance(body, list):
+        raise GatewayUnavailable(f"list refunds: {_doubt(status_code, body)}")
+    try:
+        return [
+            GatewayRefund(
+                id=r["id"], refund_id=r["refund_id"], amount=r["amount"], status=r["status"]
+            )
+            for r in body
+        ]
+    except (KeyError, TypeError) as exc:
+        raise GatewayUnavailable("list refunds: bad_response") from exc

@@ -5,8 +5,8 @@
 ``payments.codec``. A timeout or a lost connection is UNKNOWN, like any answer
 that leaves the charge in doubt, and the caller reconciles with
 :meth:`~HttpPaymentGateway.retrieve`. No method raises for a network failure
-except :meth:`list_charges`, which auditors use and which raises
-:class:`~payments.interface.GatewayUnavailable`.
+except :meth:`list_charges` and :meth:`list_refunds`, which auditors use and
+which raise :class:`~payments.interface.GatewayUnavailable`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from .codec import (
     interpret_charge,
     interpret_charges,
     interpret_refund,
+    interpret_refund_answer,
+    interpret_refunds,
     interpret_retrieve,
 )
 from .guards import assert_no_transaction
@@ -37,11 +39,15 @@ from .interface import (
     ChargeRequest,
     ChargeResult,
     GatewayCharge,
+    GatewayRefund,
     GatewayUnavailable,
     IntentLookup,
     IntentStatus,
+    RefundAnswer,
     RefundOutcome,
+    RefundRequest,
     RefundResult,
+    RefundState,
 )
 
 logger = logging.getLogger(__name__)
@@ -153,11 +159,51 @@ class HttpPaymentGateway:
         return result
 
     def list_charges(self, intent_id: str) -> list[GatewayCharge]:
-        assert_no_transaction("list_charges")
-        reply = self._send("GET", "charges", params={"payment_intent": intent_id})
+        return interpret_charges(*self._list("charges", intent_id))
+
+    def create_refund(self, request: RefundRequest) -> RefundAnswer:
+        assert_no_transaction("create_refund")
+        reply = self._send(
+            "POST",
+            f"payment_intents/{_segment(request.intent_ref)}/refunds",
+            json={"amount": request.amount, "refund_id": request.refund_id},
+            # Every retry of this refund, from any process, is the same request.
+            headers={"Idempotency-Key": request.idempotency_key},
+        )
+        return self._refund_answer("create_refund", request, reply)
+
+    def retrieve_refund(self, request: RefundRequest) -> RefundAnswer:
+        """By our refund id: the fake names its refunds by it (``processor_ref``
+        is not needed to find one)."""
+        assert_no_transaction("retrieve_refund")
+        reply = self._send("GET", f"refunds/{_segment(request.refund_id)}")
+        return self._refund_answer("retrieve_refund", request, reply)
+
+    def list_refunds(self, intent_ref: str) -> list[GatewayRefund]:
+        return interpret_refunds(*self._list("refunds", intent_ref))
+
+    def _list(self, what: str, intent_ref: str) -> tuple[int, Any]:
+        """``GET <what>?payment_intent=``: the intent's charges or refunds,
+        status and body; ``GatewayUnavailable`` when no answer came."""
+        assert_no_transaction(f"list_{what}")
+        reply = self._send("GET", what, params={"payment_intent": intent_ref})
         if reply.status_code is None:  # no answer: failure says why
-            raise GatewayUnavailable(f"list charges: {reply.failure}")
-        return interpret_charges(reply.status_code, reply.body)
+            raise GatewayUnavailable(f"list {what}: {reply.failure}")
+        return reply.status_code, reply.body
+
+    def _refund_answer(self, operation: str, request: RefundRequest, reply: _Reply) -> RefundAnswer:
+        if reply.status_code is None:  # no answer: failure says why
+            result = RefundAnswer(
+                RefundState.UNKNOWN, detail=reply.failure, latency_ms=reply.latency_ms
+            )
+        else:
+            result = interpret_refund_answer(
+                reply.status_code, reply.body, latency_ms=reply.latency_ms
+            )
+        self._log(
+            operation, request.intent_id, result.state, result.detail, reply, request.refund_id
+        )
+        return result
 
     # Plumbing ------------------------------------------------------------------
 
@@ -232,11 +278,20 @@ class HttpPaymentGateway:
         return _Reply(response.status_code, body, "", elapsed())
 
     @staticmethod
-    def _log(operation: str, intent_id: str, outcome: str, detail: str, reply: _Reply) -> None:
+    def _log(
+        operation: str,
+        intent_id: str,
+        outcome: str,
+        detail: str,
+        reply: _Reply,
+        refund_id: str = "",
+    ) -> None:
+        refund = {"refund_id": refund_id} if refund_id else {}
         logger.info(
             "gateway %s",
             operation,
             extra={
+                **refund,
                 "intent_id": intent_id,
                 "gateway_operation": operation,
                 "outcome": str(outcome),

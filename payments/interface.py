@@ -163,6 +163,59 @@ class RefundResult:
         return self.outcome.value
 
 
+class RefundState(enum.StrEnum):
+    """What the processor says of one refund (a part or the whole of a
+    charge), made by :meth:`PaymentGateway.create_refund` or read by
+    :meth:`PaymentGateway.retrieve_refund`."""
+
+    SUCCEEDED = "succeeded"  # the money is on its way back
+    PENDING = "pending"  # accepted, not settled yet: look it up later
+    FAILED = "failed"  # refused, definitively: nothing was refunded
+    NOT_FOUND = "not_found"  # (a look-up) no refund was made under this id
+    UNKNOWN = "unknown"  # no usable answer: it may or may not exist
+
+
+@dataclass(frozen=True)
+class RefundRequest:
+    """One refund of a charged intent, named by our refund row's id: its
+    idempotency key at the processor is :attr:`idempotency_key`, so every
+    retry of it, from any process, is the same request."""
+
+    refund_id: str  # ours (purchases.models.Refund.pk)
+    intent_ref: str  # the saga's gateway_ref (the processor's id, or ours)
+    intent_id: str  # the saga's intent id (for the processor's metadata)
+    amount: int  # minor units, > 0
+    currency: str
+    # The processor's id of this refund once recorded (Stripe's re_…), "" before.
+    processor_ref: str = ""
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"refund:{self.refund_id}"
+
+
+@dataclass(frozen=True)
+class RefundAnswer:
+    state: RefundState
+    processor_ref: str = ""  # the processor's id of the refund, when it names one
+    detail: str = ""  # why, for FAILED and UNKNOWN ("amount_too_large", "timeout", ...)
+    latency_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.state.value
+
+
+@dataclass(frozen=True)
+class GatewayRefund:
+    """A refund the processor holds on an intent (auditors count them)."""
+
+    id: str  # the processor's
+    refund_id: str  # ours, from its metadata ("" when made elsewhere)
+    amount: int
+    status: str  # "succeeded" | "pending" | "failed"
+
+
 @dataclass(frozen=True)
 class GatewayCharge:
     id: str
@@ -183,6 +236,14 @@ class PaymentGateway(Protocol):
     def refund(self, intent_id: str, *, idempotency_key: str) -> RefundResult: ...
 
     def list_charges(self, intent_id: str) -> list[GatewayCharge]: ...
+
+    # Refunds of a part (or all) of a charge, each a row of ours
+    # (docs/refunds.md): made once under its key, then only looked up.
+    def create_refund(self, request: RefundRequest) -> RefundAnswer: ...
+
+    def retrieve_refund(self, request: RefundRequest) -> RefundAnswer: ...
+
+    def list_refunds(self, intent_ref: str) -> list[GatewayRefund]: ...
 
 
 class IntentCreatingGateway(PaymentGateway, Protocol):

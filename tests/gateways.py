@@ -3,7 +3,10 @@
 The fake itself stays real (its tables, its idempotency); this wrapper only
 decides, per method, that the network failed (the answer never arrived) or
 runs a hook at the moment of the call, so that a test can observe the world
-exactly when the gateway is asked.
+exactly when the gateway is asked. A lost call never reaches the fake:
+nothing is made (``pm_card_timeout_charged`` and ``pm_card_refundTimeout``
+are the answers lost after the fake acted). ``list_refunds`` raises
+``GatewayUnavailable`` when lost, as the adapters do.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from payments.interface import (
     CancelResult,
     ChargeOutcome,
     ChargeResult,
+    GatewayUnavailable,
     IntentLookup,
     IntentStatus,
+    RefundAnswer,
     RefundOutcome,
     RefundResult,
+    RefundState,
 )
 
 _LOST = {
@@ -28,6 +34,8 @@ _LOST = {
     "retrieve": IntentLookup(IntentStatus.UNKNOWN, detail="timeout"),
     "cancel": CancelResult(CancelOutcome.UNKNOWN, detail="timeout"),
     "refund": RefundResult(RefundOutcome.UNKNOWN, detail="timeout"),
+    "create_refund": RefundAnswer(RefundState.UNKNOWN, detail="timeout"),
+    "retrieve_refund": RefundAnswer(RefundState.UNKNOWN, detail="timeout"),
 }
 
 
@@ -76,3 +84,18 @@ class FaultyGateway(InProcessFakeGateway):
         if self._lost("refund", intent_id):
             return _LOST["refund"]
         return super().refund(intent_id, idempotency_key=idempotency_key)
+
+    def create_refund(self, request):
+        if self._lost("create_refund", request.intent_id):
+            return _LOST["create_refund"]
+        return super().create_refund(request)
+
+    def retrieve_refund(self, request):
+        if self._lost("retrieve_refund", request.intent_id):
+            return _LOST["retrieve_refund"]
+        return super().retrieve_refund(request)
+
+    def list_refunds(self, intent_ref):
+        if self._lost("list_refunds", intent_ref):
+            raise GatewayUnavailable("list refunds: timeout")
+        return super().list_refunds(intent_ref)

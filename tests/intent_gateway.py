@@ -25,10 +25,14 @@ from payments.interface import (
     CreateOutcome,
     CreateResult,
     GatewayCharge,
+    GatewayRefund,
     IntentLookup,
     IntentStatus,
+    RefundAnswer,
     RefundOutcome,
+    RefundRequest,
     RefundResult,
+    RefundState,
 )
 
 # Payment methods: this one asks for authentication, this one is declined
@@ -36,6 +40,14 @@ from payments.interface import (
 THREE_D_SECURE = "pm_card_threeDSecure2Required"
 DECLINED = "pm_card_chargeDeclined"
 UNUSABLE = "pm_does_not_exist"
+
+
+@dataclass
+class Refund:
+    id: str  # re_…
+    refund_id: str  # ours ("" for the whole-charge refund)
+    amount: int
+    status: str = "succeeded"
 
 
 @dataclass
@@ -50,6 +62,11 @@ class Intent:
     failure: str = ""
     client_secret: str = ""
     metadata: dict = field(default_factory=dict)
+    refunds: list[Refund] = field(default_factory=list)
+
+    @property
+    def left_to_refund(self) -> int:
+        return self.amount - sum(r.amount for r in self.refunds if r.status != "failed")
 
 
 class InProcessIntentGateway:
@@ -166,8 +183,49 @@ class InProcessIntentGateway:
         pi = self._find(ref)
         if pi is None or pi.status != "succeeded":
             return RefundResult(RefundOutcome.NOT_CHARGED)
+        if pi.left_to_refund > 0:  # what is left after refunds of parts
+            pi.refunds.append(Refund(f"re_{next(self._ids):06d}", "", pi.left_to_refund))
         pi.refunded = True
         return RefundResult(RefundOutcome.REFUNDED)
+
+    def create_refund(self, request: RefundRequest) -> RefundAnswer:
+        """As Stripe: refused (FAILED) when the intent holds no charge or
+        the amount is more than is left; made again under the same refund
+        id, the same refund (Stripe's idempotency)."""
+        self._called("create_refund", request.intent_ref)
+        pi = self._find(request.intent_ref)
+        made = self._refund_named(pi, request.refund_id)
+        if pi is None or pi.status != "succeeded":
+            answer = RefundAnswer(RefundState.FAILED, detail="not_charged")
+        elif made is None and request.amount > pi.left_to_refund:
+            answer = RefundAnswer(RefundState.FAILED, detail="amount_too_large")
+        else:
+            if made is None:
+                made = Refund(f"re_{next(self._ids):06d}", request.refund_id, request.amount)
+                pi.refunds.append(made)
+                pi.refunded = pi.left_to_refund == 0
+            answer = RefundAnswer(RefundState(made.status), processor_ref=made.id)
+        if self._lost("create_refund"):
+            return RefundAnswer(RefundState.UNKNOWN, detail="timeout")
+        return answer
+
+    def retrieve_refund(self, request: RefundRequest) -> RefundAnswer:
+        self._called("retrieve_refund", request.intent_ref)
+        if self._lost("retrieve_refund"):
+            return RefundAnswer(RefundState.UNKNOWN, detail="timeout")
+        pi = self._find(request.intent_ref)
+        made = self._refund_named(pi, request.refund_id, request.processor_ref)
+        if made is None:
+            return RefundAnswer(RefundState.NOT_FOUND)
+        return RefundAnswer(RefundState(made.status), processor_ref=made.id)
+
+    def list_refunds(self, intent_ref: str) -> list[GatewayRefund]:
+        self._called("list_refunds", intent_ref)
+        pi = self._find(intent_ref)
+        return [
+            GatewayRefund(id=r.id, refund_id=r.refund_id, amount=r.amount, status=r.status)
+            for r in (pi.refunds if pi is not None else [])
+        ]
 
     def list_charges(self, ref: str) -> list[GatewayCharge]:
         self._called("list_charges", ref)
@@ -191,6 +249,13 @@ class InProcessIntentGateway:
             self.lose[method] -= 1
             return True
         return False
+
+    @staticmethod
+    def _refund_named(pi: Intent | None, refund_id: str, ref: str = "") -> Refund | None:
+        for made in pi.refunds if pi is not None else []:
+            if (ref and made.id == ref) or (not ref and made.refund_id == refund_id):
+                return made
+        return None
 
     def _find(self, ref: str) -> Intent | None:
         """By the processor's id, or by our intent id (the oldest one)."""

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -479,3 +479,20 @@ def payment_intent(pi_id: str, status: str, **fields: Any) -> dict[str, Any]:
         "metadata": {},
         **fields,
     }
+
+
+@pytest.fixture(name="stub")
+def stub_fixture() -> Iterator[Callable[..., tuple[StubStripe, StripePaymentGateway]]]:
+    """``stub(*script)``: a :class:`StubStripe` answering the script, and a
+    gateway at it; both closed after the test."""
+    made: list[tuple[StubStripe, StripePaymentGateway]] = []
+
+    def start(*script: tuple[int, dict[str, Any]]) -> tuple[StubStripe, StripePaymentGateway]:
+        server = StubStripe(list(script))
+        made.append((server, gateway_at(server.url)))
+        return made[-1]
+
+    yield start
+    for server, gateway in made:
+        gateway.close()
+        server.close()

@@ -5,7 +5,7 @@ the answers localstripe cannot give (docs/stripe.md, "Testing against localstrip
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from .stripe_harness import (  # noqa: F401 - the fixtures, used by name
     payment_intent,
     stripe_error,
     stripe_gateway,
+    stub_fixture,
 )
 
 # The stripe library hands httpx its form as ``data=<str>``, which httpx
@@ -498,21 +499,6 @@ def test_a_500_reached_nothing_and_the_create_is_made_again(
 
 
 # --- what localstripe cannot say: a stub ------------------------------------------
-
-
-@pytest.fixture
-def stub() -> Iterator[Callable[..., tuple[StubStripe, StripePaymentGateway]]]:
-    made: list[tuple[StubStripe, StripePaymentGateway]] = []
-
-    def start(*script: tuple[int, dict[str, Any]]) -> tuple[StubStripe, StripePaymentGateway]:
-        server = StubStripe(list(script))
-        made.append((server, gateway_at(server.url)))
-        return made[-1]
-
-    yield start
-    for server, gateway in made:
-        gateway.close()
-        server.close()
 
 
 IN_USE = stripe_error(

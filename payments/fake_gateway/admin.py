@@ -8,14 +8,21 @@ from django.contrib import admin
 from common.money import format_money
 from config.admin import ReadOnlyAdminMixin
 
-from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
+from .models import (
+    FakeCharge,
+    FakeDroppedCharge,
+    FakeIdempotentAnswer,
+    FakeIntent,
+    FakeRefund,
+    FakeRequest,
+)
 
 
 class AmountColumn:
     """The amount as money, for ``list_display`` and ``fields`` (by name)."""
 
     @admin.display(description="amount", ordering="amount")
-    def amount_display(self, obj: FakeIntent | FakeCharge) -> str | None:
+    def amount_display(self, obj: FakeIntent | FakeCharge | FakeRefund) -> str | None:
         # Null on an intent cancelled before any charge named an amount (shown "-").
         return None if obj.amount is None else format_money(obj.amount, obj.currency)
 
@@ -50,6 +57,23 @@ class FakeChargeAdmin(ReadOnlyAdminMixin, AmountColumn, admin.ModelAdmin):
     fields = readonly_fields = ("id", "intent", "amount_display", "status", "created")
 
 
+@admin.register(FakeRefund)
+class FakeRefundAdmin(ReadOnlyAdminMixin, AmountColumn, admin.ModelAdmin):
+    list_display = ("id", "refund_id", "intent", "amount_display", "status", "created")
+    list_filter = ("status",)
+    search_fields = ("id", "refund_id", "intent__intent_id")
+    fields = readonly_fields = (
+        "id",
+        "refund_id",
+        "intent",
+        "amount_display",
+        "status",
+        "failure_reason",
+        "created",
+        "settled",
+    )
+
+
 @admin.register(FakeIdempotentAnswer)
 class FakeIdempotentAnswerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("endpoint", "idempotency_key", "intent_id", "status_code", "created")
@@ -75,4 +99,4 @@ class FakeRequestAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "timed_out",
     )
     list_filter = ("endpoint", "status_code", "timed_out")
-    search_fields = ("intent_id", "idempotency_key")
+    search_fields = ("intent_id", "idempotency_key", "refund_id")

@@ -15,6 +15,10 @@ def new_charge_id() -> str:
     return f"ch_{secrets.token_hex(12)}"
 
 
+def new_refund_id() -> str:
+    return f"re_{secrets.token_hex(12)}"
+
+
 class FakeIntent(models.Model):
     class Status(models.TextChoices):
         REQUIRES_PAYMENT = "requires_payment"
@@ -59,7 +63,8 @@ class FakeIdempotentAnswer(models.Model):
 
     class Endpoint(models.TextChoices):
         CHARGE = "charge"
-        REFUND = "refund"
+        REFUND = "refund"  # the whole charge (what is left of it)
+        CREATE_REFUND = "create_refund"  # a part of it, named by the client
 
     endpoint = models.CharField(max_length=16, choices=Endpoint.choices)
     idempotency_key = models.CharField(max_length=255)
@@ -105,10 +110,16 @@ class FakeRequest(models.Model):
         CANCEL = "cancel"
         REFUND = "refund"
         LIST_CHARGES = "list_charges"
+        CREATE_REFUND = "create_refund"
+        RETRIEVE_REFUND = "retrieve_refund"
+        LIST_REFUNDS = "list_refunds"
 
     endpoint = models.CharField(max_length=16, choices=Endpoint.choices)
+    # "" for a look-up of a refund nobody made.
     intent_id = models.CharField(max_length=255, db_index=True)
     idempotency_key = models.CharField(max_length=255, blank=True)
+    # The client's refund id, for the refund endpoints.
+    refund_id = models.CharField(max_length=255, blank=True)
     payment_method = models.CharField(max_length=64, blank=True)
     status_code = models.PositiveSmallIntegerField()
     # The answer stalled past any sane client timeout (the client saw none).
@@ -117,3 +128,31 @@ class FakeRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.intent_id} -> {self.status_code}"
+
+
+class FakeRefund(models.Model):
+    """A refund of (a part of) an intent's charge, named by the client's own
+    ``refund_id``. ``pending`` only with ``pm_card_refundPending``, until the
+    first look-up of it (``GET refunds/<refund_id>``) settles it
+    ``succeeded``; ``failed`` ones refunded nothing and do not count."""
+
+    class Status(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        PENDING = "pending"
+        FAILED = "failed"
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_refund_id, editable=False)
+    # The client's id of it: one refund per id, whatever the key.
+    refund_id = models.CharField(max_length=255, unique=True)
+    intent = models.ForeignKey(FakeIntent, on_delete=models.PROTECT, related_name="refunds")
+    amount = models.PositiveBigIntegerField()
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    # With FAILED: why, in Stripe's words ("expired_or_canceled_card").
+    failure_reason = models.CharField(max_length=64, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    # When a look-up settled a pending refund (null: it never was pending).
+    settled = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.refund_id}) on {self.intent_id} ({self.status})"

@@ -11,11 +11,11 @@ Idempotency follows card processors: the first answer for a key (errors
 included) is stored under the key's unique constraint and replayed verbatim;
 answers that "time out" before processing are never stored. Concurrent requests
 with the same key queue on the intent's row lock, and the loser of a race on
-the key itself is rolled back (a charge's whole transaction, a refund's
-savepoint) and replays the winner's answer, so one key never yields two
-charges. Row locks live here rather than in a ``lock_objects`` module because
-this app *is* the remote processor and locks a single row (the intent) per
-request.
+the key itself is rolled back (the whole transaction of a charge or of a
+refund of a part, a whole-charge refund's savepoint) and replays the winner's
+answer, so one key never yields two charges or two refunds. Row locks live
+here rather than in a ``lock_objects`` module because this app *is* the
+remote processor and locks a single row (the intent) per request.
 
 A charge is the fake's hot path (one per purchase): its statements are
 written once (``common.rows``), as the product's hottest are
@@ -31,36 +31,75 @@ Test payment methods (docs/api.md):
 - ``pm_card_unreachable``: every call times out and charges nothing; the intent
   reads ``requires_payment`` until cancelled.
 
+Three more charge like ``pm_card_visa`` and decide what refunds of a part of
+the charge (``POST payment_intents/<id>/refunds``) do:
+
+- ``pm_card_refundPending``: each refund answers ``pending``; the first
+  look-up of it (``GET refunds/<refund_id>``) answers ``succeeded``, settling it;
+- ``pm_card_refundFail``: each refund answers ``failed``
+  (``failure_reason`` ``expired_or_canceled_card``) and refunds nothing;
+- ``pm_card_refundTimeout``: the first request per key makes the refund
+  (``succeeded``) and its answer times out; later requests with the key
+  replay it.
+
+Every other card's refunds succeed. The whole-charge ``refund`` (the saga's
+compensation) refunds what is left after them and always succeeds.
+
 Chaos: the setting ``FAKE_GATEWAY_CHAOS_TIMEOUT_RATE`` (0..1, default 0)
 makes that share of successful charges, whatever the payment method, behave
 like ``pm_card_timeout_charged``: the charge and its stored answer commit,
-and the answer times out.
+and the answer times out. The same share of refunds made by
+``POST …/refunds`` lose their answer the same way.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from common import rows
 from common.time import iso_z
 
-from .models import FakeCharge, FakeDroppedCharge, FakeIdempotentAnswer, FakeIntent, FakeRequest
+from .models import (
+    FakeCharge,
+    FakeDroppedCharge,
+    FakeIdempotentAnswer,
+    FakeIntent,
+    FakeRefund,
+    FakeRequest,
+)
 
 PM_VISA = "pm_card_visa"
 PM_DECLINED = "pm_card_chargeDeclined"
 PM_TIMEOUT_CHARGED = "pm_card_timeout_charged"
 PM_TIMEOUT_NOT_CHARGED = "pm_card_timeout_not_charged"
 PM_UNREACHABLE = "pm_card_unreachable"
+PM_REFUND_PENDING = "pm_card_refundPending"
+PM_REFUND_FAIL = "pm_card_refundFail"
+PM_REFUND_TIMEOUT = "pm_card_refundTimeout"
 PAYMENT_METHODS = frozenset(
-    {PM_VISA, PM_DECLINED, PM_TIMEOUT_CHARGED, PM_TIMEOUT_NOT_CHARGED, PM_UNREACHABLE}
+    {
+        PM_VISA,
+        PM_DECLINED,
+        PM_TIMEOUT_CHARGED,
+        PM_TIMEOUT_NOT_CHARGED,
+        PM_UNREACHABLE,
+        PM_REFUND_PENDING,
+        PM_REFUND_FAIL,
+        PM_REFUND_TIMEOUT,
+    }
 )
+# Why a pm_card_refundFail refund fails (one of Stripe's refund failure reasons).
+REFUND_FAILURE_REASON = "expired_or_canceled_card"
 
 # Keeps absurd amounts out of the bigint column (and mirrors processors' caps).
 MAX_AMOUNT = 999_999_999_999
@@ -105,28 +144,22 @@ def intent_charge(
             answer=answer,
         )
 
-    try:
-        with transaction.atomic(durable=True):
-            answer = _charge(
-                intent_id=intent_id,
-                idempotency_key=idempotency_key,
-                amount=amount,
-                currency=currency,
-                payment_method=payment_method,
-            )
-            log(answer)
-    except IntegrityError:
-        # Another request stored an answer for this key first (the same key
-        # used on another intent, so the intent's lock did not serialise
-        # us): everything this one did is rolled back, and the winner's
-        # answer is replayed. No savepoint on the way: the race is rare, and
-        # a savepoint costs every charge two round trips.
-        with transaction.atomic(durable=True):
-            answer = _replay_after_race(
-                endpoint=FakeIdempotentAnswer.Endpoint.CHARGE, idempotency_key=idempotency_key
-            )
-            log(answer)
-    return answer
+    # Losing the race: another request stored an answer for this key first
+    # (the same key used on another intent, so the intent's lock did not
+    # serialise us), and the winner's answer is replayed.
+    return _once(
+        lambda: _charge(
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+        ),
+        lost=lambda: _replay_after_race(
+            endpoint=FakeIdempotentAnswer.Endpoint.CHARGE, idempotency_key=idempotency_key
+        ),
+        log=log,
+    )
 
 
 def _charge(
@@ -358,8 +391,10 @@ def intent_cancel(*, intent_id: str) -> Answer:
 
 
 def intent_refund(*, intent_id: str, idempotency_key: str = "") -> Answer:
-    """``POST payment_intents/<intent_id>/refund``. Idempotent by state (a
-    refunded intent answers "refunded" again) and, when a key is given, by key."""
+    """``POST payment_intents/<intent_id>/refund``: the whole charge, or what
+    is left of it after refunds of parts (recorded as one more
+    :class:`FakeRefund`, under the key). Idempotent by state (a refunded
+    intent answers "refunded" again) and, when a key is given, by key."""
     endpoint = FakeIdempotentAnswer.Endpoint.REFUND
     with transaction.atomic(durable=True):
         if len(idempotency_key) > MAX_ID_LENGTH:
@@ -372,7 +407,7 @@ def intent_refund(*, intent_id: str, idempotency_key: str = "") -> Answer:
         else:
             try:
                 with transaction.atomic():  # a lost race on the key rolls back to here
-                    answer = _refund_locked(intent_id=intent_id)
+                    answer = _refund_locked(intent_id=intent_id, idempotency_key=idempotency_key)
                     if idempotency_key:
                         _store(
                             endpoint=endpoint,
@@ -391,17 +426,218 @@ def intent_refund(*, intent_id: str, idempotency_key: str = "") -> Answer:
     return answer
 
 
-def _refund_locked(*, intent_id: str) -> Answer:
+def _refund_locked(*, intent_id: str, idempotency_key: str) -> Answer:
     intent = FakeIntent.objects.select_for_update().filter(pk=intent_id).first()
     if intent is None or intent.status not in (Status.SUCCEEDED, Status.REFUNDED):
         return error(409, "not_charged", "This payment intent has no successful charge.")
     if intent.status == Status.SUCCEEDED:
-        intent.charges.filter(status=FakeCharge.Status.SUCCEEDED).update(
-            status=FakeCharge.Status.REFUNDED
-        )
-        intent.status = Status.REFUNDED
-        intent.save(update_fields=["status", "updated"])
+        # What is left after the refunds of parts of it (pending ones count:
+        # they are on their way), as one more refund, which always succeeds.
+        left = _left_to_refund(intent)
+        if left > 0:
+            FakeRefund.objects.create(
+                refund_id=_whole_refund_id(intent_id=intent_id, idempotency_key=idempotency_key),
+                intent=intent,
+                amount=left,
+                currency=intent.currency,
+                status=FakeRefund.Status.SUCCEEDED,
+            )
+        _mark_refunded(intent)
     return Answer(200, {"status": "refunded"})
+
+
+def _whole_refund_id(*, intent_id: str, idempotency_key: str) -> str:
+    """The refund id a whole-charge refund is recorded under: its key (or
+    one made of the intent's id without a key), unless that is taken."""
+    candidate = idempotency_key or f"whole:{intent_id}"
+    if len(candidate) > MAX_ID_LENGTH or FakeRefund.objects.filter(refund_id=candidate).exists():
+        candidate = f"whole:{secrets.token_hex(12)}"
+    return candidate
+
+
+def _left_to_refund(intent: FakeIntent) -> int:
+    """The intent's charge less its refunds that succeeded or are pending."""
+    refunded = intent.refunds.filter(status__in=_COUNTED_REFUNDS).aggregate(total=Sum("amount"))
+    return (intent.amount or 0) - (refunded["total"] or 0)
+
+
+_COUNTED_REFUNDS = (FakeRefund.Status.SUCCEEDED, FakeRefund.Status.PENDING)
+
+
+def _mark_refunded(intent: FakeIntent) -> None:
+    intent.charges.filter(status=FakeCharge.Status.SUCCEEDED).update(
+        status=FakeCharge.Status.REFUNDED
+    )
+    intent.status = Status.REFUNDED
+    intent.save(update_fields=["status", "updated"])
+
+
+# --- refunds of a part --------------------------------------------------------------
+
+
+def refund_create(*, intent_id: str, idempotency_key: str, amount: Any, refund_id: Any) -> Answer:
+    """``POST payment_intents/<intent_id>/refunds`` ``{"amount", "refund_id"}``:
+    one refund of ``amount`` of the intent's charge, named by the client's
+    ``refund_id``. ``amount`` and ``refund_id`` are taken as they came off
+    the wire and validated here. Concurrent requests on one intent queue on
+    its lock, so refunds never add up to more than the charge."""
+
+    def log(answer: Answer) -> None:
+        _log(
+            endpoint=FakeRequest.Endpoint.CREATE_REFUND,
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            refund_id=refund_id if isinstance(refund_id, str) else "",
+            answer=answer,
+        )
+
+    # Losing the race: another request, on another intent (whose lock did
+    # not serialise us), stored an answer for this key or made a refund
+    # under this refund id first.
+    return _once(
+        lambda: _create_refund(
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            amount=amount,
+            refund_id=refund_id,
+        ),
+        lost=lambda: (
+            _replay(
+                endpoint=FakeIdempotentAnswer.Endpoint.CREATE_REFUND,
+                idempotency_key=idempotency_key,
+            )
+            or _refund_id_in_use()
+        ),
+        log=log,
+    )
+
+
+def _create_refund(*, intent_id: str, idempotency_key: str, amount: Any, refund_id: Any) -> Answer:
+    """The answer, stored for the key. Storing it (or the refund) raises
+    ``IntegrityError`` when a request on another intent won the race."""
+    endpoint = FakeIdempotentAnswer.Endpoint.CREATE_REFUND
+    if len(intent_id) > MAX_ID_LENGTH or len(idempotency_key) > MAX_ID_LENGTH:
+        # Not stored: the key itself is unusable.
+        return error(400, "invalid_request", f"ids are at most {MAX_ID_LENGTH} characters.")
+    replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+    if replay is not None:
+        return replay
+    answer = _validate_refund(amount=amount, refund_id=refund_id)
+    if answer is None:
+        intent = FakeIntent.objects.select_for_update().filter(pk=intent_id).first()
+        # Checked again under the lock: a concurrent request with the same
+        # key may have refunded and answered while we waited for it.
+        replay = _replay(endpoint=endpoint, idempotency_key=idempotency_key)
+        if replay is not None:
+            return replay
+        answer = _refund_part_locked(intent=intent, amount=amount, refund_id=refund_id)
+    _store(endpoint=endpoint, idempotency_key=idempotency_key, intent_id=intent_id, answer=answer)
+    return answer
+
+
+def _refund_part_locked(*, intent: FakeIntent | None, amount: int, refund_id: str) -> Answer:
+    if intent is None or intent.status not in (Status.SUCCEEDED, Status.REFUNDED):
+        return error(409, "not_charged", "This payment intent has no successful charge.")
+    if FakeRefund.objects.filter(refund_id=refund_id).exists():
+        return _refund_id_in_use()
+    left = _left_to_refund(intent)
+    if amount > left:
+        return error(
+            409,
+            "amount_too_large",
+            f"The refund is more than what is left to refund on this intent ({left}).",
+            refundable=left,
+        )
+    method = intent.payment_method
+    status = {
+        PM_REFUND_PENDING: FakeRefund.Status.PENDING,
+        PM_REFUND_FAIL: FakeRefund.Status.FAILED,
+    }.get(method, FakeRefund.Status.SUCCEEDED)
+    refund = FakeRefund.objects.create(
+        refund_id=refund_id,
+        intent=intent,
+        amount=amount,
+        currency=intent.currency,
+        status=status,
+        failure_reason=REFUND_FAILURE_REASON if status == FakeRefund.Status.FAILED else "",
+    )
+    if status != FakeRefund.Status.FAILED and amount == left:
+        _mark_refunded(intent)
+    return Answer(
+        200,
+        _refund_body(refund),
+        # The refund commits; only the answer is lost on the way back.
+        times_out=method == PM_REFUND_TIMEOUT or _chaos_loses_answer(),
+    )
+
+
+def _validate_refund(*, amount: Any, refund_id: Any) -> Answer | None:
+    # bool is an int in Python but never an amount.
+    if not isinstance(amount, int) or isinstance(amount, bool) or not 0 < amount <= MAX_AMOUNT:
+        return error(400, "invalid_amount", "amount must be a positive integer in minor units.")
+    if not isinstance(refund_id, str) or not 0 < len(refund_id) <= MAX_ID_LENGTH:
+        return error(
+            400,
+            "invalid_refund_id",
+            f"refund_id must be a string of 1 to {MAX_ID_LENGTH} characters.",
+        )
+    return None
+
+
+def _refund_id_in_use() -> Answer:
+    # Not a refusal: a refund exists under this id (made with another key),
+    # and a look-up by the id finds it.
+    return error(
+        409, "refund_id_in_use", "A refund was already made under this refund_id, with another key."
+    )
+
+
+def refund_retrieve(*, refund_id: str) -> Answer:
+    """``GET refunds/<refund_id>``, by the client's refund id. The first
+    look-up of a pending refund settles it: it answers ``succeeded``."""
+    with transaction.atomic(durable=True):
+        refund = FakeRefund.objects.select_for_update().filter(refund_id=refund_id).first()
+        if refund is None:
+            answer = error(404, "not_found", "No refund was made under this refund_id.")
+        else:
+            if refund.status == FakeRefund.Status.PENDING:
+                refund.status = FakeRefund.Status.SUCCEEDED
+                refund.settled = timezone.now()
+                refund.save(update_fields=["status", "settled"])
+            answer = Answer(200, _refund_body(refund))
+        _log(
+            endpoint=FakeRequest.Endpoint.RETRIEVE_REFUND,
+            intent_id=refund.intent_id if refund is not None else "",
+            refund_id=refund_id,
+            answer=answer,
+        )
+    return answer
+
+
+def refund_list(*, intent_id: str) -> Answer:
+    """``GET refunds?payment_intent=<intent_id>``: every refund made on the
+    intent (failed ones too), oldest first, as they stand (a list settles
+    nothing); an unknown intent simply has none."""
+    with transaction.atomic(durable=True):
+        refunds = FakeRefund.objects.filter(intent_id=intent_id).order_by("created", "id")
+        answer = Answer(200, [_refund_body(refund) for refund in refunds])
+        _log(endpoint=FakeRequest.Endpoint.LIST_REFUNDS, intent_id=intent_id, answer=answer)
+    return answer
+
+
+def _refund_body(refund: FakeRefund) -> dict:
+    body = {
+        "id": refund.id,
+        "refund_id": refund.refund_id,
+        "payment_intent": refund.intent_id,
+        "amount": refund.amount,
+        "currency": refund.currency,
+        "status": refund.status,
+        "created": iso_z(refund.created),
+    }
+    if refund.status == FakeRefund.Status.FAILED:
+        body["failure_reason"] = refund.failure_reason
+    return body
 
 
 # --- helpers --------------------------------------------------------------------
@@ -471,6 +707,25 @@ def _store(*, endpoint: str, idempotency_key: str, intent_id: str, answer: Answe
     )
 
 
+def _once(
+    work: Callable[[], Answer], *, lost: Callable[[], Answer], log: Callable[[Answer], None]
+) -> Answer:
+    """``work``'s answer, logged in its transaction. Should storing it raise
+    ``IntegrityError`` (another request won a race on a unique index), all of
+    ``work`` rolls back and ``lost``'s answer is logged instead. No savepoint
+    on the way: the race is rare, and a savepoint costs every request two
+    round trips."""
+    try:
+        with transaction.atomic(durable=True):
+            answer = work()
+            log(answer)
+    except IntegrityError:
+        with transaction.atomic(durable=True):
+            answer = lost()
+            log(answer)
+    return answer
+
+
 def _replay_after_race(*, endpoint: str, idempotency_key: str) -> Answer:
     # The unique index made us wait for the winner's commit, so its answer is
     # visible to this (read committed) statement.
@@ -487,6 +742,7 @@ def _log(
     answer: Answer,
     idempotency_key: str = "",
     payment_method: str = "",
+    refund_id: str = "",
 ) -> None:
     rows.insert(
         [
@@ -494,6 +750,7 @@ def _log(
                 endpoint=endpoint,
                 intent_id=intent_id[:MAX_ID_LENGTH],
                 idempotency_key=idempotency_key[:MAX_ID_LENGTH],
+                refund_id=refund_id[:MAX_ID_LENGTH],
                 payment_method=payment_method[:64],
                 status_code=answer.status_code,
                 timed_out=answer.times_out,

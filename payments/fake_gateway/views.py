@@ -86,14 +86,24 @@ def _json_object(request: HttpRequest) -> dict | None:
     return payload if isinstance(payload, dict) else None
 
 
-@_endpoint("POST")
-def charge(request: HttpRequest, intent_id: str) -> Answer:
+def _keyed_body(request: HttpRequest, what: str) -> tuple[str, dict] | Answer:
+    """The ``Idempotency-Key`` and the JSON object body that ``what`` (say,
+    "Charges") need, or the 400 for the first of them missing."""
     key = request.headers.get("Idempotency-Key", "")
     if not key:
-        return error(400, "idempotency_key_missing", "Charges need an Idempotency-Key header.")
+        return error(400, "idempotency_key_missing", f"{what} need an Idempotency-Key header.")
     payload = _json_object(request)
     if payload is None:
         return error(400, "invalid_json", "The body must be a JSON object.")
+    return key, payload
+
+
+@_endpoint("POST")
+def charge(request: HttpRequest, intent_id: str) -> Answer:
+    keyed = _keyed_body(request, "Charges")
+    if isinstance(keyed, Answer):
+        return keyed
+    key, payload = keyed
     return services.intent_charge(
         intent_id=intent_id,
         idempotency_key=key,
@@ -118,6 +128,35 @@ def refund(request: HttpRequest, intent_id: str) -> Answer:
     return services.intent_refund(
         intent_id=intent_id, idempotency_key=request.headers.get("Idempotency-Key", "")
     )
+
+
+@_endpoint("POST")
+def create_refund(request: HttpRequest, intent_id: str) -> Answer:
+    keyed = _keyed_body(request, "Refunds")
+    if isinstance(keyed, Answer):
+        return keyed
+    key, payload = keyed
+    return services.refund_create(
+        intent_id=intent_id,
+        idempotency_key=key,
+        amount=payload.get("amount"),
+        refund_id=payload.get("refund_id"),
+    )
+
+
+@_endpoint("GET")
+def retrieve_refund(request: HttpRequest, refund_id: str) -> Answer:
+    return services.refund_retrieve(refund_id=refund_id)
+
+
+@_endpoint("GET")
+def list_refunds(request: HttpRequest) -> Answer:
+    intent_id = request.GET.get("payment_intent", "")
+    if not intent_id:
+        return error(
+            400, "payment_intent_missing", "Name the intent: refunds?payment_intent=<intent_id>."
+        )
+    return services.refund_list(intent_id=intent_id)
 
 
 @_endpoint("GET")

@@ -8,7 +8,14 @@ PaymentIntent: ``create`` makes it (no money moves), the saga records its id
 (``max_network_retries=0``): a call without an answer is UNKNOWN and the saga
 reconciles with :meth:`~StripePaymentGateway.retrieve`. No method raises for
 a network failure except :meth:`~StripePaymentGateway.list_charges`
+and :meth:`~StripePaymentGateway.list_refunds`
 (:class:`~payments.interface.GatewayUnavailable`), as the HTTP adapter.
+
+Refunds of a part (or all) of a charge are Refunds on the PaymentIntent,
+made once under our refund's key (``refund:<refund_id>``) with our ids in
+their metadata, and found again by their id (``re_…``) or, when the
+create's answer was lost, by ``metadata.refund_id`` among the
+PaymentIntent's (docs/stripe.md, "Refunds").
 
 A *reference* (the port's ``intent_id`` argument) is a PaymentIntent's id or
 our own intent id, when a create's answer was lost. Ours start with ``pi_``
@@ -43,11 +50,15 @@ from ..interface import (
     CreateOutcome,
     CreateResult,
     GatewayCharge,
+    GatewayRefund,
     GatewayUnavailable,
     IntentLookup,
     IntentStatus,
+    RefundAnswer,
     RefundOutcome,
+    RefundRequest,
     RefundResult,
+    RefundState,
 )
 from .answers import (
     CANCELLABLE,
@@ -56,9 +67,13 @@ from .answers import (
     error_code,
     failure_detail,
     gateway_charge_of,
+    gateway_refund_of,
     is_not_found,
     is_refusal,
     lookup_of,
+    our_refund_id,
+    refund_answer_of,
+    refund_error_answer,
     refusal_detail,
     refuses_payment_method,
     search_query,
@@ -254,6 +269,58 @@ class StripePaymentGateway:
             raise GatewayUnavailable(f"list charges: {failure_detail(err)}") from err
         return [charge for pi in intents if (charge := gateway_charge_of(pi)) is not None]
 
+    def create_refund(self, request: RefundRequest) -> RefundAnswer:
+        assert_no_transaction("create_refund")
+        started = time.perf_counter()
+        metadata = {
+            key: value
+            for key, value in (("refund_id", request.refund_id), ("intent_id", request.intent_id))
+            if value  # an empty value would unset the key in Stripe's metadata
+        }
+        try:
+            refund = self._stripe().v1.refunds.create(
+                params={
+                    "payment_intent": request.intent_ref,
+                    "amount": request.amount,
+                    "metadata": metadata,
+                },
+                # Every retry of this refund, from any process, is the same
+                # request to Stripe (for its 24 hours of idempotency).
+                options={"idempotency_key": request.idempotency_key},
+            )
+            result = refund_answer_of(refund, latency_ms=_since(started))
+        except stripe.StripeError as err:
+            result = refund_error_answer(err, latency_ms=_since(started))
+        _log_refund("create_refund", request, result)
+        return result
+
+    def retrieve_refund(self, request: RefundRequest) -> RefundAnswer:
+        assert_no_transaction("retrieve_refund")
+        started = time.perf_counter()
+        try:
+            refund = self._refund_of(request)
+        except stripe.StripeError as err:
+            result = RefundAnswer(
+                RefundState.UNKNOWN, detail=failure_detail(err), latency_ms=_since(started)
+            )
+        else:
+            if refund is None:
+                result = RefundAnswer(RefundState.NOT_FOUND, latency_ms=_since(started))
+            else:
+                result = refund_answer_of(refund, latency_ms=_since(started))
+        _log_refund("retrieve_refund", request, result)
+        return result
+
+    def list_refunds(self, intent_ref: str) -> list[GatewayRefund]:
+        """Every Refund on the intent's PaymentIntents, whatever its status
+        and whoever made it (``refund_id`` "" when not us)."""
+        assert_no_transaction("list_refunds")
+        try:
+            refunds = self._refunds_on(intent_ref)
+        except stripe.StripeError as err:
+            raise GatewayUnavailable(f"list refunds: {failure_detail(err)}") from err
+        return [gateway_refund_of(refund) for refund in refunds]
+
     # The steps -----------------------------------------------------------------
 
     def _charge_not_confirmed(
@@ -326,10 +393,12 @@ class StripePaymentGateway:
         if any(r.status in ("pending", "requires_action") for r in done.data):
             return RefundOutcome.UNKNOWN, "refund_pending"  # not yet done
         try:
-            # No amount: what is left of the charge (all of it, unless someone
-            # refunded a part in Stripe's dashboard).
+            # What is left of the charge after refunds of parts (ours, or
+            # made in Stripe's dashboard), named: Stripe would take no amount
+            # as that too, localstripe as the whole charge.
             made = client.v1.refunds.create(
-                params={"payment_intent": pi.id}, options={"idempotency_key": idempotency_key}
+                params={"payment_intent": pi.id, "amount": pi.amount - refunded},
+                options={"idempotency_key": idempotency_key},
             )
         except stripe.InvalidRequestError as err:
             if error_code(err) == "charge_already_refunded":
@@ -340,6 +409,35 @@ class StripePaymentGateway:
         if made.status in ("pending", "requires_action"):
             return RefundOutcome.UNKNOWN, "refund_pending"
         return RefundOutcome.UNKNOWN, f"refund_{made.status}"
+
+    def _refund_of(self, request: RefundRequest) -> stripe.Refund | None:
+        """The Refund: by its id when one was recorded, else by our refund
+        id in its metadata, among the intent's. None: Stripe holds none.
+        Raises the library's error when there is no answer."""
+        if request.processor_ref:
+            try:
+                return self._stripe().v1.refunds.retrieve(request.processor_ref)
+            except stripe.InvalidRequestError as err:
+                if is_not_found(err) or error_code(err) == "resource_missing":
+                    return None
+                raise
+        for refund in self._refunds_on(request.intent_ref):
+            if our_refund_id(refund) == request.refund_id:
+                return refund
+        return None
+
+    def _refunds_on(self, ref: str) -> list[stripe.Refund]:
+        """Every Refund on the PaymentIntents of the reference (found as
+        :meth:`retrieve` finds them, read only), newest first. One without
+        a charge holds none and is not asked (localstripe answers that list
+        with a 500: docs/stripe.md, "What localstripe lacks")."""
+        found: list[stripe.Refund] = []
+        for pi in self._find(ref):
+            if charge_id_of(pi) is None:
+                continue
+            listed = self._stripe().v1.refunds.list(params={"payment_intent": pi.id, "limit": 100})
+            found.extend(listed.auto_paging_iter())
+        return found
 
     # Finding an intent's PaymentIntents ---------------------------------------
 
@@ -481,6 +579,24 @@ def _log(
             "outcome": outcome,
             "detail": detail,
             "latency_ms": round(latency_ms, 1),
+        },
+    )
+
+
+def _log_refund(operation: str, request: RefundRequest, result: RefundAnswer) -> None:
+    logger.info(
+        "gateway %s",
+        operation,
+        extra={
+            "processor": "stripe",
+            "intent_id": request.intent_id,
+            "gateway_ref": request.intent_ref,
+            "refund_id": request.refund_id,
+            "refund_ref": result.processor_ref or request.processor_ref,
+            "gateway_operation": operation,
+            "outcome": result.label,
+            "detail": result.detail,
+            "latency_ms": round(result.latency_ms, 1),
         },
     )
 

@@ -13,7 +13,16 @@ from typing import Any
 import httpx
 import stripe
 
-from ..interface import ChargeOutcome, ChargeResult, GatewayCharge, IntentLookup, IntentStatus
+from ..interface import (
+    ChargeOutcome,
+    ChargeResult,
+    GatewayCharge,
+    GatewayRefund,
+    IntentLookup,
+    IntentStatus,
+    RefundAnswer,
+    RefundState,
+)
 
 # Statuses in which Stripe still accepts a cancel and no money has moved: an
 # extra PaymentIntent of one of our intents in one of these is cancelled.
@@ -239,3 +248,79 @@ def search_query(intent_id: str) -> str:
     """Stripe's search query for the PaymentIntents of one of our intents."""
     quoted = intent_id.replace("\\", "\\\\").replace("'", "\\'")
     return f"metadata['intent_id']:'{quoted}'"
+
+
+# --- refunds of a part (or the whole) of a charge -------------------------------------
+
+# A Refund's status (Stripe's), as the port's.
+_REFUND_STATES = {
+    "succeeded": RefundState.SUCCEEDED,
+    "pending": RefundState.PENDING,
+    "requires_action": RefundState.PENDING,  # the customer must act: not settled yet
+    "failed": RefundState.FAILED,
+    "canceled": RefundState.FAILED,
+}
+
+
+def refund_answer_of(refund: stripe.Refund, *, latency_ms: float) -> RefundAnswer:
+    """A Refund as Stripe holds it, as the port's answer (``failure_reason``
+    is the detail of a failed one)."""
+    state = _REFUND_STATES.get(refund.status or "")
+    if state is None:
+        # A status this code does not know: not proof of anything.
+        return RefundAnswer(
+            RefundState.UNKNOWN,
+            processor_ref=refund.id,
+            detail=f"refund_{refund.status}",
+            latency_ms=latency_ms,
+        )
+    detail = ""
+    if state == RefundState.FAILED:
+        detail = getattr(refund, "failure_reason", None) or refund.status or "failed"
+    elif refund.status == "requires_action":
+        detail = "requires_action"
+    return RefundAnswer(state, processor_ref=refund.id, detail=detail, latency_ms=latency_ms)
+
+
+def refund_refusal_detail(err: stripe.StripeError) -> str:
+    """Why Stripe refused a refund (:func:`is_refusal`): its code, else what
+    the error names. Stripe gives an amount over what is left to refund no
+    code, only ``param: amount`` ("Refund amount … is greater than
+    unrefunded amount on charge …"): ``amount_too_large``."""
+    code = error_code(err)
+    if code:
+        return code
+    param = getattr(err, "param", None) or getattr(err.error, "param", None)
+    if param == "amount":
+        return "amount_too_large"
+    if err.http_status == 404:
+        return "resource_missing"
+    return "invalid_request"
+
+
+def refund_error_answer(err: stripe.StripeError, *, latency_ms: float) -> RefundAnswer:
+    """A refund's create that raised: FAILED when Stripe refused it (nothing
+    was refunded, asking again changes nothing), else UNKNOWN (no answer,
+    429, 5xx, a key in use: it may have been made)."""
+    if is_refusal(err):
+        return RefundAnswer(
+            RefundState.FAILED, detail=refund_refusal_detail(err), latency_ms=latency_ms
+        )
+    return RefundAnswer(RefundState.UNKNOWN, detail=failure_detail(err), latency_ms=latency_ms)
+
+
+def our_refund_id(refund: stripe.Refund) -> str:
+    """The refund id of ours a Refund carries in its metadata ("" if none:
+    made elsewhere, e.g. in Stripe's dashboard)."""
+    metadata = refund.to_dict().get("metadata") or {}
+    return str(metadata.get("refund_id") or "")
+
+
+def gateway_refund_of(refund: stripe.Refund) -> GatewayRefund:
+    """A Refund for the auditor: its status as the port's three."""
+    state = _REFUND_STATES.get(refund.status or "")
+    # A status this code does not know is shown as Stripe says it.
+    status = state.value if state is not None else str(refund.status)
+    return GatewayRefund(
+        id=refund.id, refund_id=our_refund_id(refund), amount=refund.amount, status=status
+    )
