@@ -53,7 +53,7 @@ bench: install
 # property test with STATEFUL_EXAMPLES examples on fresh random seeds.
 STATEFUL_EXAMPLES ?= 1000
 chaos: install
-	scripts/with-services.sh $(BIN)/pytest -m chaos -p no:logging tests/test_chaos.py tests/test_chaos_stripe.py $(PYTEST_ARGS)
+	scripts/with-services.sh $(BIN)/pytest -m chaos -p no:logging tests/test_chaos.py tests/test_chaos_stripe.py tests/test_chaos_cancellation.py $(PYTEST_ARGS)
 	scripts/with-services.sh env STATEFUL_EXAMPLES=$(STATEFUL_EXAMPLES) STATEFUL_DERANDOMIZE=0 \
 		$(BIN)/pytest -p no:logging tests/test_stateful.py $(PYTEST_ARGS)
 

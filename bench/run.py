@@ -42,6 +42,10 @@ bench/figures/:
 14. stripe: the charge path's CPU per confirmed purchase (worker, web, its
    PostgreSQL) with the Stripe SDK adapter against localstripe vs the fake
    gateway's HTTP adapter, alternated; the processor's CPU apart.
+15. cancellation: an event of 10,000 confirmed purchases cancelled, refunds/s
+   at the configured pace vs min(pace, the machine's limit, measured at a
+   pace far above it), time to done, double refunds (must be 0), and the
+   reserve p99 of another event during the run vs without.
 
 ``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
 those figures (bench/profile.py): flame graphs in the log directory.
@@ -436,7 +440,8 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,sweeps (default: all)",
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,cancellation,sweeps "
+        "(default: all)",
     )
     parser.add_argument(
         "--profile",
@@ -464,6 +469,19 @@ def main() -> int:
         default=0,
         help="purchases per end-to-end run, figures 2, 9, 11 and 14 (default 300, figure 9 "
         "1000, --full 2000)",
+    )
+    parser.add_argument(
+        "--cancel-purchases",
+        type=int,
+        default=0,
+        help="confirmed purchases of figure 15's cancellation (default 10000; its run at the "
+        "machine's limit takes at most 5000); a short check: --cancel-purchases 2000",
+    )
+    parser.add_argument(
+        "--cancel-pace",
+        type=float,
+        default=0,
+        help="figure 15's REFUND_RATE_PER_SECOND, refunds per second (default 20, the product's)",
     )
     parser.add_argument(
         "--duration",

@@ -97,6 +97,12 @@ TABLES: dict[str, Placement] = {
     "purchases_dispute": Distributed(
         "event_id", EVENT, "a chargeback on a purchase, written beside its saga's ledger rows"
     ),
+    "purchases_refund": Distributed(
+        "event_id", EVENT, "money going back to a purchase, written beside its saga's rows"
+    ),
+    "purchases_eventcancellation": Distributed(
+        "event_id", EVENT, "an event's cancellation run, locked by each of its ticks"
+    ),
     "purchases_dailysales": Distributed(
         "event_id", EVENT, "an event's sales per day, counted in the delivery's commit"
     ),
@@ -178,4 +184,5 @@ TABLES: dict[str, Placement] = {
     "fake_gateway_fakeidempotentanswer": Elsewhere(_PROCESSOR),
     "fake_gateway_fakedroppedcharge": Elsewhere(_PROCESSOR),
     "fake_gateway_fakerequest": Elsewhere(_PROCESSOR),
+    "fake_gateway_fakerefund": Elsewhere(_PROCESSOR),
 }

@@ -44,6 +44,9 @@ TIMER_FIRE_LAG = Histogram(
     "Outbox row first hand-off minus its due time",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+REFUNDS = Counter(
+    "boxoffice_refunds_total", "Refunds settled, by who asked and how", ["source", "status"]
+)
 ALERTS = Counter("boxoffice_alerts_total", "Alerts raised for operators", ["kind"])
 # Every kind a counter is raised for, created at 0: a series that first
 # appears at 1 is a rise that PromQL's increase() cannot see, and an alert

@@ -229,6 +229,7 @@ SPECTACULAR_SETTINGS = {
         "PurchaseStatus": "purchases.serializers.PURCHASE_STATUSES",
         "PaymentStatus": "purchases.selectors.PAYMENT_STATUSES",
         "SeatStatus": "purchases.models.SeatStatus",
+        "RefundStatus": "purchases.serializers.REFUND_STATUSES",
     },
 }
 
@@ -242,6 +243,15 @@ RECONCILE_BACKOFF_SECONDS = [
 ]
 RESUME_AFTER_SECONDS = env.int("RESUME_AFTER_SECONDS", default=300)
 COMPENSATION_DEADLINE_SECONDS = env.int("COMPENSATION_DEADLINE_SECONDS", default=86400)
+# Money back (docs/refunds.md): an event's cancellation asks the processor
+# for this many refunds per second; a refund still not settled this long
+# after it was asked for alerts an operator.
+REFUND_RATE_PER_SECOND = env.float("REFUND_RATE_PER_SECOND", default=20.0)
+if REFUND_RATE_PER_SECOND <= 0:
+    from django.core.exceptions import ImproperlyConfigured  # only for this refusal
+
+    raise ImproperlyConfigured("REFUND_RATE_PER_SECOND must be above 0")
+REFUND_CHASE_SECONDS = env.int("REFUND_CHASE_SECONDS", default=COMPENSATION_DEADLINE_SECONDS)
 MAX_SEATS_PER_PURCHASE = env.int("MAX_SEATS_PER_PURCHASE", default=10)
 # 20 at most: a purchase's total, up to this many seats at the highest price
 # a seller may set (seller/seat_maps.py, PRICE_MAX), fits its integer columns.

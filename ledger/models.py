@@ -34,16 +34,32 @@ class LedgerEntry(models.Model):
     # the auditor names it until the gateway's records agree.
     override = models.BooleanField(default=False)
     created_at = models.DateTimeField()
+    # The refund row (purchases.models.Refund) a refund entry records; null
+    # for the saga's own entries (its charge, its compensation's refund).
+    refund_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         constraints = [
             # With the event, the distribution column; the intent id names its
-            # event, so this is still one entry per (intent, kind).
+            # event, so this is still one entry per (intent, kind) for the
+            # saga's own entries...
             models.UniqueConstraint(
-                fields=["intent_id", "kind", "event_id"], name="ledger_one_entry_per_kind"
+                fields=["intent_id", "kind", "event_id"],
+                condition=models.Q(refund_id__isnull=True),
+                name="ledger_one_entry_per_kind",
+            ),
+            # ...and one per refund row, however many refunds a purchase has.
+            models.UniqueConstraint(
+                fields=["refund_id", "event_id"],
+                condition=models.Q(refund_id__isnull=False),
+                name="ledger_one_entry_per_refund",
             ),
         ]
         ordering = ["created_at", "id"]
+        # An intent's entries (its charge, its refunds), read by the saga's
+        # steps and the pages: the unique constraints above are partial, so
+        # they cannot serve a read by intent alone.
+        indexes = [models.Index(fields=["intent_id", "kind"], name="ledger_intent_kind_idx")]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:

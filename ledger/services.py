@@ -25,6 +25,7 @@ def ledger_record(
     gateway_reference: str = "",
     note: str = "",
     override: bool = False,
+    refund_id: uuid.UUID | None = None,
 ) -> LedgerEntry:
     if not in_transaction():
         raise RuntimeError("ledger_record belongs inside the transition's transaction")
@@ -42,6 +43,7 @@ def ledger_record(
             note=note,
             override=override,
             created_at=now,
+            refund_id=refund_id,
         )
     )
 

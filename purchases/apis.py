@@ -30,7 +30,7 @@ from common.api import error_response as _errors
 from common.parsers import JSONParser
 from common.time import iso_z
 
-from . import availability, catalog_answers, selectors
+from . import availability, catalog_answers, selectors, services
 from .errors import (
     BuyerLimitReached,
     DomainError,
@@ -43,16 +43,24 @@ from .errors import (
     UnknownEvent,
     UnknownSeats,
 )
+from .models import PurchaseSaga
+from .refunds.errors import CancellationNotAllowed, NotRefundable, RefundError
 from .serializers import (
     EventSerializer,
     PurchaseAcceptedSerializer,
+    PurchaseCancelledSerializer,
+    PurchaseCancelRequestSerializer,
     PurchaseConflictSerializer,
     PurchaseDetailSerializer,
     PurchaseRequestSerializer,
     PurchaseSummarySerializer,
+    RefundConflictSerializer,
+    RefundSerializer,
     SeatSerializer,
     TokenSerializer,
+    idempotency_key_problem,
     plain_purchase_request,
+    refund_refusal,
 )
 from .throttling import PurchaseThrottled, TokenThrottle, purchase_start_throttled
 
@@ -74,9 +82,10 @@ _LOCATION = OpenApiParameter(
     response=[202],
     description="The purchase's path, the same as `links.self`",
 )
+_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"}
 _IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+    _KEY_SCHEMA,
     OpenApiParameter.HEADER,
     required=True,
     description=(
@@ -229,15 +238,8 @@ class EventSeatsApi(APIView):
 
 
 def _key_problem(key: str | None) -> Response | None:
-    if key is None or key == "":
-        return error(400, "idempotency_key_missing", "the Idempotency-Key header is required")
-    if len(key) > 255 or not key.isprintable() or not key.isascii():
-        return error(
-            400,
-            "idempotency_key_invalid",
-            "the Idempotency-Key header must be 1 to 255 printable ASCII characters",
-        )
-    return None
+    problem = idempotency_key_problem(key)
+    return None if problem is None else error(400, *problem)
 
 
 class PurchaseListCreateApi(APIView):
@@ -408,5 +410,103 @@ class PurchaseDetailApi(APIView):
             else None
         )
         if saga is None:
-            return error(404, "not_found", "no such purchase")
+            return _no_purchase()
         return Response(PurchaseDetailSerializer(saga).data)
+
+
+def _no_purchase() -> Response:
+    return error(404, "not_found", "no such purchase")
+
+
+def _refund_refusal(exc: RefundError) -> Response:
+    """The answer to a cancellation refused: a purchase that is not
+    confirmed cannot be cancelled
+    (docs/api.md, "Money back: refunds and cancellations")."""
+    if isinstance(exc, NotRefundable):
+        return error(
+            409, CancellationNotAllowed.code, f"only a confirmed purchase can be cancelled: {exc}"
+        )
+    status_code, body = refund_refusal(exc)
+    return Response(body, status=status_code)
+
+
+class PurchaseCancelApi(APIView):
+    """``POST /api/purchases/{saga_id}/cancel/``: the buyer cancels seats of
+    their purchase within the event's refund policy."""
+
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("saga_id", OpenApiTypes.UUID, OpenApiParameter.PATH, required=True),
+            OpenApiParameter(
+                "Idempotency-Key",
+                _KEY_SCHEMA,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="1 to 255 printable ASCII characters, one per cancellation the "
+                "client means to make. The same key again answers the same refund (as it is "
+                "now: its `status` moves on); the same key with other `seats` answers 422 "
+                "`idempotency_key_reused`. Missing or empty: 400 `idempotency_key_missing`; "
+                "longer or not printable ASCII: 400 `idempotency_key_invalid`.",
+            ),
+        ],
+        request=PurchaseCancelRequestSerializer,
+        responses={
+            202: OpenApiResponse(
+                PurchaseCancelledSerializer,
+                description="The seats are released for sale and their tickets void; the "
+                "refund (`pending`) is their prices less the event's cancellation fee, and "
+                "is asked of the processor in the background. Or the same refund again for "
+                "the same key",
+            ),
+            400: _errors(
+                "`idempotency_key_missing`, `idempotency_key_invalid` (the header); `invalid` "
+                "(with `field` and `errors`): `seats` not a list of seat refs, empty, naming "
+                "a seat twice, a seat that is not of this purchase, or one cancelled or "
+                "refunded already (`field`: `seats`); a refund of nothing (`field`: "
+                "`amount`); `parse_error`: a body that is not JSON"
+            ),
+            401: _NOT_AUTHENTICATED,
+            403: _errors("`permission_denied`: session authentication without a valid CSRF token"),
+            404: _errors("`not_found`: no such purchase, or another user's (the same answer)"),
+            409: OpenApiResponse(
+                RefundConflictSerializer,
+                description="`cancellation_not_allowed`: the purchase is not confirmed, the "
+                "event's refund policy allows no cancellation or its time has passed, the "
+                "event is cancelled (everyone is refunded without asking), or every seat is "
+                "cancelled already; `refund_exceeds_paid` (with `refundable` and `currency`): "
+                "nothing is left to refund. Nothing is written",
+            ),
+            413: _TOO_LARGE,
+            415: _NOT_JSON,
+            422: _errors(
+                "`idempotency_key_reused`: this key cancelled other seats of this purchase"
+            ),
+        },
+        summary="Cancel seats of your purchase, for a refund (the event's policy permitting)",
+        description="All the seats not cancelled yet when `seats` is absent. Allowed while "
+        "the purchase's `cancellable_until` has not passed. The refund is listed in the "
+        "purchase's `refunds` and reaches `succeeded` once the processor has refunded it.",
+        operation_id="purchases_cancel",
+    )
+    def post(self, request, saga_id: str):
+        problem = _key_problem(request.headers.get("Idempotency-Key"))
+        if problem is not None:
+            return problem
+        payload = PurchaseCancelRequestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        if not re.fullmatch(UUIDConverter.regex, saga_id):
+            return _no_purchase()
+        try:
+            refund = services.purchase_cancel(
+                saga_id=saga_id,
+                user=request.user,
+                seats=payload.validated_data.get("seats"),
+                request_key=request.headers["Idempotency-Key"],
+            )
+        except PurchaseSaga.DoesNotExist:
+            return _no_purchase()
+        except RefundError as exc:
+            return _refund_refusal(exc)
+        return Response({"refund": RefundSerializer(refund).data}, status=202)

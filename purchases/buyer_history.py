@@ -7,6 +7,13 @@ carries operators' notes and names and internal diagnostics, which stay in
 the admin. Notes (rows with from == to: refusals, operators' notes, probes
 without a move) are not moves and are left out (see ``selectors.purchase_get``).
 
+Money given back to a confirmed purchase is no move either: the saga stays
+CONFIRMED, and each refund is a row of its own that the purchase's
+``refunds`` lists with the sentence written for its buyer
+(docs/refunds.md, "The rows"). So the only refund told here is a
+compensation's: the refund of a charge that landed on a purchase that did
+not confirm.
+
 A step told again and again (a refund or a payment retried: the saga going
 round COMPENSATING <-> COMPENSATION_PENDING or CHARGING <-> UNKNOWN) is told
 once, with how many times it happened and when it last did (``collapse``);
@@ -81,7 +88,6 @@ SENTENCES: dict[tuple[SagaState | None, SagaState], str | ByRefund] = {
     ),
     (S.PAYMENT_FAILED, S.COMPENSATING): _CANCELLING,
     (S.EXPIRED, S.COMPENSATING): _CANCELLING,
-    (S.CONFIRMED, S.COMPENSATING): "We are cancelling the purchase and refunding your payment",
     (S.COMPENSATING, S.COMPENSATED): _CANCELLED,
     (S.COMPENSATING, S.COMPENSATION_PENDING): (
         "The refund is taking longer than usual; we will keep trying"

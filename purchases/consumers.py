@@ -10,6 +10,7 @@ consumers are recorded in the inbox so a redelivery sends nothing.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from email.utils import parseaddr
 
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.template.loader import render_to_string
 from common.money import format_money
 from outbox.models import OutboxMessage
 
-from . import services
+from . import selectors, services
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ def hold_expired(message: OutboxMessage) -> None:
         if OutboxMessage.objects.filter(pk=message.pk, cancelled_at__isnull=False).exists():
             return
     services.saga_expire_hold(
-        saga_id=message.payload["saga_id"], attempt=message.payload.get("attempt", 0)
+        saga_id=message.payload["saga_id"],
+        attempt=message.payload.get("attempt", 0),
+        why=message.payload.get("why", "hold expired"),
     )
 
 
@@ -46,6 +49,47 @@ def reconcile_due(message: OutboxMessage) -> None:
 
 def refund_retry_due(message: OutboxMessage) -> None:
     services.saga_compensate(saga_id=message.payload["saga_id"], reason="refund retry")
+
+
+def refund_execute_due(message: OutboxMessage) -> None:
+    """Ask the processor for the refund, or look it up (idempotent by the
+    refund row's state: purchases/refunds/step.py)."""
+    services.refund_execute(
+        refund_id=message.payload["refund_id"],
+        event_id=message.payload["event_id"],
+        lookup=message.payload.get("lookup"),
+    )
+
+
+def refund_chase_due(message: OutboxMessage) -> None:
+    services.refund_chase(
+        refund_id=message.payload["refund_id"], event_id=message.payload["event_id"]
+    )
+
+
+def cancellation_tick_due(message: OutboxMessage) -> None:
+    due = message.payload.get("due")
+    services.cancellation_tick(
+        event_id=message.payload["event_id"],
+        due=datetime.fromisoformat(due) if due else None,
+    )
+
+
+def refund_email(message: OutboxMessage) -> None:
+    """One email per refund, once it is done: what was refunded, and why in
+    the buyer's words."""
+    facts = selectors.refund_email_facts(
+        refund_id=message.payload["refund_id"], event_id=message.payload["event_id"]
+    )
+    buyer = facts["buyer"]
+    EmailMessage(
+        subject=f"Refund of {facts['amount_display']}: reservation {facts['reservation']}",
+        body=render_to_string("emails/refund_succeeded.txt", facts),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=[buyer["email"] or f"{buyer['username']}@example.invalid"],
+        headers={"Message-ID": message_id(f"refund-{facts['refund_id']}", facts["saga_id"])},
+    ).send()
+    logger.info("email sent: refund", extra={"saga_id": facts["saga_id"]})
 
 
 def message_id(kind: str, saga_id: str) -> str:

@@ -25,7 +25,17 @@ from django.db.models import QuerySet
 
 from common import rows
 
-from .models import Event, PriceCategory, PurchaseSaga, Reservation, Seat, SeatStatus
+from .models import (
+    Event,
+    EventCancellation,
+    EventStatus,
+    PriceCategory,
+    PurchaseSaga,
+    Refund,
+    Reservation,
+    Seat,
+    SeatStatus,
+)
 
 # The lock is a transaction-level advisory lock, routed through the event's
 # row: under Citus the statement goes to the node that holds the event (and
@@ -227,19 +237,28 @@ def saga_for_update(*, saga_id) -> PurchaseSaga:
         row = cursor.fetchone()
     if row is None:
         raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
-    saga, saga.reservation = rows.split(row, PurchaseSaga, Reservation, db=connection.alias)
+    *columns, event_status = row
+    saga, saga.reservation = rows.split(
+        tuple(columns), PurchaseSaga, Reservation, db=connection.alias
+    )
+    # Read with the lock, in the same statement: a charge refuses to start
+    # on a cancelled event (purchases/saga/charge.py), whatever a start that
+    # read the event just before its cancellation committed.
+    saga.event_cancelled = event_status == EventStatus.CANCELLED
     return saga
 
 
 @functools.cache
 def _saga_lock_sql() -> str:
     """The saga's lock, with its reservation joined by its whole key (id
-    and event)."""
+    and event) and its event's status."""
     return (
-        f"SELECT {', '.join(rows.columns(PurchaseSaga, 's') + rows.columns(Reservation, 'r'))}"
+        f"SELECT {', '.join(rows.columns(PurchaseSaga, 's') + rows.columns(Reservation, 'r'))},"
+        " e.status"
         f" FROM {PurchaseSaga._meta.db_table} s"
         f" JOIN {Reservation._meta.db_table} r"
         " ON r.id = s.reservation_id AND r.event_id = s.event_id"
+        f" JOIN {Event._meta.db_table} e ON e.id = s.event_id"
         " WHERE s.id = %s FOR UPDATE OF s"
     )
 
@@ -248,4 +267,30 @@ def saga_for_update_skip_locked(*, saga_ids) -> QuerySet[PurchaseSaga]:
     """For sweepers: a saga someone else holds is someone else's to drive."""
     return PurchaseSaga.objects.select_for_update(of=("self",), skip_locked=True).filter(
         pk__in=saga_ids
+    )
+
+
+def refund_for_update(*, refund_id, event_id: int) -> Refund:
+    """A refund row, locked: every step of a refund starts here (its saga is
+    not locked: a refund's steps never move the saga)."""
+    return Refund.objects.select_for_update(of=("self",)).get(pk=refund_id, event_id=event_id)
+
+
+def cancellation_for_update_skip_locked(*, event_id: int) -> EventCancellation | None:
+    """An event's cancellation run, unless another tick holds it (then that
+    tick is the run's, and this one has nothing to do)."""
+    return (
+        EventCancellation.objects.select_for_update(skip_locked=True)
+        .filter(event_id=event_id)
+        .first()
+    )
+
+
+def organizer_event_for_update(*, organizer_id: int, event_id: int) -> Event | None:
+    """An organizer's event, locked (an event's cancellation, which changes
+    its status): None when the organizer has no such event."""
+    return (
+        Event.objects.select_for_update(of=("self",))
+        .filter(pk=event_id, organizer_id=organizer_id)
+        .first()
     )

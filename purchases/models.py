@@ -199,6 +199,10 @@ class ReservationSeat(models.Model):
     seat = models.ForeignKey(Seat, on_delete=models.PROTECT, related_name="+", db_constraint=False)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
     released_at = models.DateTimeField(null=True, blank=True)
+    # What the buyer paid for this seat (the price it was held at): a refund
+    # of some seats refunds these, whatever the seat costs today. Null only
+    # on links older than refunds (docs/refunds.md, "Amounts").
+    price_amount = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["reservation", "event"], name="reservation_seats_idx")]
@@ -338,6 +342,144 @@ class Dispute(models.Model):
         return f"dispute {self.processor_ref} ({self.status})"
 
 
+class RefundStatus(models.TextChoices):
+    PENDING = "pending"  # owed: asked for, or asked and not settled
+    SUCCEEDED = "succeeded"  # the processor refunded it (ledger entry written)
+    FAILED = "failed"  # the processor refused it: nothing refunded (alerted)
+
+
+class RefundSource(models.TextChoices):
+    BUYER = "buyer"  # the buyer cancelled within the event's policy
+    ORGANIZER = "organizer"  # finance or an owner refunded
+    EVENT_CANCELLATION = "event_cancellation"  # the event was cancelled
+    OPERATOR = "operator"  # the runbook's refund (customer service)
+
+
+class Refund(models.Model):
+    """Money going back to a confirmed purchase's buyer: a part or the whole
+    of its charge, with a life of its own (docs/refunds.md).
+
+    Created ``pending`` in the commit that releases its seats (when it says
+    so); asked of the processor once, under its own idempotency key
+    (``refund:<id>``), outside any transaction; an answer that is not
+    definitive is looked up on the backoff, never re-sent blind; the ledger
+    entry is written in the commit that records ``succeeded``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    saga = models.ForeignKey(
+        PurchaseSaga, on_delete=models.PROTECT, related_name="refunds", db_constraint=False
+    )
+    # The saga's event: the row lives on the saga's shard.
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    amount = models.PositiveIntegerField()  # minor units, > 0
+    currency = models.CharField(max_length=3)
+    # The refs of the seats it pays for ([]: an amount, no seats named).
+    seats = models.JSONField(default=list)
+    # Whether it put seats back on sale (their tickets void) when it was
+    # opened, and which: a refund of everything left also releases seats an
+    # earlier refund paid for and kept sold.
+    released = models.BooleanField(default=False)
+    released_seats = models.JSONField(default=list)
+    source = models.CharField(max_length=20, choices=RefundSource.choices)
+    # The seller's or operator's words: never shown to the buyer.
+    reason = models.CharField(max_length=500, blank=True, default="")
+    # The sentence the buyer reads (docs/api.md, "Money back: refunds and cancellations").
+    public_reason = models.CharField(max_length=300)
+    status = models.CharField(
+        max_length=10, choices=RefundStatus.choices, default=RefundStatus.PENDING
+    )
+    # The processor's id of the refund (Stripe's re_…), once it named one.
+    processor_ref = models.CharField(max_length=255, blank=True, default="")
+    # Why it failed, or the last doubt ("timeout", "http_503"...).
+    detail = models.CharField(max_length=200, blank=True, default="")
+    # Whether the processor was ever asked to make it, and how many look-ups.
+    asked = models.BooleanField(default=False)
+    lookups = models.PositiveSmallIntegerField(default=0)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+    )
+    # The request's Idempotency-Key ("" for the runbook's and a cancellation's)
+    # and what it asked (a hash of its normalised body): the same key with
+    # another request is refused.
+    request_key = models.CharField(max_length=255, blank=True, default="")
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["saga", "event"], name="refund_saga_idx"),
+            models.Index(
+                fields=["status", "created_at"],
+                name="refund_pending_idx",
+                condition=Q(status="pending"),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive"),
+            # A request's key makes it once (replays return the same row).
+            models.UniqueConstraint(
+                fields=["saga", "source", "request_key", "event"],
+                condition=~Q(request_key=""),
+                name="refund_once_per_request_key",
+            ),
+            # An event's cancellation refunds each purchase once.
+            models.UniqueConstraint(
+                fields=["saga", "event"],
+                condition=Q(source="event_cancellation"),
+                name="refund_one_per_event_cancellation",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund {self.id} {self.amount} {self.currency} ({self.status})"
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"refund:{self.id}"
+
+
+class CancellationStatus(models.TextChoices):
+    RUNNING = "running"
+    DONE = "done"
+
+
+class EventCancellation(models.Model):
+    """An event's cancellation: the bulk run that settles its purchases in
+    flight and refunds every confirmed one in full (docs/refunds.md, "Event
+    cancellation"). The run's state is this row and the refund rows: a crash
+    anywhere resumes from them."""
+
+    event = models.OneToOneField(
+        Event, on_delete=models.PROTECT, primary_key=True, related_name="cancellation"
+    )
+    reason = models.CharField(max_length=500)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True
+    )
+    status = models.CharField(
+        max_length=10, choices=CancellationStatus.choices, default=CancellationStatus.RUNNING
+    )
+    # Refunds asked per second (REFUND_RATE_PER_SECOND when it started).
+    rate = models.FloatField()
+    # When the run's one live tick is due: a tick delivered for another time
+    # (a redelivery, a stale timer) does nothing, so the ticks stay one chain.
+    tick_due = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"cancellation of event {self.event_id} ({self.status})"
+
+
 class Actor(models.TextChoices):
     SYSTEM = "system"
     RESUMER = "resumer"
@@ -385,6 +527,8 @@ class GatewayAnswer(models.Model):
     latency_ms = models.FloatField()
     # 1-based position in the backoff schedule (0: not part of a schedule).
     attempt = models.PositiveSmallIntegerField(default=0)
+    # The refund row the question was about ("refund_create", "refund_lookup").
+    refund_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         ordering = ["at", "id"]

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    Exists,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 
+from common.money import format_money
 from ledger.models import EntryKind, LedgerEntry
 
 from .models import (
@@ -11,6 +23,8 @@ from .models import (
     Event,
     EventStatus,
     PurchaseSaga,
+    Refund,
+    RefundStatus,
     ReservationSeat,
     SagaHistory,
     Seat,
@@ -55,24 +69,34 @@ def purchase_list(*, user) -> QuerySet[PurchaseSaga]:
 def purchase_get(*, user, saga_id) -> PurchaseSaga | None:
     """The caller's purchase, or None (another user's is as missing as a missing one).
 
-    With what the buyer's history needs (``buyer_history``), in the same
-    queries whatever its length: the moves only (``moves``; a note, from ==
-    to, is not a move and stays in the admin) and whether the ledger has a
-    refund (``has_refund``).
+    With what its answer needs, in the same queries whatever its length: the
+    buyer's history (``buyer_history``: the moves only, ``moves``, a note,
+    from == to, being no move and staying in the admin; whether the ledger
+    has a refund, ``has_refund``), the ledger's word on the payment
+    (``ledger_charged``, ``ledger_refunded``: :func:`ledger_sums`), its
+    event (the cancellation policy) and its refund rows (``refund_rows``,
+    oldest first).
     """
     return (
         _with_seats(PurchaseSaga.objects.filter(buyer=user, pk=saga_id))
+        .select_related("event")
         .annotate(
             has_refund=Exists(
                 LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"), kind=EntryKind.REFUND)
-            )
+            ),
+            **ledger_sums(),
         )
         .prefetch_related(
             Prefetch(
                 "history",
                 queryset=SagaHistory.objects.exclude(from_state=F("to_state")).order_by("at", "id"),
                 to_attr="moves",
-            )
+            ),
+            Prefetch(
+                "refunds",
+                queryset=Refund.objects.order_by("created_at", "id"),
+                to_attr="refund_rows",
+            ),
         )
         .first()
     )
@@ -108,7 +132,8 @@ def saga_seat_refs(saga: PurchaseSaga) -> list[str]:
 # The payment statuses a purchase shows (the API's PaymentStatus enum).
 PAYMENT_STATUSES = [
     ("captured", "the ledger holds the charge"),
-    ("refunded", "the ledger holds the charge and its refund"),
+    ("partially_refunded", "the ledger holds the charge and refunds of part of it"),
+    ("refunded", "the ledger holds the charge and refunds of all of it"),
     ("not_started", "PENDING: no charge attempted yet"),
     ("processing", "CHARGING: the charge is on its way"),
     ("requires_action", "REQUIRES_ACTION: waiting for the buyer's authentication; nothing charged"),
@@ -129,18 +154,106 @@ _BEFORE_THE_LEDGER = {
 }
 
 
-def payment_status(*, state: str, has_charge: bool, has_refund: bool) -> str:
-    """The payment status from the ledger's entries and the saga's state
-    (the admin's list passes annotations; ``saga_payment_status`` reads)."""
-    if has_refund:
+def _ledger_sum(kind: EntryKind) -> Subquery:
+    entries = (
+        LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"), kind=kind)
+        .order_by()
+        .values("intent_id")
+        .annotate(n=Sum("amount"))
+        .values("n")
+    )
+    return Subquery(entries, output_field=BigIntegerField())
+
+
+def ledger_sums() -> dict[str, Subquery]:
+    """Annotations of a saga queryset: the ledger's charge of the purchase
+    (``ledger_charged``) and its refunds, negative (``ledger_refunded``),
+    each null when there is no such entry. What :func:`payment_status` and
+    the ``refunded`` amount read, in the page's one query (the admin's list,
+    ``purchase_get``)."""
+    return {
+        "ledger_charged": _ledger_sum(EntryKind.CHARGE),
+        "ledger_refunded": _ledger_sum(EntryKind.REFUND),
+    }
+
+
+def payment_status(*, state: str, charged: int | None, refunded: int | None) -> str:
+    """The payment status from the ledger's sums (``charged``: its charge
+    entries, ``refunded``: its refund entries, negative; None when there is
+    none) and the saga's state. Refunds of less than the charge:
+    ``partially_refunded``."""
+    if refunded is not None:
+        if charged is not None and -refunded < charged:
+            return "partially_refunded"
         return "refunded"
-    if has_charge:
+    if charged is not None:
         return "captured"
     return _BEFORE_THE_LEDGER.get(SagaState(state), "not_captured")
 
 
-def saga_payment_status(saga: PurchaseSaga) -> str:
-    kinds = set(LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True))
-    return payment_status(
-        state=saga.state, has_charge=EntryKind.CHARGE in kinds, has_refund=EntryKind.REFUND in kinds
+def _ledger_of(saga: PurchaseSaga) -> tuple[int | None, int | None]:
+    """(charged, refunded) of :func:`ledger_sums`: the annotations when the
+    queryset has them, else read here."""
+    if hasattr(saga, "ledger_charged"):
+        return saga.ledger_charged, saga.ledger_refunded  # type: ignore[attr-defined]
+    sums = LedgerEntry.objects.filter(intent_id=saga.intent_id).aggregate(
+        charged=Sum("amount", filter=Q(kind=EntryKind.CHARGE)),
+        refunded=Sum("amount", filter=Q(kind=EntryKind.REFUND)),
     )
+    return sums["charged"], sums["refunded"]
+
+
+def saga_payment_status(saga: PurchaseSaga) -> str:
+    charged, refunded = _ledger_of(saga)
+    return payment_status(state=saga.state, charged=charged, refunded=refunded)
+
+
+def saga_refunded(saga: PurchaseSaga) -> int:
+    """What the ledger holds as given back to the buyer (refunds, whatever
+    made them: a refund row that succeeded, or a compensation), positive."""
+    return -(_ledger_of(saga)[1] or 0)
+
+
+def saga_refund_rows(saga: PurchaseSaga) -> list[Refund]:
+    """The purchase's refunds, oldest first (``purchase_get`` prefetches
+    them; else read here, by the saga and its event)."""
+    prefetched = getattr(saga, "refund_rows", None)
+    if prefetched is not None:
+        return prefetched
+    return list(
+        Refund.objects.filter(saga_id=saga.pk, event_id=saga.event_id).order_by("created_at", "id")
+    )
+
+
+def saga_seats_left(saga: PurchaseSaga) -> list[str]:
+    """The refs of the purchase's seats that no refund (but a failed one)
+    names, none released, while something is left to refund: what a buyer
+    could still cancel. Read from what ``purchase_get`` prefetches."""
+    live = [r for r in saga_refund_rows(saga) if r.status != RefundStatus.FAILED]
+    if sum(r.amount for r in live) >= saga.amount:
+        return []
+    taken = {ref for r in live for ref in r.seats}
+    links = getattr(saga.reservation, "links", None)
+    if links is None:
+        links = saga.reservation.seat_links.select_related("seat").order_by("id")
+    return [
+        link.seat.ref for link in links if link.released_at is None and link.seat.ref not in taken
+    ]
+
+
+def refund_email_facts(*, refund_id, event_id: int) -> dict:
+    """What a refund's email says: the amount, the seats, the buyer's
+    sentence, the reservation, to whom (one read of each row)."""
+    refund = Refund.objects.get(pk=refund_id, event_id=event_id)
+    saga = PurchaseSaga.objects.select_related("reservation", "buyer").get(
+        pk=refund.saga_id, event_id=event_id
+    )
+    return {
+        "refund_id": str(refund.pk),
+        "saga_id": str(saga.pk),
+        "reservation": saga.reservation.ref,
+        "buyer": {"username": saga.buyer.username, "email": saga.buyer.email},
+        "amount_display": format_money(refund.amount, refund.currency),
+        "seats": list(refund.seats),
+        "public_reason": refund.public_reason,
+    }

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
@@ -18,9 +19,19 @@ from common.api import ErrorSerializer
 
 from .buyer_history import buyer_history
 from .disputes import dispute_answer
-from .models import Event, PurchaseSaga, Seat, SeatStatus
+from .models import Event, PurchaseSaga, RefundStatus, Seat, SeatStatus
+from .refunds.errors import InvalidRefund, RefundError, RefundExceedsPaid
+from .refunds.selectors import cancellable_until
 from .saga.states import TERMINAL, SagaState
-from .selectors import PAYMENT_STATUSES, saga_dispute, saga_payment_status, saga_seat_refs
+from .selectors import (
+    PAYMENT_STATUSES,
+    saga_dispute,
+    saga_payment_status,
+    saga_refund_rows,
+    saga_refunded,
+    saga_seat_refs,
+    saga_seats_left,
+)
 
 S = SagaState
 
@@ -416,11 +427,50 @@ class PurchaseSummarySerializer(serializers.ModelSerializer):
         return {"self": f"/api/purchases/{saga.pk}/"}
 
 
+# What each refund status means to the buyer:
+# docs/api.md, "Money back: refunds and cancellations".
+REFUND_STATUSES = [
+    (RefundStatus.PENDING.value, "asked of the processor; not given back yet"),
+    (RefundStatus.SUCCEEDED.value, "given back: the processor refunded it"),
+    (
+        RefundStatus.FAILED.value,
+        "the processor refused it: nothing given back (an operator is on it)",
+    ),
+]
+
+
+class RefundSerializer(serializers.Serializer):
+    """A refund of the purchase, as its buyer reads it: never the seller's
+    or an operator's reason, only the sentence written for the buyer."""
+
+    id = serializers.UUIDField(read_only=True)
+    amount = serializers.IntegerField(
+        read_only=True, help_text="Minor units of `currency`: what this refund gives back"
+    )
+    currency = serializers.CharField(read_only=True, help_text="ISO 4217 code (the purchase's)")
+    status = serializers.ChoiceField(REFUND_STATUSES, read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    seats = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="The seats it is for (empty: an amount, no seats named)",
+    )
+    reason = serializers.CharField(
+        source="public_reason", read_only=True, help_text="A sentence written for the buyer"
+    )
+
+
 class PurchaseDetailSerializer(PurchaseSummarySerializer):
+    """One purchase (``selectors.purchase_get``: what it reads is prefetched).
+    ``context["now"]``, when given, is the clock ``cancellable_until`` reads."""
+
     payment = serializers.SerializerMethodField()
     next_action = serializers.SerializerMethodField()
     dispute = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
+    refunds = serializers.SerializerMethodField()
+    refunded = serializers.SerializerMethodField()
+    cancellable_until = serializers.SerializerMethodField()
 
     class Meta(PurchaseSummarySerializer.Meta):
         fields = [
@@ -429,8 +479,35 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
             "next_action",
             "dispute",
             "history",
+            "refunds",
+            "refunded",
+            "cancellable_until",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RefundSerializer(many=True))
+    def get_refunds(self, saga) -> Any:  # a list (the stubs type .data as a dict)
+        """Its refunds, oldest first: a buyer's cancellation, the organizer's
+        refunds, the event's cancellation, customer service's."""
+        return RefundSerializer(saga_refund_rows(saga), many=True).data
+
+    @extend_schema_field(MoneySerializer)
+    def get_refunded(self, saga) -> dict[str, Any]:
+        """What has been given back so far (the ledger's refunds: refunds
+        that succeeded, and the refund of a purchase undone)."""
+        return {"amount": saga_refunded(saga), "currency": saga.currency}
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_cancellable_until(self, saga) -> str | None:
+        """Until when you may cancel seats of this purchase (`POST
+        /api/purchases/{id}/cancel/`); null when you may not (not confirmed,
+        the event's policy allows none or its time has passed, the event
+        is cancelled, nothing is left to cancel)."""
+        now = self.context.get("now") or timezone.now()
+        until = cancellable_until(saga, saga.event, now=now)
+        if until is None or not saga_seats_left(saga):
+            return None  # (or nothing is left to cancel)
+        return serializers.DateTimeField().to_representation(until)
 
     @extend_schema_field(PaymentSerializer)
     def get_payment(self, saga) -> dict[str, Any]:
@@ -480,3 +557,71 @@ class TokenSerializer(serializers.Serializer):
     token = serializers.CharField(
         read_only=True, help_text="Send it as `Authorization: Token <token>`"
     )
+
+
+class JSONStringField(serializers.CharField):
+    """A JSON string only: not a number, which DRF's ``CharField`` would
+    turn into one."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class PurchaseCancelRequestSerializer(serializers.Serializer):
+    """What the buyer cancels: the seats named, or every seat left when
+    `seats` is absent."""
+
+    seats = serializers.ListField(
+        child=JSONStringField(min_length=1, max_length=SEAT_REF_MAX),
+        required=False,
+        allow_empty=False,
+        help_text="Seat refs of this purchase, e.g. A1 (absent: every seat not cancelled yet)",
+    )
+
+
+class PurchaseCancelledSerializer(serializers.Serializer):
+    """The 202 of a cancellation (and of every replay of its key): the
+    refund it opened, as the purchase's `refunds` lists it."""
+
+    refund = RefundSerializer(read_only=True)
+
+
+class RefundConflictSerializer(ErrorSerializer):
+    """A 409 of a refund or a cancellation: the error shape, with
+    `refundable` and `currency` when the code is `refund_exceeds_paid`."""
+
+    refundable = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="409 refund_exceeds_paid: what is left to refund of the purchase (minor units)",
+    )
+    currency = serializers.CharField(
+        required=False, help_text="409 refund_exceeds_paid: the currency of `refundable`"
+    )
+
+
+def idempotency_key_problem(key: str | None) -> tuple[str, str] | None:
+    """The ``Idempotency-Key`` header checked as every API that takes one
+    checks it: None when it is fine, else the 400's (code, detail)."""
+    if key is None or key == "":
+        return "idempotency_key_missing", "the Idempotency-Key header is required"
+    if len(key) > 255 or not key.isprintable() or not key.isascii():
+        return (
+            "idempotency_key_invalid",
+            "the Idempotency-Key header must be 1 to 255 printable ASCII characters",
+        )
+    return None
+
+
+def refund_refusal(exc: RefundError) -> tuple[int, dict[str, Any]]:
+    """The status and error body of a refund refused: a bad field names it
+    (400), too much says what is left (409), a reused key is 422, the rest
+    409 by code (docs/api.md, "Money back: refunds and cancellations")."""
+    body: dict[str, Any] = {"code": exc.code, "detail": str(exc)}
+    if isinstance(exc, InvalidRefund):
+        body.update(field=exc.field, errors={exc.field: [str(exc)]})
+    elif isinstance(exc, RefundExceedsPaid):
+        body.update(refundable=exc.refundable, currency=exc.currency)
+    return exc.status, body

@@ -20,13 +20,22 @@ and refusals they return or raise. ``purchase_start`` takes the seats named
 ``NotEnoughSeats``. ``raise_operator_alert`` is the one that runs inside its
 caller's commit: the chaser claims the sagas it alerts about itself, with
 ``SKIP LOCKED``.
+
+Money back (``purchases.refunds``, docs/refunds.md): ``purchase_cancel``
+(the buyer), ``organizer_refund``, ``purchase_refund`` (the runbook's),
+``event_cancel`` and its ``cancellation_tick``; ``refund_execute`` asks the
+processor for a refund row or looks it up, ``refund_chase`` alerts on one
+past its deadline.
 """
 
 from .catalog import event_create_with_seats
 from .errors import NotEnoughSeats
+from .refunds.cancellation import cancellation_tick, event_cancel
+from .refunds.requests import organizer_refund, purchase_cancel, purchase_refund
+from .refunds.step import refund_chase, refund_execute
 from .saga.alerts import raise_operator_alert
 from .saga.charge import saga_charge
-from .saga.compensate import purchase_refund, saga_compensate
+from .saga.compensate import saga_compensate
 from .saga.driver import DRIVES, saga_drive
 from .saga.expiry import saga_expire_hold
 from .saga.operator import (
@@ -47,12 +56,18 @@ __all__ = [
     "By",
     "NotEnoughSeats",
     "PurchaseStarted",
+    "cancellation_tick",
+    "event_cancel",
     "event_create_with_seats",
+    "organizer_refund",
+    "purchase_cancel",
     "purchase_processor_event",
     "purchase_refund",
     "purchase_replay",
     "purchase_start",
     "raise_operator_alert",
+    "refund_chase",
+    "refund_execute",
     "request_fingerprint",
     "saga_charge",
     "saga_compensate",

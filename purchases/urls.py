@@ -10,4 +10,7 @@ urlpatterns = [
     path("events/<str:event_id>/seats/", apis.EventSeatsApi.as_view(), name="event-seats"),
     path("purchases/", apis.PurchaseListCreateApi.as_view(), name="purchase-list"),
     path("purchases/<str:saga_id>/", apis.PurchaseDetailApi.as_view(), name="purchase-detail"),
+    path(
+        "purchases/<str:saga_id>/cancel/", apis.PurchaseCancelApi.as_view(), name="purchase-cancel"
+    ),
 ]

@@ -20,8 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import IO, Any
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import BaseParser
@@ -30,10 +29,11 @@ from rest_framework.response import Response
 from common.api import NOT_AUTHENTICATED, PayloadTooLarge, error, error_response
 from common.parsers import JSONParser
 from organizers.permissions import OrganizerScopedApi
-from organizers.roles import MAY, Action
+from organizers.roles import Action
 from purchases.models import EventStatus
 
 from . import selectors, services
+from .api_common import EVENT_ID, forbidden, scoped
 from .errors import (
     EventError,
     EventInvalid,
@@ -43,7 +43,7 @@ from .errors import (
     SeatsNotBlockable,
     UnknownSeatRefs,
 )
-from .event_paths import event_pk, no_event
+from .event_paths import event_pk, no_event, organizer_event
 from .seat_maps import (
     NON_FIELD,
     event_from_json,
@@ -156,7 +156,6 @@ def _not_an_object() -> Response:
 
 # --- what the schema says --------------------------------------------------------------------
 
-_EVENT_ID = OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True)
 _NO_EVENT = error_response(
     "`not_found`: no such organizer, or one you are not a member of; or no such event of "
     "it (another organizer's event answers the same)"
@@ -169,25 +168,6 @@ _SMALL_BODY_TOO_LARGE = error_response(
     "`payload_too_large`: a body over `MAX_REQUEST_BYTES` (16 KiB by default)"
 )
 _NOT_JSON = error_response("`unsupported_media_type`: a body that is not `application/json`")
-
-
-def _roles(action: Action) -> str:
-    return ", ".join(sorted(MAY[action]))
-
-
-def _scoped(action: Action, what: str = "") -> str:
-    said = (
-        f"Members whose role may {action} ({_roles(action)}); anyone else who is not a "
-        "member gets the same `404` as for a missing organizer."
-    )
-    return f"{what}\n\n{said}" if what else said
-
-
-def _forbidden(action: Action) -> OpenApiResponse:
-    return error_response(
-        f"`permission_denied`: your role may not {action} (only {_roles(action)}), or session "
-        "authentication without a valid CSRF token"
-    )
 
 
 def _bad_body(fields: str) -> OpenApiResponse:
@@ -227,7 +207,7 @@ class EventListCreateApi(OrganizerScopedApi):
             ),
         },
         summary="The organizer's events, newest first, a page at a time",
-        description=_scoped(Action.VIEW_ORGANIZER),
+        description=scoped(Action.VIEW_ORGANIZER),
         operation_id="organizers_events_list",
     )
     def get(self, request, slug: str):
@@ -248,13 +228,13 @@ class EventListCreateApi(OrganizerScopedApi):
                 "a finite number; more than 100,000 seats (one error, on `seat_map`)"
             ),
             401: NOT_AUTHENTICATED,
-            403: _forbidden(Action.MANAGE_EVENTS),
+            403: forbidden(Action.MANAGE_EVENTS),
             404: error_response("`not_found`: no such organizer, or one you are not a member of"),
             413: _TOO_LARGE,
             415: _NOT_JSON,
         },
         summary="Create an event (a draft) with its price categories and seat map",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             "The body is validated whole: nothing is written unless all of it is right.",
         ),
@@ -276,24 +256,20 @@ class EventDetailApi(OrganizerScopedApi):
     required_actions = {"GET": Action.VIEW_ORGANIZER, "PATCH": Action.MANAGE_EVENTS}
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         responses={200: SellerEventSerializer, 401: NOT_AUTHENTICATED, 404: _NO_EVENT},
         summary="One of the organizer's events",
-        description=_scoped(Action.VIEW_ORGANIZER),
+        description=scoped(Action.VIEW_ORGANIZER),
         operation_id="organizers_events_retrieve",
     )
     def get(self, request, slug: str, event_id: str):
-        pk = event_pk(event_id)
-        if pk is None:
-            return no_event()
-        try:
-            event = selectors.event_of(organizer=self.organizer, event_id=pk)
-        except EventNotFound:
+        event = organizer_event(self.organizer, event_id)
+        if event is None:
             return no_event()
         return Response(event_answer(event))
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         request={"application/json": SellerEventChangeSerializer},
         responses={
             200: OpenApiResponse(SellerEventSerializer, description="Changed"),
@@ -302,7 +278,7 @@ class EventDetailApi(OrganizerScopedApi):
                 "draft still name; a new currency without price_categories in it"
             ),
             401: NOT_AUTHENTICATED,
-            403: _forbidden(Action.MANAGE_EVENTS),
+            403: forbidden(Action.MANAGE_EVENTS),
             404: _NO_EVENT,
             409: error_response(
                 "`event_cancelled`: the event is cancelled; `event_not_draft`: a new currency, "
@@ -312,7 +288,7 @@ class EventDetailApi(OrganizerScopedApi):
             415: _NOT_JSON,
         },
         summary="Change an event: its fields, its price categories and their prices",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             "Only the fields sent change. Name, times, sales window, hold, buyer limit and "
             "refund policy change at any time but on a cancelled event; so do the prices "
@@ -357,29 +333,25 @@ class SeatMapApi(OrganizerScopedApi):
     max_request_bytes = SEAT_MAP_MAX_BYTES
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         responses={200: SellerSeatMapAnswerSerializer, 401: NOT_AUTHENTICATED, 404: _NO_EVENT},
         summary="An event's seat map, with each seat's status, and its price categories",
-        description=_scoped(
+        description=scoped(
             Action.VIEW_ORGANIZER,
             "Sections and rows in the order the map gave them; the shape `PUT` takes.",
         ),
         operation_id="organizers_events_seat_map_retrieve",
     )
     def get(self, request, slug: str, event_id: str):
-        pk = event_pk(event_id)
-        if pk is None:
-            return no_event()
-        try:
-            event = selectors.event_of(organizer=self.organizer, event_id=pk)
-        except EventNotFound:
+        event = organizer_event(self.organizer, event_id)
+        if event is None:
             return no_event()
         rows = selectors.seat_map_of(event=event).values_list(*_SEAT_ROWS)
         categories = selectors.categories_of(event=event)
         return Response(seat_map_answer(rows=rows, categories=categories))
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         # CSV is taken too (described below), but not listed: a generated
         # client cannot send it and refuses an operation that lists it.
         request={"application/json": SellerSeatMapPutSerializer},
@@ -391,7 +363,7 @@ class SeatMapApi(OrganizerScopedApi):
                 "column, a line with another number of fields"
             ),
             401: NOT_AUTHENTICATED,
-            403: _forbidden(Action.MANAGE_EVENTS),
+            403: forbidden(Action.MANAGE_EVENTS),
             404: _NO_EVENT,
             409: error_response(
                 "`event_not_draft`: the event is on sale or cancelled (its seat map is "
@@ -403,7 +375,7 @@ class SeatMapApi(OrganizerScopedApi):
             ),
         },
         summary="Replace a draft's whole seat map (JSON, or CSV)",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             'JSON: `{"seat_map": {"sections": [...]}, "price_categories"?: [...]}` '
             "(with `price_categories`, they replace the event's too). Or CSV, with "
@@ -448,12 +420,12 @@ class EventPublishApi(OrganizerScopedApi):
     required_action = Action.MANAGE_EVENTS
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         request=None,
         responses={
             200: OpenApiResponse(SellerEventSerializer, description="On sale"),
             401: NOT_AUTHENTICATED,
-            403: _forbidden(Action.MANAGE_EVENTS),
+            403: forbidden(Action.MANAGE_EVENTS),
             404: _NO_EVENT,
             409: error_response(
                 "`event_not_draft`: it is on sale or cancelled already; `event_has_no_seats`: "
@@ -461,7 +433,7 @@ class EventPublishApi(OrganizerScopedApi):
             ),
         },
         summary="Put a draft on sale",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             "The public catalog lists it from then on; its seat map and categories are "
             "frozen (prices may still change).",
@@ -498,7 +470,7 @@ _SEATS_RESPONSES = {
         "the event (`field` `seats`, listed in `seats`)"
     ),
     401: NOT_AUTHENTICATED,
-    403: _forbidden(Action.MANAGE_EVENTS),
+    403: forbidden(Action.MANAGE_EVENTS),
     404: _NO_EVENT,
     413: _TOO_LARGE,
     415: _NOT_JSON,
@@ -513,7 +485,7 @@ class SeatsBlockApi(OrganizerScopedApi):
     max_request_bytes = SEAT_MAP_MAX_BYTES
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         request={"application/json": SellerSeatsSerializer},
         responses={
             200: OpenApiResponse(SellerSeatsChangedSerializer, description="Blocked"),
@@ -524,7 +496,7 @@ class SeatsBlockApi(OrganizerScopedApi):
             ),
         },
         summary="Take seats off sale (status `unavailable`), all or none",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             "A seat held or sold cannot be blocked: then none is. A seat blocked already "
             "stays so (its reason becomes this one).",
@@ -550,7 +522,7 @@ class SeatsUnblockApi(OrganizerScopedApi):
     max_request_bytes = SEAT_MAP_MAX_BYTES
 
     @extend_schema(
-        parameters=[_EVENT_ID],
+        parameters=[EVENT_ID],
         request={"application/json": SellerSeatsSerializer},
         responses={
             200: OpenApiResponse(SellerSeatsChangedSerializer, description="Unblocked"),
@@ -558,7 +530,7 @@ class SeatsUnblockApi(OrganizerScopedApi):
             409: error_response("`event_cancelled`: the event is cancelled"),
         },
         summary="Put blocked seats back on sale (status `available`)",
-        description=_scoped(
+        description=scoped(
             Action.MANAGE_EVENTS,
             "A seat that is not blocked (available, held, sold) is left as it is. The reason "
             "is not read.",

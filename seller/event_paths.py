@@ -10,6 +10,11 @@ from django.urls.converters import IntConverter
 from rest_framework.response import Response
 
 from common.api import error
+from organizers.models import Organizer
+from purchases.models import Event
+
+from . import selectors
+from .errors import EventNotFound
 
 NO_EVENT = "no such event"
 # Ids are bigint: a longer run of digits names no row (and must not reach
@@ -24,6 +29,18 @@ def event_pk(segment: str) -> int | None:
         return None
     value = int(segment)
     return value if value <= _MAX_ID else None
+
+
+def organizer_event(organizer: Organizer, segment: str) -> Event | None:
+    """The organizer's event of a path segment, or None (missing, malformed,
+    or another organizer's: the same 404)."""
+    pk = event_pk(segment)
+    if pk is None:
+        return None
+    try:
+        return selectors.event_of(organizer=organizer, event_id=pk)
+    except EventNotFound:
+        return None
 
 
 def no_event() -> Response:

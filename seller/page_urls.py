@@ -5,7 +5,7 @@ and each role."""
 
 from django.urls import path
 
-from .pages import dashboard, events, home, members, webhooks
+from .pages import cancellation, dashboard, events, home, members, refunds, webhooks
 
 urlpatterns = [
     path("seller/", home.organizer_list, name="seller-home"),
@@ -36,6 +36,21 @@ urlpatterns = [
         "seller/<str:slug>/events/<int:event_id>/prices/",
         events.event_prices,
         name="seller-event-prices",
+    ),
+    path(
+        "seller/<str:slug>/events/<int:event_id>/purchases/",
+        refunds.event_purchases,
+        name="seller-event-purchases",
+    ),
+    path(
+        "seller/<str:slug>/events/<int:event_id>/cancel/",
+        cancellation.event_cancel_page,
+        name="seller-event-cancel",
+    ),
+    path(
+        "seller/<str:slug>/events/<int:event_id>/cancellation/",
+        cancellation.cancellation_live,
+        name="seller-event-cancellation",
     ),
     path("seller/<str:slug>/members/", members.member_list, name="seller-members"),
     path(

@@ -27,9 +27,8 @@ from organizers.permissions import OrganizerScopedApi
 from organizers.roles import MAY, Action
 from purchases.models import Event, PurchaseSaga
 
-from . import reports, selectors
-from .errors import EventNotFound
-from .event_paths import event_pk, no_event
+from . import reports
+from .event_paths import no_event, organizer_event
 from .read_serializers import (
     CSV_HEADER,
     EventReportSerializer,
@@ -45,7 +44,8 @@ _STATUS = OpenApiParameter(
     {"type": "string", "enum": list(reports.PURCHASE_STATES)},
     OpenApiParameter.QUERY,
     required=False,
-    description="Only the purchases in this status",
+    description="Only the purchases in this status (a refund does not change it: a purchase "
+    "refunded in full stays `CONFIRMED`, its `payment_status` says `refunded`)",
 )
 _SEARCH = OpenApiParameter(
     "search",
@@ -79,13 +79,7 @@ class _EventReadApi(OrganizerScopedApi):
     def event(self, event_id: str) -> Event | None:
         """The organizer's event of the path, or None (missing, malformed, or
         another organizer's: the same 404)."""
-        pk = event_pk(event_id)
-        if pk is None:
-            return None
-        try:
-            return selectors.event_of(organizer=self.organizer, event_id=pk)
-        except EventNotFound:
-            return None
+        return organizer_event(self.organizer, event_id)
 
     def purchases(self, request, event: Event) -> QuerySet[PurchaseSaga]:
         """The filtered purchases; :class:`reports.InvalidFilter` for a bad filter."""
@@ -217,9 +211,12 @@ class EventReportApi(_EventReadApi):
         },
         summary="An event's report: seats by status, the ledger's money, sales by category",
         description=f"{_SCOPED} `gross` is the ledger's charges of the event's purchases, "
-        "`refunded` its refunds, `net` the difference; `by_category` counts the seats sold "
-        "now and the prices they were sold at, and its `gross` adds up to `net` (the "
-        "invariant auditor checks both against the ledger).",
+        "`refunded` its refunds (those that succeeded: a pending one counts once it does), "
+        "`net` the difference; `by_category` counts the seats sold now and the prices they "
+        "were sold at. Without refunds its `gross` adds up to `net`; a refund moves `net` "
+        "apart by what it gives back beside the seats it releases (an amount, seats refunded "
+        "and kept) or keeps of them (a cancellation's fee). The invariant auditor checks the "
+        "money against the ledger.",
         operation_id="organizers_events_report",
     )
     def get(self, request, slug: str, event_id: str):

@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from purchases.models import PurchaseSaga
-from purchases.selectors import saga_seat_refs
+from purchases.selectors import PAYMENT_STATUSES, payment_status, saga_seat_refs
 from purchases.serializers import PURCHASE_STATUSES, MoneySerializer
 
 # The CSV export's columns (docs/api.md, "Sales and reports"), in order.
@@ -24,6 +24,8 @@ CSV_HEADER = (
     "refunded_amount",
     "currency",
     "created_at",
+    # Last, added with refunds (issue 34): the columns before it keep their places.
+    "payment_status",
 )
 # A spreadsheet takes a cell starting with one of these for a formula
 # (OWASP, "CSV injection"): such a cell is written after a quote, as text.
@@ -39,21 +41,45 @@ class BuyerSerializer(serializers.Serializer):
 class SellerPurchaseSerializer(serializers.ModelSerializer):
     """A purchase of the event, as its seller sees it."""
 
-    # A row of seller.reports.event_purchases: refunded_amount annotated,
+    # A row of seller.reports.event_purchases: its ledger money annotated,
     # the seats prefetched.
 
-    status = serializers.ChoiceField(PURCHASE_STATUSES, source="state", read_only=True)
+    status = serializers.ChoiceField(
+        PURCHASE_STATUSES,
+        source="state",
+        read_only=True,
+        help_text="The purchase's status; a refund does not change it (a purchase refunded "
+        "in full stays CONFIRMED): `payment_status` and `refunded` say what was given back",
+    )
+    payment_status = serializers.SerializerMethodField(
+        help_text="The payment's status, from the ledger: `partially_refunded` while its "
+        "refunds are less than its charge, `refunded` when they reach it"
+    )
     buyer = BuyerSerializer(read_only=True)
     seats = serializers.SerializerMethodField(help_text="The refs of the purchase's seats")
     total = serializers.SerializerMethodField()
     refunded = serializers.SerializerMethodField(
-        help_text="What the ledger holds as refunded to the buyer (0 when nothing)"
+        help_text="What the ledger holds as refunded to the buyer, every refund of the "
+        "purchase together (0 when nothing; a refund still pending counts once it succeeds)"
     )
 
     class Meta:
         model = PurchaseSaga
-        fields = ["id", "status", "buyer", "seats", "total", "refunded", "created_at"]
+        fields = [
+            "id",
+            "status",
+            "payment_status",
+            "buyer",
+            "seats",
+            "total",
+            "refunded",
+            "created_at",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(PAYMENT_STATUSES))
+    def get_payment_status(self, saga: PurchaseSaga) -> str:
+        return _payment_status(saga)
 
     def get_seats(self, saga: PurchaseSaga) -> list[str]:
         return saga_seat_refs(saga)
@@ -69,6 +95,15 @@ class SellerPurchaseSerializer(serializers.ModelSerializer):
 
 def _refunded(saga: PurchaseSaga) -> int:
     return saga.refunded_amount  # type: ignore[attr-defined]  # annotated by event_purchases
+
+
+def _payment_status(saga: PurchaseSaga) -> str:
+    """The ledger's word on the payment, from the row's annotations (no query)."""
+    return payment_status(
+        state=saga.state,
+        charged=saga.ledger_charged,  # type: ignore[attr-defined]  # annotated by event_purchases
+        refunded=saga.ledger_refunded,  # type: ignore[attr-defined]
+    )
 
 
 def csv_safe(cell: object) -> str:
@@ -91,6 +126,7 @@ def purchase_csv_row(saga: PurchaseSaga) -> list[str]:
             _refunded(saga),
             saga.currency,
             _TIME.to_representation(saga.created_at),
+            _payment_status(saga),
         )
     ]
 

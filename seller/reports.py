@@ -11,17 +11,30 @@ the ledger (``report_equals_ledger``, purchases/ops/audit/event_reports.py):
 - ``gross``: the sum of the ledger's CHARGE entries of the event's purchases
   (the entries whose intent is one of the event's sagas' and that carry the
   event's id: the auditor checks the two name the same entries);
-- ``refunded``: the sum of their REFUND entries, as a positive amount;
+- ``refunded``: the sum of their REFUND entries, as a positive amount: a
+  compensation's refund, and one entry per refund row that succeeded (a
+  purchase may have several: docs/refunds.md, "The rows"); a refund still
+  pending or one that failed gave nothing back and counts nothing;
 - ``net``: ``gross - refunded``, the money the event keeps;
 - ``by_category``: the seats sold now (status ``sold``) per price category,
   each with the sum of its seats' ``price_amount`` (a sold seat's price is
   the one it was sold at: a price change never rewrites a held or sold
   seat). Seats of no category are reported under the code ``""``.
 
-The sum of ``by_category``'s ``gross`` equals ``net``: the seats sold are
-those of the purchases that hold money (confirmed, or being refunded and not
-yet released), at the prices those purchases paid; a refund releases the
-seats in the commit that writes it.
+For an event whose purchases have no refund row, the sum of
+``by_category``'s ``gross`` equals ``net``: the seats sold are those of the
+confirmed purchases, at the prices they paid, and a purchase undone keeps
+nothing. A refund row breaks the equality by what it gives back beside the
+seats it releases (the auditor leaves such purchases out of it): an amount,
+or seats refunded and kept (they stay sold), makes ``net`` smaller than that
+sum; a cancellation's fee, kept while its seats go back on sale, and a
+refund still pending or failed whose seats were released make it larger.
+
+A purchase's row answers what the ledger says of its money too: what it
+gave back (``refunded_amount``) and the payment's status
+(``purchases.selectors.payment_status``: ``partially_refunded`` while its
+refunds are less than its charge, ``refunded`` when they reach it), since a
+refund does not move the saga: a purchase refunded in full stays CONFIRMED.
 """
 
 from __future__ import annotations
@@ -29,7 +42,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 from django.db.models.functions import Coalesce
 
 from ledger.models import EntryKind, LedgerEntry
@@ -64,19 +87,32 @@ class InvalidFilter(Exception):
 # --- purchases ----------------------------------------------------------------------------
 
 
-def _refunded_amount() -> Coalesce:
-    """The purchase's refunds in the ledger, as a positive amount (a refund
-    entry is negative); by intent and event, the ledger's unique index."""
-    refunds = (
+def _ledger_sum(kind: EntryKind) -> Subquery:
+    """The sum of the purchase's ledger entries of ``kind`` (refunds are
+    negative), null when it has none: by intent and event (the ledger's
+    index, and its shard), however many entries (one per refund row)."""
+    entries = (
         LedgerEntry.objects.filter(
-            intent_id=OuterRef("intent_id"), event_id=OuterRef("event_id"), kind=EntryKind.REFUND
+            intent_id=OuterRef("intent_id"), event_id=OuterRef("event_id"), kind=kind
         )
         .order_by()
         .values("intent_id")
         .annotate(total=Sum("amount"))
         .values("total")
     )
-    return Coalesce(-Subquery(refunds, output_field=IntegerField()), 0)
+    return Subquery(entries, output_field=BigIntegerField())
+
+
+def _ledger_money() -> dict:
+    """Annotations of a purchase row: ``ledger_charged`` and
+    ``ledger_refunded`` (what ``purchases.selectors.payment_status`` reads,
+    named as ``purchases.selectors.ledger_sums`` names them) and
+    ``refunded_amount``, the refunds as a positive amount, 0 when none."""
+    return {
+        "ledger_charged": _ledger_sum(EntryKind.CHARGE),
+        "ledger_refunded": _ledger_sum(EntryKind.REFUND),
+        "refunded_amount": Coalesce(-F("ledger_refunded"), 0, output_field=BigIntegerField()),
+    }
 
 
 def _search(text: str) -> Q:
@@ -95,8 +131,8 @@ def _search(text: str) -> Q:
 def event_purchases(
     *, event: Event, status: str | None = None, search: str | None = None
 ) -> QuerySet[PurchaseSaga]:
-    """The event's purchases, newest first, each with ``refunded_amount``
-    annotated, its buyer, and its seat refs read with it
+    """The event's purchases, newest first, each with its ledger money
+    annotated (``_ledger_money``), its buyer, and its seat refs read with it
     (``purchases.selectors.saga_seat_refs``): one query for the rows and one
     for their seats, however many rows. :class:`InvalidFilter` for a status
     that is not a saga state or a search no row could match."""
@@ -124,7 +160,7 @@ def event_purchases(
                 to_attr="links",
             )
         )
-        .annotate(refunded_amount=_refunded_amount())
+        .annotate(**_ledger_money())
         .order_by("-created_at", "-id")
     )
 

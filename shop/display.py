@@ -131,15 +131,25 @@ def awaits_authentication(state: str) -> bool:
     return _state(state) is S.REQUIRES_ACTION
 
 
-def purchase_etag(version: int) -> str:
+def purchase_etag(version: int, refunds: str = "") -> str:
     """The purchase fragment's ETag: the saga's version, which every move
-    increments (docs/design.md, "A transition")."""
-    return f'W/"v{version}"'
+    increments (docs/design.md, "A transition"), and the mark of its refunds
+    (``refunds_mark``): a refund moves without moving the saga."""
+    return f'W/"v{version}{refunds}"'
 
 
-def poll_headers(version: int) -> str:
+def refunds_mark(refunds) -> str:
+    """What changes when a purchase's refund is opened or settled: how many
+    there are and the latest change ("" when there are none)."""
+    if not refunds:
+        return ""
+    latest = max(refund.updated_at for refund in refunds)
+    return f".r{len(refunds)}.{latest.timestamp():.6f}"
+
+
+def poll_headers(version: int, refunds: str = "") -> str:
     """``hx-headers`` of the polling element: the version it shows, sent back."""
-    return json.dumps({"If-None-Match": purchase_etag(version)})
+    return json.dumps({"If-None-Match": purchase_etag(version, refunds)})
 
 
 # --- the hall ---------------------------------------------------------------------
@@ -304,3 +314,107 @@ def tickets(reservation_ref: str, seat_refs: list[str]) -> list[Ticket]:
         )
         made.append(Ticket(seat=seat, code=code, qr_svg=mark_safe(svg)))
     return made
+
+
+# --- money back ---------------------------------------------------------------------
+# docs/refunds.md, "A refund's life": a refund is pending, then succeeded or
+# failed; the saga stays CONFIRMED, so the page tells the money apart.
+
+
+@dataclass(frozen=True)
+class RefundView:
+    """One refund as the buyer reads it: never the seller's reason, only the
+    sentence written for the buyer (``public_reason``)."""
+
+    id: str
+    amount: str
+    status: str  # pending | succeeded | failed (the API's)
+    words: str  # the status in words
+    sentence: str  # what happened, for the buyer
+    seats: list[str]
+    created_at: datetime
+    settled_at: datetime | None
+
+
+REFUND_WORDS = {
+    "pending": "On its way",
+    "succeeded": "Refunded",
+    "failed": "Not refunded yet",
+}
+_REFUND_NEXT = {
+    "pending": "We asked the bank to pay it back; this page follows it.",
+    "succeeded": "Paid back to the card you paid with (banks take a few days to show it).",
+    "failed": "The bank refused this refund. Our team has been told and will sort it out.",
+}
+
+
+def refund_view(refund) -> RefundView:
+    """A refund row (``purchases.refunds.selectors.purchase_refunds``) in words."""
+    return RefundView(
+        id=str(refund.pk),
+        amount=format_money(refund.amount, refund.currency),
+        status=refund.status,
+        words=REFUND_WORDS.get(refund.status, refund.status),
+        sentence=f"{refund.public_reason} {_REFUND_NEXT.get(refund.status, '')}".strip(),
+        seats=list(refund.seats),
+        created_at=refund.created_at,
+        settled_at=refund.settled_at,
+    )
+
+
+@dataclass(frozen=True)
+class MoneyBack:
+    """What a confirmed purchase's refunds add up to (minor units)."""
+
+    total: int
+    refunded: int  # succeeded
+    pending: int  # asked for, not settled
+    failed: int  # how many refunds failed
+    currency: str
+
+    @property
+    def state(self) -> str:
+        """``full``, ``pending``, ``partial``, ``failed`` or ``none``: the
+        page's ``data-refund-state``."""
+        if self.total and self.refunded >= self.total:
+            return "full"
+        if self.pending:
+            return "pending"
+        if self.refunded:
+            return "partial"
+        return "failed" if self.failed else "none"
+
+    def money(self, amount: int) -> str:
+        return format_money(amount, self.currency)
+
+
+def money_back_status(money: MoneyBack, *, live_seats: int) -> Status | None:
+    """A confirmed purchase's status once money went back (None: none did,
+    the saga's own words stand)."""
+    state = money.state
+    tickets = "Your remaining tickets are below." if live_seats else ""
+    if state == "full":
+        return Status(
+            "Refunded in full",
+            f"Everything you paid, {money.money(money.total)}, was refunded.",
+            "success",
+        )
+    if state == "pending":
+        return Status(
+            "Refund on its way",
+            f"We are paying back {money.money(money.pending)}; this page follows it. {tickets}",
+            "waiting",
+        )
+    if state == "partial":
+        return Status(
+            "Partly refunded",
+            f"{money.money(money.refunded)} of {money.money(money.total)} was paid back. {tickets}",
+            "success",
+        )
+    if state == "failed":
+        return Status(
+            "Confirmed, refund delayed",
+            "A refund could not be made yet; our team has been told. " + tickets,
+            "waiting",
+        )
+    return None

@@ -176,3 +176,26 @@ def _messages(errors) -> list[str]:
     if isinstance(errors, list):
         return list(dict.fromkeys(m for value in errors for m in _messages(value)))
     return [str(errors)]
+
+
+class CancelForm(forms.Form):
+    """The confirmation of a buyer's cancellation
+    (docs/refunds.md, "Who asks"): the seats the buyer saw the amount for,
+    and the form's own Idempotency-Key, drawn when the confirmation was
+    rendered, so that a double click or a reload cancels once
+    (``purchase_cancel`` answers the same refund to the same key)."""
+
+    idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=255)
+    seats = SeatRefsField(required=False)
+
+    def clean_idempotency_key(self) -> str:
+        key = self.cleaned_data["idempotency_key"]
+        if not key.isascii() or not key.isprintable():
+            raise forms.ValidationError("This form is damaged; reload the page.")
+        return key
+
+    def clean_seats(self) -> list[str]:
+        seats = self.cleaned_data["seats"]
+        if any(not isinstance(ref, str) or not 0 < len(ref) <= 10 for ref in seats):
+            raise forms.ValidationError("This form is damaged; reload the page.")
+        return seats

@@ -11,4 +11,7 @@ urlpatterns = [
     path("purchases/", views.purchase_list, name="shop-purchases"),
     path("purchases/<uuid:saga_id>/", views.purchase_detail, name="shop-purchase"),
     path("purchases/<uuid:saga_id>/live/", views.purchase_live, name="shop-purchase-live"),
+    path(
+        "purchases/<uuid:saga_id>/cancel/", views.purchase_cancel_page, name="shop-purchase-cancel"
+    ),
 ]

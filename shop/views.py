@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.paginator import EmptyPage, PageNotAnInteger, Paginator
 from django.http import (
     Http404,
@@ -23,6 +24,7 @@ from django.http import (
 )
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import parse_etags
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRefresh
@@ -31,7 +33,7 @@ from common.money import format_money
 
 # The catalog's bodies come from purchases/catalog_answers.py, as the API's
 # do: both read one cache entry per event.
-from purchases import catalog_answers, selectors
+from purchases import catalog_answers, selectors, services
 from purchases.buyer_history import buyer_history
 from purchases.errors import (
     BuyerLimitReached,
@@ -44,11 +46,14 @@ from purchases.errors import (
     UnknownEvent,
     UnknownSeats,
 )
+from purchases.refunds.errors import RefundError
+from purchases.refunds.selectors import purchase_refunds
 from purchases.throttling import PurchaseThrottled, purchase_start_throttled
 
-from . import display
+from . import display, money_back
 from .forms import (
     TEST_METHOD_TOKENS,
+    CancelForm,
     PurchaseForm,
     new_idempotency_key,
     offers_test_methods,
@@ -354,29 +359,42 @@ def purchase_list(request):
     )
 
 
-def _purchase_context(saga) -> dict:
+def _purchase_context(saga, *, offer: bool = False) -> dict:
     """What the purchase page and its fragment show: what GET /api/purchases/{id}/
-    answers (the same selector and the same buyer history), in words."""
+    answers (the same selector and the same buyer history), in words; with
+    ``offer``, the buyer's cancellation offer too (the page's, not the
+    fragment's: the fragment never redraws a form being filled in)."""
     seats = selectors.saga_seat_refs(saga)
     refunded = bool(getattr(saga, "has_refund", False))
     terminal = display.is_terminal(saga.state)
+    money = money_back.read(saga, now=timezone.now(), offer=offer)
+    status = display.status_of(saga.state, refunded=refunded, seat_count=len(seats))
+    live_seats = seats if money.live_seats is None else money.live_seats
+    if money.money is not None:
+        status = display.money_back_status(money.money, live_seats=len(live_seats)) or status
     return {
         "saga": saga,
         "state": saga.state,
         "version": saga.version,
-        "status": display.status_of(saga.state, refunded=refunded, seat_count=len(seats)),
+        "status": status,
         "seats": seats,
         "total": format_money(saga.amount, saga.currency),
         "history": buyer_history(saga),
         "holding": display.is_holding(saga.state),
         "hold_expires_at": saga.reservation.hold_expires_at,
         "tickets": (
-            display.tickets(saga.reservation.ref, seats) if saga.state == "CONFIRMED" else []
+            display.tickets(saga.reservation.ref, live_seats) if saga.state == "CONFIRMED" else []
         ),
         "reservation": saga.reservation.ref,
         "terminal": terminal,
+        # A settled purchase polls on while a refund of it is pending: the
+        # refund moves without moving the saga (docs/refunds.md, "The rows").
+        "polls": not terminal or money.pending,
+        "money_back": money,
+        "refund_state": money.money.state if money.money is not None else "none",
         "poll_every": POLL_EVERY,
-        "poll_headers": display.poll_headers(saga.version),
+        "etag": display.purchase_etag(saga.version, money.mark),
+        "poll_headers": display.poll_headers(saga.version, money.mark),
         "live_url": reverse("shop-purchase-live", args=[saga.pk]),
         "authentication": _authentication(saga),
     }
@@ -401,7 +419,7 @@ def purchase_detail(request, saga_id):
     saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
     if saga is None:
         raise Http404("no such purchase")  # another user's too, exactly alike
-    context = _purchase_context(saga)
+    context = _purchase_context(saga, offer=True)
     context["event_name"] = _event_names().get(saga.event_id, f"event {saga.event_id}")
     # A purchase that may still move may come to wait on the buyer's bank
     # (REQUIRES_ACTION, while the page follows it live): its page loads
@@ -415,29 +433,121 @@ def purchase_live(request, saga_id):
     """The purchase page's live part, polled by htmx with the version it shows
     as ``If-None-Match``: ``304`` (htmx leaves the page alone) after one
     indexed query while the purchase has not moved, else the part anew with
-    its ETag. A terminal purchase's part polls no more."""
+    its ETag. A terminal purchase's part polls no more, unless a refund of
+    it is pending: its ETag then carries the refunds' mark too."""
     if not request.user.is_authenticated:
         # Logged out meanwhile: reload the page, which goes to the login
         # page and back (a redirect would swap the login form into the page).
         if request.htmx:
             return HttpResponseClientRefresh()
         return redirect_to_login(request.get_full_path())
-    found = selectors.purchase_version(user=request.user, saga_id=saga_id)
-    if found is None:
-        raise Http404("no such purchase")
-    version, _state = found
-    etag = display.purchase_etag(version)
+    etag, saga = _live_etag(request.user, saga_id)
     held = {tag.removeprefix("W/") for tag in parse_etags(request.headers.get("If-None-Match", ""))}
     response: HttpResponse
     if etag.removeprefix("W/") in held or "*" in held:
         response = HttpResponseNotModified()
     else:
-        saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+        saga = saga or selectors.purchase_get(user=request.user, saga_id=saga_id)
         if saga is None:
             raise Http404("no such purchase")
-        response = render(request, "shop/_purchase_live.html", _purchase_context(saga))
-        etag = display.purchase_etag(saga.version)  # what was rendered, if it moved since
+        context = _purchase_context(saga)
+        response = render(request, "shop/_purchase_live.html", context)
+        etag = context["etag"]  # what was rendered, if it moved since
     response["ETag"] = etag
     response["Cache-Control"] = "private, no-cache"
     response["Vary"] = "Cookie"
     return response
+
+
+def _live_etag(user, saga_id):
+    """The live part's ETag as it stands, and the purchase when it had to be
+    read for it: one indexed query (the version) while the saga may move; a
+    confirmed one, whose refunds move without it, is read with its refunds."""
+    found = selectors.purchase_version(user=user, saga_id=saga_id)
+    if found is None:
+        raise Http404("no such purchase")
+    version, state = found
+    if state != "CONFIRMED":
+        return display.purchase_etag(version), None
+    saga = selectors.purchase_get(user=user, saga_id=saga_id)
+    if saga is None:
+        raise Http404("no such purchase")
+    return display.purchase_etag(saga.version, display.refunds_mark(purchase_refunds(saga))), saga
+
+
+# --- a buyer's cancellation -----------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def purchase_cancel_page(request, saga_id):
+    """The confirmation step of the purchase page's Cancel (docs/refunds.md,
+    "Who asks"): GET shows the seats and the amount the buyer gets back,
+    with a form of its own Idempotency-Key; POST cancels them through
+    ``purchases.services.purchase_cancel`` (the API's service), then the
+    purchase page, which shows the refund pending. A refusal (the time to
+    cancel ran out meanwhile) is said in words, never a 500."""
+    saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+    if saga is None:
+        raise Http404("no such purchase")  # another user's too, exactly alike
+    if request.method == "POST":
+        return _cancel_post(request, saga)
+    now = timezone.now()
+    offer = money_back.read(saga, now=now).offer
+    if offer is None:
+        return _cancel_page(request, saga, problem=money_back.why_not(saga, now=now), status=409)
+    refs = request.GET.getlist("seats")
+    if not request.GET.get("chosen") and not refs:
+        refs = offer.refs  # no choice made: every seat still the buyer's
+    unknown = [ref for ref in refs if ref not in offer.refs]
+    if unknown or not refs:
+        problem = (
+            f"You cannot cancel {', '.join(unknown)[:200]}: choose among your seats below."
+            if unknown
+            else "Tick at least one seat to cancel."
+        )
+        return _cancel_page(request, saga, offer=offer, problem=problem, status=400)
+    return _cancel_page(request, saga, offer=offer, quote=money_back.quote(offer, refs))
+
+
+def _cancel_post(request, saga):
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        problem = "This form is damaged; go back to your purchase and start again."
+        return _cancel_page(request, saga, problem=problem, status=400)
+    try:
+        services.purchase_cancel(
+            saga_id=saga.pk,
+            user=request.user,
+            seats=form.cleaned_data["seats"] or None,
+            request_key=form.cleaned_data["idempotency_key"],
+        )
+    except ObjectDoesNotExist as exc:  # PurchaseSaga.DoesNotExist: not the buyer's
+        raise Http404("no such purchase") from exc
+    except RefundError as exc:
+        problem = money_back.refusal_words(exc)
+        return _cancel_page(request, saga, problem=problem, status=exc.status)
+    response = HttpResponseRedirect(reverse("shop-purchase", args=[saga.pk]))
+    # 303: the browser GETs the purchase; a reload there cannot POST again.
+    response.status_code = 303
+    return response
+
+
+def _cancel_page(request, saga, *, offer=None, quote=None, problem=None, status=200):
+    return render(
+        request,
+        "shop/purchase_cancel.html",
+        {
+            "saga": saga,
+            "reservation": saga.reservation.ref,
+            "event_name": _event_names().get(saga.event_id, f"event {saga.event_id}"),
+            "nav": "purchases",
+            "offer": offer,
+            "quote": quote,
+            # A new key for every confirmation drawn; a double click or a
+            # reload of its POST sends this one again: one refund.
+            "idempotency_key": new_idempotency_key(),
+            "problem": problem,
+        },
+        status=status,
+    )

@@ -678,6 +678,38 @@ class ChaosStack(ProcessGroup):
                     return name, pid
         return None
 
+    def kill_all_worker_children(self) -> list[tuple[str, int]]:
+        """SIGKILL every pool process of every worker at once (the masters
+        start new ones): each task running is cut wherever it was. Returns
+        (worker, pid) of each process killed."""
+        killed = []
+        for name in sorted(n for n in self.procs if n.startswith("worker")):
+            for pid in self.worker_children(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    self.kills.append((time.monotonic(), name, pid))
+                    killed.append((name, pid))
+        return killed
+
+    def kill_and_restart(self, name: str, *, down_seconds: float = 1.0) -> int:
+        """SIGKILL the process ``name`` with its whole process group (as the
+        kernel's OOM killer or a lost container would), leave it down for
+        ``down_seconds``, then start it again as a supervisor would. Not a
+        crash (``supervise`` never sees it dead). Returns the pid killed."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        self.kills.append((time.monotonic(), name, proc.pid))
+        time.sleep(down_seconds)
+        self.start(
+            name,
+            self.argv[name],
+            env=self.envs[name],
+            header=f"\n=== SIGKILLed by the harness; started again after {down_seconds:g}s ===\n",
+        )
+        return proc.pid
+
     def stop(self, name: str | None = None, *, first: Iterable[str] = ()) -> None:
         super().stop(
             name,
@@ -747,7 +779,8 @@ class ChaosStack(ProcessGroup):
             for message in path.read_text(errors="replace").split("-" * 79):
                 subject = re.search(r"^Subject: (.*)$", message, re.M)
                 ref = re.search(r"Reference ([0-9a-f-]{36})", message)
-                mid = re.search(r"^Message-ID: (.*)$", message, re.M | re.I)
+                # A long Message-ID (a refund's) is folded onto the next line.
+                mid = re.search(r"^Message-ID:[ \t]*(?:\n[ \t]+)?(\S.*)$", message, re.M | re.I)
                 if not (subject and ref):
                     continue
                 if mid and mid.group(1) in seen:
@@ -974,16 +1007,20 @@ class Db:
         """saga id -> the webhook types it owes a subscriber to all of them,
         from the tables (docs/api.md, "Webhooks"): confirmed if it ever was
         CONFIRMED; refunded or failed if COMPENSATED, as the ledger holds a
-        refund or not; needs_attention if an alert named it."""
+        refund or not; refunded too if CONFIRMED and its refund rows that
+        succeeded give back all it cost (docs/refunds.md); needs_attention if
+        an alert named it."""
         owed: dict[str, set[str]] = {}
-        for saga_id, state, confirmed, refunded, alerted in self.rows(
+        for saga_id, state, confirmed, refunded, alerted, given_back in self.rows(
             "SELECT s.id, s.state, "
             "EXISTS (SELECT 1 FROM purchases_sagahistory h WHERE h.saga_id = s.id "
             "        AND h.to_state = 'CONFIRMED'), "
             "EXISTS (SELECT 1 FROM ledger_ledgerentry l WHERE l.intent_id = s.intent_id "
             "        AND l.kind = 'refund'), "
             "EXISTS (SELECT 1 FROM outbox_outboxmessage o WHERE o.saga_id = s.id "
-            "        AND o.topic = 'purchase.needs_operator') "
+            "        AND o.topic = 'purchase.needs_operator'), "
+            "(SELECT coalesce(sum(r.amount), 0) >= s.amount FROM purchases_refund r "
+            " WHERE r.saga_id = s.id AND r.event_id = s.event_id AND r.status = 'succeeded') "
             "FROM purchases_purchasesaga s"
         ):
             types = set()
@@ -991,6 +1028,8 @@ class Db:
                 types.add("purchase.confirmed")
             if state == "COMPENSATED":
                 types.add("purchase.refunded" if refunded else "purchase.failed")
+            if state == "CONFIRMED" and given_back:
+                types.add("purchase.refunded")
             if alerted:
                 types.add("purchase.needs_attention")
             owed[str(saga_id)] = types
@@ -1022,7 +1061,9 @@ class Db:
 
     def fake_gateway_checks(self) -> list[str]:
         """The fake gateway's charges against the ledger: at most one charge
-        per intent, the ledger's net equal to what the gateway captured."""
+        per intent, the ledger's net equal to what the gateway holds (its
+        charge, less its refunds that succeeded: ``fake_gateway_fakerefund``,
+        the whole-charge refund of a compensation among them)."""
         problems = []
         for intent, n in self.rows(
             "SELECT intent_id, count(*) FROM fake_gateway_fakecharge GROUP BY 1 HAVING count(*) > 1"
@@ -1031,8 +1072,12 @@ class Db:
         for intent, ledger, gateway in self.rows(
             """
             WITH l AS (SELECT intent_id, sum(amount) AS net FROM ledger_ledgerentry GROUP BY 1),
-                 g AS (SELECT intent_id, sum(amount) FILTER (WHERE status = 'succeeded') AS net
-                       FROM fake_gateway_fakecharge GROUP BY 1)
+                 c AS (SELECT intent_id, sum(amount) AS net FROM fake_gateway_fakecharge
+                       GROUP BY 1),
+                 r AS (SELECT intent_id, sum(amount) AS net FROM fake_gateway_fakerefund
+                       WHERE status = 'succeeded' GROUP BY 1),
+                 g AS (SELECT c.intent_id, c.net - coalesce(r.net, 0) AS net
+                       FROM c LEFT JOIN r ON r.intent_id = c.intent_id)
             SELECT coalesce(l.intent_id, g.intent_id), coalesce(l.net, 0), coalesce(g.net, 0)
             FROM l FULL JOIN g ON l.intent_id = g.intent_id
             WHERE coalesce(l.net, 0) <> coalesce(g.net, 0)
@@ -1047,24 +1092,32 @@ class Db:
         ``fake_gateway=False`` (a run against another processor, whose
         records are not in our tables): the seats and the ledger only."""
         problems = self.fake_gateway_checks() if fake_gateway else []
+        # A refund that releases seats ends their links (the purchase stays
+        # CONFIRMED) and the seat may be sold again: live links only.
         for ref, n in self.rows(
             "SELECT s.ref, count(*) FROM purchases_reservationseat rs "
             "JOIN purchases_seat s ON s.id = rs.seat_id "
             "JOIN purchases_reservation r ON r.id = rs.reservation_id "
-            "WHERE r.status = 'CONFIRMED' GROUP BY 1 HAVING count(*) > 1"
+            "WHERE r.status = 'CONFIRMED' AND rs.released_at IS NULL "
+            "GROUP BY s.id, s.ref HAVING count(*) > 1"
         ):
             problems.append(f"seat {ref} sold to {n} confirmed reservations")
-        for saga_id, state, charges, refunds in self.rows(
+        # A CONFIRMED saga stays CONFIRMED when money goes back: one ledger
+        # refund entry per refund row that succeeded (docs/refunds.md).
+        for saga_id, state, charges, refunds, succeeded in self.rows(
             "SELECT s.id, s.state, "
-            "count(*) FILTER (WHERE l.kind = 'charge'), count(*) FILTER (WHERE l.kind = 'refund') "
+            "count(*) FILTER (WHERE l.kind = 'charge'), count(*) FILTER (WHERE l.kind = 'refund'), "
+            "(SELECT count(*) FROM purchases_refund r WHERE r.saga_id = s.id "
+            " AND r.event_id = s.event_id AND r.status = 'succeeded') "
             "FROM purchases_purchasesaga s LEFT JOIN ledger_ledgerentry l "
             "ON l.intent_id = s.intent_id WHERE s.state IN ('CONFIRMED', 'COMPENSATED') "
-            "GROUP BY 1, 2"
+            "GROUP BY s.id, s.state, s.event_id"
         ):
-            if state == "CONFIRMED" and (charges, refunds) != (1, 0):
+            if state == "CONFIRMED" and (charges, refunds) != (1, succeeded):
                 problems.append(
                     f"saga {saga_id} CONFIRMED with {charges} charge(s), "
                     f"{refunds} refund(s) in the ledger"
+                    + (f" for {succeeded} refund(s) that succeeded" if succeeded else "")
                 )
             if state == "COMPENSATED" and charges != refunds:
                 problems.append(

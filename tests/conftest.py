@@ -35,6 +35,19 @@ from purchases.models import (
 from .factories import EventFactory, UserFactory
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _throttles_read_the_real_clock():
+    """DRF's throttles keep ``time.time`` as a class attribute, read when
+    ``rest_framework.throttling`` is first imported: first imported under a
+    frozen clock (a test that reaches the URLconf inside ``freeze_time``),
+    they would keep freezegun's function for the rest of the session and
+    every later throttled request would fail. Imported here, before any
+    test runs."""
+    import rest_framework.throttling  # noqa: F401 - the import is the point
+
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _cache_outage_closed():
     """Each test starts with the cache taken as up: a test that made a cache

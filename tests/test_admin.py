@@ -1,6 +1,11 @@
 """The operators' admin: the saga list (filters, search), the read-only saga
 page with its timeline and the live gateway view, and the runbook actions
-(dry run, reason, per-row results, admin log, permissions)."""
+(dry run, reason, per-row results, admin log, permissions).
+
+The refund opens a refund row of a confirmed purchase, which stays CONFIRMED
+(docs/refunds.md); the processor is asked by the row's message after the
+commit. A compensation that owes a refund is one whose charge landed while
+the purchase was undone (tests/late_charge.py)."""
 
 from datetime import timedelta
 
@@ -12,12 +17,13 @@ from freezegun import freeze_time
 
 from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
-from purchases.models import GatewayAnswer, PurchaseSaga, SagaHistory, Seat
+from purchases.models import GatewayAnswer, PurchaseSaga, Refund, SagaHistory, Seat
 from purchases.saga.states import SagaState
-from purchases.services import By, purchase_refund, saga_charge, saga_transition
+from purchases.services import By, saga_charge, saga_compensate, saga_transition
 
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory, UserFactory
+from .late_charge import charged_while_undone
 
 CHANGELIST = "/admin/purchases/purchasesaga/"
 T0 = "2026-12-02 12:00:00"
@@ -101,15 +107,17 @@ def unknown_expired(user, event, seat, payment_method="pm_card_timeout_charged")
 
 
 def compensation_pending(user, event, seat, gateway):
-    saga = confirmed(user, event, seat)
+    saga = charged_while_undone(user, event, seats=[seat])
     gateway.down("refund", times=1)
-    saga = purchase_refund(saga_id=saga.pk, reason="customer asked", by=By.operator("erin"))
+    saga = saga_compensate(saga_id=saga.pk, by=By.operator("erin"))
     assert saga.state == "COMPENSATION_PENDING"
     return saga
 
 
 def compensated(user, event, seat):
-    saga = purchase_refund(saga_id=confirmed(user, event, seat).pk, reason="customer asked")
+    saga = saga_charge(
+        saga_id=pending(user, event, seat, payment_method="pm_card_chargeDeclined").pk
+    )
     assert saga.state == "COMPENSATED"
     return saga
 
@@ -428,13 +436,9 @@ ALLOWED = [
         "available",
         [("charge", 2500), ("refund", -2500)],
     ),
-    (
-        "refund",
-        _refund_confirmed,
-        "COMPENSATED",
-        "available",
-        [("charge", 2500), ("refund", -2500)],
-    ),
+    # A refund row: the purchase stays CONFIRMED, its seat back on sale; the
+    # processor is asked by the row's message, after the commit.
+    ("refund", _refund_confirmed, "CONFIRMED", "available", [("charge", 2500)]),
 ]
 
 
@@ -473,7 +477,8 @@ def test_each_action_runs_through_the_admin(
     log = LogEntry.objects.get(object_id=str(saga.pk), user=operator)
     assert log.action_flag == CHANGE
     assert action in log.change_message and "seen at the gateway" in log.change_message
-    assert f"done: {before} → {expected}" in log.change_message
+    moved = f"{before} → {expected}" if before != expected else f"still {expected}"
+    assert f"done: {moved}" in log.change_message
     assert "1 done, 0 refused, 0 failed" in response.content.decode()
 
 
@@ -496,6 +501,28 @@ def test_each_action_names_the_operator_in_the_history(
     assert "seen at the gateway" in new[0].reason
     moves = [h for h in new if h.to_state == expected]
     assert moves and all((h.actor, h.actor_name) == ("operator", "carol") for h in moves)
+
+
+@pytest.mark.django_db
+def test_the_refund_action_opens_a_refund_the_relay_asks_of_the_processor(
+    op_client, alice, event, faulty_gateway
+):
+    saga = confirmed(alice, event, "A1")
+
+    _post_action(op_client, "refund", [saga], reason="the buyer cannot come")
+    asked_in_the_request = [c for c in faulty_gateway.calls if "refund" in c[0]]
+    drain_outbox()
+
+    assert asked_in_the_request == []
+    refund = Refund.objects.get(saga_id=saga.pk)
+    assert (refund.status, refund.source, refund.amount) == ("succeeded", "operator", 2500)
+    assert "the buyer cannot come (by carol)" in refund.reason
+    assert _state(saga) == "CONFIRMED"
+    assert list(
+        LedgerEntry.objects.filter(saga_id=saga.pk).order_by("id").values_list("kind", "amount")
+    ) == [("charge", 2500), ("refund", -2500)]
+    page = op_client.get(change_url(saga)).content.decode()
+    assert f"refund {refund.pk} of 25.00 EUR: customer service refunded" in page
 
 
 # --- runbook actions: refused -----------------------------------------------------------
@@ -592,13 +619,14 @@ def test_bulk_action_with_mixed_rows_reports_each_and_runs_only_the_allowed(
 
     results = _results(response)
     assert {k: (r.outcome, r.after) for k, r in results.items()} == {
-        str(refundable[0].pk): ("done", "COMPENSATED"),
-        str(refundable[1].pk): ("done", "COMPENSATED"),
+        str(refundable[0].pk): ("done", "CONFIRMED"),
+        str(refundable[1].pk): ("done", "CONFIRMED"),
         str(done_already.pk): ("refused", "COMPENSATED"),
         str(held.pk): ("refused", "PENDING"),
     }
     assert results[str(held.pk)].message == "not allowed from PENDING"
-    assert [_state(s) for s in refundable] == ["COMPENSATED", "COMPENSATED"]
+    assert [_state(s) for s in refundable] == ["CONFIRMED", "CONFIRMED"]
+    assert {r.saga_id for r in Refund.objects.all()} == {s.pk for s in refundable}
     assert _state(held) == "PENDING"
     assert Seat.objects.get(event=big_event, ref="A4").status == "held"
     assert set(LogEntry.objects.filter(user=operator).values_list("object_id", flat=True)) == {
@@ -611,23 +639,25 @@ def test_bulk_action_with_mixed_rows_reports_each_and_runs_only_the_allowed(
 def test_one_rows_failure_does_not_stop_the_others(
     op_client, alice, big_event, faulty_gateway, monkeypatch
 ):
+    from purchases import services
+
     first, second = confirmed(alice, big_event, "A1"), confirmed(alice, big_event, "A2")
+    refund = services.purchase_refund
 
-    def exploding_refund(intent_id, *, idempotency_key):
-        if intent_id == first.intent_id:
-            raise RuntimeError("gateway adapter crashed")
-        return type(faulty_gateway).refund(
-            faulty_gateway, intent_id, idempotency_key=idempotency_key
-        )
+    def exploding_refund(*, saga_id, **kwargs):
+        if str(saga_id) == str(first.pk):
+            raise RuntimeError("refund step crashed")
+        return refund(saga_id=saga_id, **kwargs)
 
-    monkeypatch.setattr(faulty_gateway, "refund", exploding_refund)
+    monkeypatch.setattr(services, "purchase_refund", exploding_refund)
 
     response = _post_action(op_client, "refund", [first, second])
 
     results = _results(response)
     assert results[str(first.pk)].outcome == "failed"
-    assert "gateway adapter crashed" in results[str(first.pk)].message
-    assert (results[str(second.pk)].outcome, _state(second)) == ("done", "COMPENSATED")
+    assert "refund step crashed" in results[str(first.pk)].message
+    assert (results[str(second.pk)].outcome, _state(second)) == ("done", "CONFIRMED")
+    assert [r.saga_id for r in Refund.objects.all()] == [second.pk]
 
 
 @pytest.mark.django_db
@@ -663,8 +693,8 @@ def test_the_dry_run_shows_the_plan_and_writes_nothing(op_client, alice, big_eve
         allowed.seats_freed,
         allowed.emails,
         allowed.gateway_calls,
-    ) == (True, True, ["A1"], ["correction"], ["refund"])
-    assert allowed.ledger == "refund -25.00 EUR"
+    ) == (True, True, ["A1"], ["refund"], ["create_refund"])
+    assert allowed.ledger == "refund -25.00 EUR once the processor confirms it"
     refused = plans[str(held.pk)]
     assert (refused.allowed, refused.why) == (False, "not allowed from PENDING")
     html = response.content.decode()

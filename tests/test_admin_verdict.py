@@ -23,7 +23,7 @@ from common.time import format_utc_seconds
 from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
 from payments.interface import RefundOutcome, RefundResult
-from purchases.models import GatewayAnswer, PurchaseSaga, SagaHistory
+from purchases.models import GatewayAnswer, PurchaseSaga, Refund, SagaHistory
 from purchases.ops.runbook import Action, action_run
 from purchases.ops.sweeps import sweep_chase
 from purchases.ops.verdict import Verdict, saga_verdict
@@ -34,11 +34,13 @@ from purchases.services import (
     event_create_with_seats,
     purchase_refund,
     saga_charge,
+    saga_compensate,
     saga_transition,
 )
 
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory, OrganizerFactory, UserFactory
+from .late_charge import charged_while_undone
 
 CHANGELIST = "/admin/purchases/purchasesaga/"
 T0 = "2026-12-02 12:00:00"
@@ -174,17 +176,58 @@ def test_verdict_of_a_refunded_purchase(alice, two_seats, gateway):
         saga = saga_charge(saga_id=start_purchase(alice, two_seats, seats=["A1", "A2"]).pk)
         drain_outbox()
         clock.tick(600)
-        assert purchase_refund(saga_id=saga.pk, reason="customer asked").state == "COMPENSATED"
+        assert purchase_refund(saga_id=saga.pk, reason="customer asked").state == "CONFIRMED"
         drain_outbox()
         verdict = saga_verdict(_fresh(saga))
 
+    refund = Refund.objects.get(saga_id=saga.pk)
     assert verdict.headline == (
-        "refunded 50.00 EUR, 2 seats released (A1, A2), "
-        "correction email sent 2026-12-02 12:10:00 UTC"
+        f"charged 50.00 EUR once ({_charge_ref(saga)}), 2 seats given back by refunds "
+        "(A1, A2), confirmation email sent 2026-12-02 12:00:00 UTC; refunded 50.00 EUR in "
+        "full, refund email sent 2026-12-02 12:10:00 UTC"
     )
     assert verdict.next_step == SETTLED
     assert verdict.needs_operator is False
-    assert any("customer asked" in line for line in verdict.details)
+    assert (
+        f"refund {refund.pk} of 50.00 EUR: customer service refunded 2026-12-02 12:10:00 UTC, "
+        "succeeded 2026-12-02 12:10:00 UTC; for seats A1, A2; released A1, A2; "
+        "asked of the processor; "
+        f"processor's {refund.processor_ref}; why: customer asked"
+    ) in verdict.details
+
+
+@pytest.mark.django_db
+def test_verdict_of_a_refund_in_flight_and_of_one_the_processor_refused(
+    alice, bob, two_seats, faulty_gateway
+):
+    with freeze_time(T0) as clock:
+        saga = saga_charge(saga_id=start_purchase(alice, two_seats, seats=["A1", "A2"]).pk)
+        drain_outbox()
+        faulty_gateway.down("create_refund", times=1)
+        purchase_refund(saga_id=saga.pk, reason="customer asked")
+        drain_outbox()  # asked; the answer lost: looked up on the backoff
+        in_flight = saga_verdict(_fresh(saga))
+        refused = saga_charge(
+            saga_id=start_purchase(
+                bob, two_seats, seats=["A3"], payment_method="pm_card_refundFail"
+            ).pk
+        )
+        purchase_refund(saga_id=refused.pk, reason="customer asked")
+        clock.tick(5)
+        drain_outbox()
+        failed = saga_verdict(_fresh(refused))
+
+    assert in_flight.headline.endswith("; a refund of 50.00 EUR pending")
+    assert in_flight.next_step.startswith("The refund is looked up of the processor at ")
+    assert in_flight.needs_operator is False
+    assert any("armed: the refund's deadline at" in line for line in in_flight.details)
+    refund = Refund.objects.get(saga_id=refused.pk)
+    assert f"a refund of 25.00 EUR FAILED ({refund.detail})" in failed.headline
+    assert failed.next_step.startswith(f"An operator decides about the refused refund {refund.pk}")
+    assert failed.needs_operator is True
+    assert any(
+        line.startswith("alert raised") and "(unanswered)" in line for line in failed.details
+    )
 
 
 @pytest.mark.django_db
@@ -239,19 +282,19 @@ def test_verdict_of_an_escalated_unknown_expired(alice, event, faulty_gateway, s
 @pytest.mark.django_db
 def test_verdict_of_a_compensation_pending_retrying_the_refund(alice, event, faulty_gateway):
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-        drain_outbox()
+        saga = charged_while_undone(alice, event)
         clock.tick(600)
         faulty_gateway.down("refund", times=1)
-        assert purchase_refund(saga_id=saga.pk, reason="asked").state == "COMPENSATION_PENDING"
+        assert saga_compensate(saga_id=saga.pk).state == "COMPENSATION_PENDING"
         verdict = saga_verdict(_fresh(saga))
 
     assert verdict.headline == (
         "COMPENSATION_PENDING: refund of 25.00 EUR not confirmed yet (the gateway answered "
-        "unknown: timeout, 2026-12-02 12:10:00 UTC); retrying; 1 seat still sold (A1)"
+        "unknown: timeout, 2026-12-02 12:10:00 UTC); retrying; 1 seat still held (A1)"
     )
     assert verdict.next_step == (
-        "Refund retry 1 at 2026-12-02 12:11:00 UTC; the chaser alerts if "
+        "Refund retry 1 at 2026-12-02 12:11:00 UTC; the hold expiry at 2026-12-02 12:15:00 "
+        "UTC pushes the compensation along; the chaser alerts if "
         "it is not refunded by 2026-12-03 12:10:00 UTC. Should it stop moving, the resumer "
         f"will act: {DRIVES[SagaState.COMPENSATION_PENDING].why}."
     )
@@ -263,11 +306,10 @@ def test_verdict_of_a_compensation_pending_waiting_for_an_operator(
     alice, event, gateway, monkeypatch
 ):
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-        drain_outbox()
+        saga = charged_while_undone(alice, event)
         clock.tick(600)
         monkeypatch.setattr(gateway, "refund", _NotCharged(gateway))
-        assert purchase_refund(saga_id=saga.pk, reason="asked").state == "COMPENSATION_PENDING"
+        assert saga_compensate(saga_id=saga.pk).state == "COMPENSATION_PENDING"
         drain_outbox()
         assert _fresh(saga).awaiting_operator_since is not None
         verdict = saga_verdict(_fresh(saga))
@@ -275,7 +317,7 @@ def test_verdict_of_a_compensation_pending_waiting_for_an_operator(
     assert verdict.headline == (
         "COMPENSATION_PENDING: needs an operator since 2026-12-02 12:10:00 UTC — the gateway "
         "says there is no charge to refund (not_charged) while the ledger holds 25.00 EUR "
-        f"({_charge_ref(saga)}); 1 seat still sold (A1)"
+        f"({_charge_ref(saga)}); 1 seat still held (A1)"
     )
     assert verdict.next_step == (
         "Compare the ledger with the gateway's view (“Ask the gateway”), then confirm after "
@@ -283,7 +325,7 @@ def test_verdict_of_a_compensation_pending_waiting_for_an_operator(
         "(retry the refund); no retry or resumer moves it."
     )
     assert verdict.needs_operator is True
-    # raised by the operator's own refund, in its commit: not an answer to it
+    # raised by the compensation's refund, in its commit: unanswered
     assert (
         "alert raised 2026-12-02 12:10:00 UTC: the gateway has no charge for a refund the "
         "ledger owes (unanswered)" in verdict.details
@@ -331,9 +373,9 @@ def test_an_unanswered_alert_needs_an_operator_until_one_acts(
 ):
     settings.COMPENSATION_DEADLINE_SECONDS = 3600
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+        saga = charged_while_undone(alice, event)
         faulty_gateway.down("refund")
-        purchase_refund(saga_id=saga.pk, reason="asked")
+        saga_compensate(saga_id=saga.pk)
         clock.tick(2 * 3600)
         sweep_chase()  # past the deadline: one alert
         raised = saga_verdict(_fresh(saga))
@@ -506,15 +548,18 @@ def test_reservation_and_saga_statuses_read_together(op_client, alice, bob, two_
     sold = saga_charge(saga_id=start_purchase(alice, two_seats, seats=["A2"]).pk)
     refunded = purchase_refund(saga_id=sold.pk, reason="asked")
     resold = saga_charge(saga_id=start_purchase(bob, two_seats, seats=["A2"]).pk)
+    undone = saga_compensate(saga_id=charged_while_undone(alice, two_seats, seats=["A3"]).pk)
 
     def page(saga):
         return op_client.get(change_url(saga)).content.decode()
 
     assert "HELD while the purchase is in flight (the saga is UNKNOWN)" in page(in_flight)
     assert "CONFIRMED: the seats are sold (the saga is CONFIRMED)" in page(resold)
+    assert "CANCELLED because the saga is COMPENSATED" in page(undone)
     refunded_page = page(refunded)
-    assert "CANCELLED because the saga is COMPENSATED" in refunded_page
-    # the seat went to bob since: not this reservation's any more
+    # A refund gives seats back, the purchase stays CONFIRMED; the seat went
+    # to bob since: not this reservation's any more.
+    assert "1 seat given back by refunds (A2)" in refunded_page
     assert "; now sold to another purchase" in refunded_page
 
 
@@ -557,10 +602,11 @@ def _zoo(alice, bob, event, gateway, monkeypatch):
     refunded = purchase_refund(
         saga_id=saga_charge(saga_id=start_purchase(bob, event, seats=["A6"]).pk).pk, reason="asked"
     )
-    waiting = saga_charge(saga_id=start_purchase(alice, event, seats=["A7"]).pk)
+    drain_outbox()  # the refund row's message asks the processor
+    waiting = charged_while_undone(alice, event, seats=["A7"])
     with monkeypatch.context() as patch:
         patch.setattr(gateway, "refund", _NotCharged(gateway))
-        waiting = purchase_refund(saga_id=waiting.pk, reason="asked")
+        waiting = saga_compensate(saga_id=waiting.pk)
     return {
         "visa": visa,
         "pending": pending,
@@ -714,12 +760,13 @@ def test_every_amount_on_the_saga_pages_has_its_currencys_decimals(
     page = op_client.get(change_url(saga), {"gateway": "1"}).content.decode()
     dry_run = op_client.post(CHANGELIST, {**selected, "index": "0"}).content.decode()
     results = op_client.post(CHANGELIST, {**selected, "confirm": "yes", "reason": "asked"})
+    drain_outbox()  # the refund row's message asks the processor
     refunded = op_client.get(change_url(saga)).content.decode()
 
     assert f'<td class="field-total">{shown}</td>' in listing
     assert f"charged {shown} once" in page
-    assert f"refund -{shown}" in dry_run
-    assert f"refund -{shown}" in results.content.decode()
-    assert f"refunded {shown}" in refunded and f"-{shown}" in refunded
+    assert f"open a refund of {shown}" in dry_run and f"refund -{shown}" in dry_run
+    assert f"open a refund of {shown}" not in results.content.decode()  # done, not planned
+    assert f"refunded {shown} in full" in refunded and f"-{shown}" in refunded
     for html in (listing, page, dry_run, results.content.decode(), refunded):
         assert wrong not in _outside_payloads(html)

@@ -593,6 +593,7 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/events/{event_id}/seats/",
         "/api/purchases/",
         "/api/purchases/{saga_id}/",
+        "/api/purchases/{saga_id}/cancel/",
         # The webhooks' staff API (tests/test_webhooks_api.py).
         "/api/webhook-endpoints/",
         "/api/webhook-endpoints/{endpoint_id}/",
@@ -619,6 +620,10 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/organizers/{slug}/events/{event_id}/purchases/",
         "/api/organizers/{slug}/events/{event_id}/purchases.csv",
         "/api/organizers/{slug}/events/{event_id}/report/",
+        # Money back (tests/test_refund_api.py).
+        "/api/organizers/{slug}/purchases/{saga_id}/refunds/",
+        "/api/organizers/{slug}/events/{event_id}/cancel/",
+        "/api/organizers/{slug}/events/{event_id}/cancellation/",
     }
     assert set(schema["paths"]["/api/purchases/"]) >= {"get", "post"}
     assert {"202", "400", "401", "409", "422"} <= set(

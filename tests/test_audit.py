@@ -1,8 +1,14 @@
 """The invariant auditor: a clean run of every outcome passes; each invariant,
 broken on purpose, is reported by name with the saga it concerns, recorded in
-an AuditRun, and makes ``manage.py audit_sagas`` exit non-zero."""
+an AuditRun, and makes ``manage.py audit_sagas`` exit non-zero.
+
+Money back to a confirmed purchase is a refund row of its own (the saga stays
+CONFIRMED: docs/refunds.md); the compensation's refund is only owed for a
+charge that landed on a purchase being undone (tests/late_charge.py). Both
+are outcomes of the story."""
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from io import StringIO
@@ -18,15 +24,18 @@ from freezegun import freeze_time
 from ledger.models import LedgerEntry
 from outbox.models import InboxEntry, OutboxMessage
 from payments.fake_gateway.inprocess import InProcessFakeGateway
-from payments.fake_gateway.models import FakeCharge
-from payments.interface import GatewayUnavailable
+from payments.fake_gateway.models import FakeCharge, FakeRefund
+from payments.interface import GatewayRefund, GatewayUnavailable
 from payments.registry import override_gateway
 from purchases.models import (
     AuditRun,
     Event,
+    EventCancellation,
     GatewayAnswer,
     PurchaseSaga,
+    Refund,
     Reservation,
+    ReservationSeat,
     Seat,
     SweepHeartbeat,
 )
@@ -36,12 +45,17 @@ from purchases.ops.audit import (
     INVARIANTS,
     audit_run,
 )
+from purchases.ops.audit.emails import REFUND_EMAIL
 from purchases.ops.runbook import Action, action_run
 from purchases.saga.states import SagaState
 from purchases.services import (
     SYSTEM,
     By,
+    event_cancel,
+    organizer_refund,
     purchase_refund,
+    refund_chase,
+    refund_execute,
     saga_charge,
     saga_compensate,
     saga_transition,
@@ -50,6 +64,7 @@ from purchases.services import (
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory
 from .gateways import FaultyGateway
+from .late_charge import charged_while_undone
 
 T0 = "2026-12-02 12:00:00"
 BACKOFF = [60, 120, 240, 480, 960, 1920]
@@ -65,6 +80,8 @@ class Story:
     reconciled: PurchaseSaga
     refunded: PurchaseSaga
     expired_unknown: PurchaseSaga
+    undone: PurchaseSaga
+    partly: PurchaseSaga
 
 
 def _fresh(saga):
@@ -76,7 +93,7 @@ def story(alice, bob, gateway, settings):
     """One saga of every outcome, every message delivered, inside frozen time."""
     settings.PURCHASE_HOLD_SECONDS = 300
     settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
-    event = EventFactory(seats=[f"A{n}" for n in range(1, 9)])
+    event = EventFactory(seats=[f"A{n}" for n in range(1, 11)])
     with freeze_time(T0) as clock:
         visa = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
         declined = saga_charge(
@@ -88,8 +105,19 @@ def story(alice, bob, gateway, settings):
             alice, event, seats=["A3"], payment_method="pm_card_timeout_charged"
         )
         assert saga_charge(saga_id=reconciled.pk).state == "UNKNOWN"
+        # Refunded in full by customer service: a refund row (asked of the
+        # processor by its message, delivered below), the seats back on sale.
         refunded = saga_charge(saga_id=start_purchase(bob, event, seats=["A4", "A5"]).pk)
         purchase_refund(saga_id=refunded.pk, reason="customer asked", by=By.operator("carol"))
+        # A part given back by the organizer: the processor's charge stays
+        # "succeeded" (only its refunds say what it kept).
+        partly = saga_charge(saga_id=start_purchase(alice, event, seats=["A10"]).pk)
+        organizer_refund(
+            organizer=event.organizer, saga_id=partly.pk, user=alice, reason="late", amount=1000
+        )
+        # Charged while it was being undone: the compensation refunds it.
+        undone = charged_while_undone(alice, event, seats=["A9"])
+        saga_compensate(saga_id=undone.pk)
         # The gateway never answers: reconciled until the hold runs out, then
         # cancelled at the gateway (a definitive answer) and compensated.
         expired_unknown = start_purchase(
@@ -107,6 +135,8 @@ def story(alice, bob, gateway, settings):
             _fresh(reconciled),
             _fresh(refunded),
             _fresh(expired_unknown),
+            _fresh(undone),
+            _fresh(partly),
         )
         assert [
             s.state
@@ -116,8 +146,22 @@ def story(alice, bob, gateway, settings):
                 told.reconciled,
                 told.refunded,
                 told.expired_unknown,
+                told.undone,
+                told.partly,
             )
-        ] == ["CONFIRMED", "COMPENSATED", "CONFIRMED", "COMPENSATED", "COMPENSATED"]
+        ] == [
+            "CONFIRMED",
+            "COMPENSATED",
+            "CONFIRMED",
+            "CONFIRMED",
+            "COMPENSATED",
+            "COMPENSATED",
+            "CONFIRMED",
+        ]
+        assert [(r.saga_id, r.amount, r.status) for r in Refund.objects.order_by("amount")] == [
+            (partly.pk, 1000, "succeeded"),
+            (refunded.pk, 5000, "succeeded"),
+        ]
         yield told
 
 
@@ -164,16 +208,20 @@ def test_a_clean_run_over_every_outcome_finds_nothing(story, gateway):
     report = audit_run()
 
     assert report.violations == []
-    assert report.sagas_checked == 5 and report.sagas_skipped == 0
+    assert report.sagas_checked == 7 and report.sagas_skipped == 0
     assert set(report.counts) == set(INVARIANTS) and not any(report.counts.values())
-    # One look-up per intent, through the gateway's API.
+    # One look-up per intent, through the gateway's API, and one of the
+    # refunds of each intent that holds (or held) a charge.
     asked = [c[1] for c in gateway.calls if c[0] == "list_charges"]
     assert sorted(asked) == sorted(s.intent_id for s in PurchaseSaga.objects.all())
+    refunds_asked = [c[1] for c in gateway.calls if c[0] == "list_refunds"]
+    charged = (story.visa, story.reconciled, story.refunded, story.undone, story.partly)
+    assert sorted(refunds_asked) == sorted(s.intent_id for s in charged)
     assert report.run_id is not None
     run = AuditRun.objects.get(pk=report.run_id)
-    assert (run.sagas_checked, run.violations, run.report) == (5, 0, [])
+    assert (run.sagas_checked, run.violations, run.report) == (7, 0, [])
     beat = SweepHeartbeat.objects.get(name="audit_sagas")
-    assert beat.last_succeeded_at is not None and beat.rows_seen == 5
+    assert beat.last_succeeded_at is not None and beat.rows_seen == 7
 
     # Nothing is silently stuck a day later either: everything settled.
     assert audit_run(now=timezone.now() + timedelta(days=1)).violations == []
@@ -189,7 +237,7 @@ def test_the_command_prints_the_table_and_exits_0_when_clean(story):
     assert [line.split() for line in lines[: len(INVARIANTS)]] == [
         [name, "ok"] for name in INVARIANTS
     ]
-    assert "5 saga(s) checked" in lines[-1] and "0 violation(s)" in lines[-1]
+    assert "7 saga(s) checked" in lines[-1] and "0 violation(s)" in lines[-1]
     assert AuditRun.objects.count() == 1
 
 
@@ -202,7 +250,7 @@ def test_the_command_prints_json_on_request(story):
         call_command("audit_sagas", "--json", stdout=out)
 
     report = json.loads(out.getvalue())
-    assert report["sagas_checked"] == 5
+    assert report["sagas_checked"] == 7
     assert report["counts"]["seat_sold_once"] == 1
     assert report["violations"] == [
         {
@@ -219,13 +267,23 @@ def test_the_command_prints_json_on_request(story):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("breakage", ["reservation_cancelled", "seat_released", "orphan_sold"])
+@pytest.mark.parametrize(
+    "breakage", ["reservation_cancelled", "seat_released", "link_ended", "orphan_sold"]
+)
 def test_seat_sold_once(story, breakage):
     saga = story.visa
     if breakage == "reservation_cancelled":
         Reservation.objects.filter(pk=saga.reservation_id).update(status="CANCELLED")
     elif breakage == "seat_released":
         Seat.objects.filter(event=story.event, ref="A1").update(status="available")
+    elif breakage == "link_ended":
+        # A confirmed purchase's seat put back on sale by no refund: its
+        # refund (an amount, no seat named) gave back money, not A10.
+        saga = story.partly
+        ReservationSeat.objects.filter(reservation_id=saga.reservation_id).update(
+            released_at=timezone.now()
+        )
+        Seat.objects.filter(event=story.event, ref="A10").update(status="available")
     else:  # a seat sold to nobody
         Seat.objects.filter(event=story.event, ref="A8").update(status="sold")
         saga = None
@@ -244,6 +302,13 @@ def test_one_charge_per_intent(story):
     # A second charge at "the processor" (refunded, so the net still agrees).
     FakeCharge.objects.create(
         intent_id=story.visa.intent_id, amount=2500, currency="EUR", status="refunded"
+    )
+    FakeRefund.objects.create(
+        refund_id="whole:second",
+        intent_id=story.visa.intent_id,
+        amount=2500,
+        currency="EUR",
+        status="succeeded",
     )
 
     report = audit_run()
@@ -290,8 +355,73 @@ def test_ledger_equals_gateway_for_ledger_entries_no_saga_owns(story, gateway):
 
 
 @pytest.mark.django_db
-def test_a_confirmed_saga_with_a_refund_entry(story):
-    # A refund entry of 0: the net (and so the gateway check) still agrees.
+def test_a_confirmed_saga_without_its_charge_entry(story):
+    LedgerEntry.objects.filter(intent_id=story.visa.intent_id, kind="charge").delete()
+
+    report = audit_run()
+
+    named = [v for v in report.violations if v.invariant == "confirmed_has_one_charge_entry"]
+    assert [(v.saga_id, v.detail) for v in named] == [
+        (str(story.visa.pk), "CONFIRMED with 0 charge and 0 other ledger entries")
+    ]
+    # The gateway holds the money the ledger lost, and the seller's report says so.
+    assert _invariants(report) == {
+        "confirmed_has_one_charge_entry",
+        "ledger_equals_gateway",
+        "report_equals_ledger",
+    }
+
+
+@pytest.mark.django_db
+def test_a_compensated_saga_whose_ledger_does_not_net_zero(story):
+    # The refund never happened at the gateway and its ledger entry is void:
+    # ledger and gateway agree (2500), but a compensated purchase kept money.
+    FakeRefund.objects.filter(intent_id=story.undone.intent_id).delete()
+    FakeCharge.objects.filter(intent_id=story.undone.intent_id).update(status="succeeded")
+    LedgerEntry.objects.filter(intent_id=story.undone.intent_id, kind="refund").update(amount=0)
+
+    report = audit_run()
+
+    _only(report, "confirmed_has_one_charge_entry", story.undone)
+    assert "nets 2500" in report.violations[0].detail
+    _command_fails("confirmed_has_one_charge_entry", story.undone)
+
+
+# --- refunds of a confirmed purchase ----------------------------------------------------
+
+
+def _refund_of(saga) -> Refund:
+    return Refund.objects.get(saga_id=saga.pk)
+
+
+def _its_entry(refund):
+    return LedgerEntry.objects.filter(refund_id=refund.pk)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("breakage", ["entry_names_another_refund", "entry_of_another_amount"])
+def test_a_refund_entry_that_is_not_its_refunds(story, breakage):
+    refund = _refund_of(story.refunded)
+    if breakage == "entry_names_another_refund":
+        _its_entry(refund).update(refund_id=uuid.uuid4())
+        why = ["not a succeeded one", f"succeeded refund {refund.pk} has 0 ledger entries"]
+    else:
+        # The row says 4000 went back, its entry 5000 (as the processor).
+        Refund.objects.filter(pk=refund.pk).update(amount=4000)
+        why = [f"refund {refund.pk} of 4000 has an entry of 5000"]
+
+    report = audit_run()
+
+    _only(report, "refund_entry_mismatch", story.refunded)
+    details = " | ".join(v.detail for v in report.violations)
+    assert all(w in details for w in why), details
+    _command_fails("refund_entry_mismatch", story.refunded)
+
+
+@pytest.mark.django_db
+def test_a_refund_entry_that_names_no_refund_row(story):
+    # A refund entry of 0 on a confirmed purchase (the net and the gateway
+    # still agree): no refund row of it gave that money back.
     LedgerEntry.objects.create(
         intent_id=story.visa.intent_id,
         kind="refund",
@@ -304,35 +434,255 @@ def test_a_confirmed_saga_with_a_refund_entry(story):
 
     report = audit_run()
 
-    _only(report, "confirmed_has_one_charge_entry", story.visa)
-    _command_fails("confirmed_has_one_charge_entry", story.visa)
+    _only(report, "refund_entry_mismatch", story.visa)
+    assert "names no refund row" in report.violations[0].detail
 
 
 @pytest.mark.django_db
-def test_a_compensated_saga_whose_ledger_does_not_net_zero(story):
-    # The refund never happened at the gateway and its ledger entry is void:
-    # ledger and gateway agree (5000), but a compensated purchase kept money.
-    FakeCharge.objects.filter(intent_id=story.refunded.intent_id).update(status="succeeded")
-    LedgerEntry.objects.filter(intent_id=story.refunded.intent_id, kind="refund").update(amount=0)
+def test_a_refund_row_of_a_purchase_never_confirmed(story):
+    Refund.objects.create(
+        saga_id=story.declined.pk,
+        event_id=story.event.pk,
+        amount=100,
+        currency="EUR",
+        source="operator",
+        public_reason="-",
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
 
     report = audit_run()
 
-    _only(report, "confirmed_has_one_charge_entry", story.refunded)
-    assert "nets 5000" in report.violations[0].detail
-    _command_fails("confirmed_has_one_charge_entry", story.refunded)
+    _only(report, "refund_entry_mismatch", story.declined)
+    assert "never confirmed" in report.violations[0].detail
+
+
+@pytest.mark.django_db
+def test_refunds_that_owe_more_than_was_paid(story):
+    # A second refund of 1 (pending, just opened) beside the 5000 given back.
+    Refund.objects.create(
+        saga_id=story.refunded.pk,
+        event_id=story.event.pk,
+        amount=1,
+        currency="EUR",
+        source="operator",
+        public_reason="-",
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+
+    report = audit_run()
+
+    _only(report, "refund_exceeds_charge", story.refunded)
+    assert "add up to 5001, more than the 5000 paid" in report.violations[0].detail
+    _command_fails("refund_exceeds_charge", story.refunded)
+
+
+@pytest.mark.django_db
+def test_a_ledger_that_nets_below_zero(story):
+    # The charge was 1000 at the processor and in the ledger (which agree),
+    # and 5000 went back: the rows, the entries and the processor agree too.
+    LedgerEntry.objects.filter(intent_id=story.refunded.intent_id, kind="charge").update(
+        amount=1000
+    )
+    FakeCharge.objects.filter(intent_id=story.refunded.intent_id).update(amount=1000)
+
+    report = audit_run()
+
+    _only(report, "refund_exceeds_charge", story.refunded)
+    assert "nets -4000" in report.violations[0].detail
+
+
+class _RefundsTwice(InProcessFakeGateway):
+    """The processor lists one of our refunds twice (made twice, under
+    two of its own ids)."""
+
+    def list_refunds(self, intent_ref):
+        refunds = super().list_refunds(intent_ref)
+        return refunds + [
+            GatewayRefund(id="re_again", refund_id=r.refund_id, amount=r.amount, status="failed")
+            for r in refunds
+        ]
+
+
+@pytest.mark.django_db
+def test_a_refund_made_twice_at_the_processor(story):
+    report = audit_run(gateway=_RefundsTwice())
+
+    refund = _refund_of(story.refunded)
+    assert _invariants(report) == {"refund_twice_at_processor"}, report.violations
+    assert _sagas(report, "refund_twice_at_processor") == {
+        str(s.pk) for s in (story.refunded, story.partly, story.undone)
+    }
+    assert any(f"2 refunds under our refund id {refund.pk}" in v.detail for v in report.violations)
+
+
+@pytest.mark.django_db
+def test_the_processors_refunds_add_up_to_the_ledgers(story):
+    # The processor gave back 4000 where the ledger (and the row) say 5000.
+    FakeRefund.objects.filter(refund_id=str(_refund_of(story.refunded).pk)).update(amount=4000)
+
+    report = audit_run()
+
+    _only(report, "ledger_equals_gateway", story.refunded)
+    assert report.violations[0].detail == (
+        "the ledger's refunds add up to 5000, the processor's succeeded refunds to 4000 "
+        "(saga CONFIRMED)"
+    )
+
+
+@pytest.mark.django_db
+def test_a_partial_refund_is_netted_from_the_processors_refunds(story):
+    # The processor's charge of a partly refunded purchase stays "succeeded":
+    # only its refunds say it kept 1500 (and the ledger agrees).
+    assert FakeCharge.objects.get(intent_id=story.partly.intent_id).status == "succeeded"
+    assert audit_run().violations == []
+
+    FakeRefund.objects.filter(intent_id=story.partly.intent_id).update(status="failed")
+    report = audit_run()
+
+    _only(report, "ledger_equals_gateway", story.partly)
+
+
+@pytest.mark.django_db
+def test_a_refund_in_flight_is_not_judged_against_the_processor_until_its_deadline(story, settings):
+    # Done at the processor, our row still pending (its answer lost, the
+    # look-up to come): the ledger lags the processor, for now.
+    refund = _refund_of(story.refunded)
+    Refund.objects.filter(pk=refund.pk).update(status="pending", settled_at=None)
+    _its_entry(refund).delete()
+    settled = OutboxMessage.objects.filter(topic="refund.settled", saga_id=story.refunded.pk)
+    InboxEntry.objects.filter(message__in=settled).delete()
+    settled.delete()
+    assert audit_run().violations == []
+
+    story.clock.tick(timedelta(seconds=settings.REFUND_CHASE_SECONDS) + LATER)
+    report = audit_run()
+
+    assert _invariants(report) == {"ledger_equals_gateway", "no_silent_stuck"}
+
+
+@pytest.mark.django_db
+def test_a_refund_pending_past_its_deadline_needs_the_chasers_alert(story, settings):
+    # Pending (asked, never settled), and the chaser's timer never delivered.
+    refund = Refund.objects.create(
+        saga_id=story.visa.pk,
+        event_id=story.event.pk,
+        amount=1000,
+        currency="EUR",
+        source="operator",
+        public_reason="-",
+        asked=True,
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+    story.clock.tick(timedelta(seconds=settings.REFUND_CHASE_SECONDS) - timedelta(minutes=1))
+    assert audit_run().violations == []  # before its deadline: on its way
+    story.clock.tick(LATER)
+
+    report = audit_run()
+
+    _only(report, "no_silent_stuck", story.visa)
+    assert f"refund {refund.pk} of 1000 pending" in report.violations[0].detail
+    assert refund_chase(refund_id=refund.pk, event_id=story.event.pk)
+    assert audit_run().violations == []  # the alert names it
+
+
+class _SettlesMeanwhile(InProcessFakeGateway):
+    """While the auditor asks the processor about an intent, the refund of
+    its purchase settles (its look-up, on another worker)."""
+
+    def __init__(self, refund):
+        super().__init__()
+        self.settling = refund
+
+    def list_charges(self, intent_id):
+        if self.settling is not None and intent_id == self.settling.saga.intent_id:
+            refund, self.settling = self.settling, None
+            refund_execute(refund_id=refund.pk, event_id=refund.event_id, gateway=self)
+        return super().list_charges(intent_id)
+
+
+@pytest.mark.django_db
+def test_a_refund_that_settles_while_the_auditor_reads_is_left_to_the_next_run(story, settings):
+    # Pending past its deadline (its request never reached the processor;
+    # the chaser alerted): judged, not in flight.
+    faulty = FaultyGateway()
+    faulty.down("create_refund", times=1)
+    with override_gateway(faulty):
+        organizer_refund(
+            organizer=story.event.organizer,
+            saga_id=story.visa.pk,
+            user=story.visa.buyer,
+            reason="late",
+            amount=1000,
+        )
+        drain_outbox(now=timezone.now())
+    refund = Refund.objects.get(saga_id=story.visa.pk)
+    assert (refund.status, refund.asked) == ("pending", True)
+    story.clock.tick(timedelta(seconds=settings.REFUND_CHASE_SECONDS) + LATER)
+    assert refund_chase(refund_id=refund.pk, event_id=story.event.pk)
+
+    report = audit_run(gateway=_SettlesMeanwhile(refund))
+
+    assert Refund.objects.get(pk=refund.pk).status == "succeeded"
+    # Read pending with no entry, then the processor's refund: a mix the
+    # auditor does not judge.
+    assert report.violations == []
+    assert report.sagas_skipped == 1
+    assert audit_run().violations == []  # the next run, settled
+
+
+@pytest.mark.django_db
+def test_a_cancelled_event_nets_zero_once_its_run_is_done(story):
+    # Written as done while two confirmed purchases still hold their money.
+    EventCancellation.objects.create(
+        event=story.event,
+        reason="storm",
+        status="done",
+        rate=20,
+        tick_due=timezone.now(),
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+
+    report = audit_run()
+
+    assert _invariants(report) == {"cancelled_event_not_refunded"}
+    # The refunded purchase nets zero; the partly refunded one does not.
+    assert _sagas(report, "cancelled_event_not_refunded") == {
+        str(s.pk) for s in (story.visa, story.reconciled, story.partly)
+    }
+    assert any("still nets 1500" in v.detail for v in report.violations)
+    _command_fails("cancelled_event_not_refunded", story.visa)
+
+
+@pytest.mark.django_db
+def test_a_cancelled_events_run_leaves_a_clean_audit(story, alice):
+    event_cancel(
+        organizer=story.event.organizer, event_id=story.event.pk, reason="storm", user=alice
+    )
+    for _ in range(10):
+        story.clock.tick(1)
+        drain_outbox()
+    assert EventCancellation.objects.get(event=story.event).status == "done"
+    assert {s.state for s in PurchaseSaga.objects.all()} == {"CONFIRMED", "COMPENSATED"}
+
+    assert audit_run().violations == []
 
 
 # --- emails_exactly_once ---------------------------------------------------------------
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("which", ["confirmation", "cancellation"])
+@pytest.mark.parametrize("which", ["confirmation", "cancellation", "refund"])
 def test_an_email_never_sent_is_a_violation_once_it_is_overdue(story, which):
-    saga, consumer = (
-        (story.visa, CONFIRMATION_EMAIL)
-        if which == "confirmation"
-        else (story.declined, CANCELLATION_EMAIL)
-    )
+    saga, consumer = {
+        "confirmation": (story.visa, CONFIRMATION_EMAIL),
+        "cancellation": (story.declined, CANCELLATION_EMAIL),
+        "refund": (story.refunded, REFUND_EMAIL),
+    }[which]
     InboxEntry.objects.filter(message__saga_id=saga.pk, consumer=consumer).delete()
 
     assert audit_run().violations == []  # still young: it may be on its way
@@ -478,13 +828,22 @@ def test_a_refund_after_an_operator_settled_the_unknown_is_not_blind(story, alic
         operator="carol",
         reason="charge seen in the processor's dashboard",
     )
+    # Refunded later: a refund row (the saga stays CONFIRMED), its first
+    # request lost on the way (it never reached the processor).
     faulty = FaultyGateway()
-    faulty.down("refund", times=1)
+    faulty.down("create_refund", times=1)
     with override_gateway(faulty):
         purchase_refund(saga_id=saga.pk, reason="customer asked", by=SYSTEM)
-        story.clock.tick(60)  # the refund retry: its answer comes after the move
         drain_outbox()
-    assert _fresh(saga).state == "COMPENSATED"
+        story.clock.tick(60)  # the look-up finds none: asked again, same key
+        drain_outbox()
+    assert _fresh(saga).state == "CONFIRMED"
+    assert Refund.objects.get(saga_id=saga.pk).status == "succeeded"
+    assert [m for m, _ in faulty.calls if "refund" in m] == [
+        "create_refund",
+        "retrieve_refund",
+        "create_refund",
+    ]
 
     assert audit_run().violations == []
 
@@ -527,9 +886,9 @@ def test_an_intent_the_gateway_cannot_answer_about_is_reported_not_fatal(story):
     assert [(u.saga_id, u.intent_id) for u in report.unverified] == [
         (str(story.visa.pk), story.visa.intent_id)
     ]
-    assert report.sagas_checked == 5
-    assert report.intents_checked == 5
-    assert len([c for c in gateway.calls if c[0] == "list_charges"]) == 4  # + the one lost
+    assert report.sagas_checked == 7
+    assert report.intents_checked == 7
+    assert len([c for c in gateway.calls if c[0] == "list_charges"]) == 6  # + the one lost
     assert "list charges: timeout" in report.unverified[0].detail
     assert report.run_id is not None
     run = AuditRun.objects.get(pk=report.run_id)
@@ -544,9 +903,9 @@ def test_a_gateway_that_stays_down_is_not_asked_about_every_intent(story, monkey
     report = audit_run(gateway=gateway)
 
     assert gateway.lost == report.intents_checked == 2
-    assert len(report.unverified) == 5
+    assert len(report.unverified) == 7
     assert report.violations == []
-    assert sum("not asked" in u.detail for u in report.unverified) == 3
+    assert sum("not asked" in u.detail for u in report.unverified) == 5
 
 
 # --- cost --------------------------------------------------------------------------------
@@ -560,9 +919,9 @@ def test_pending_sagas_are_not_asked_and_chunks_cover_every_saga(story, alice, g
     report = audit_run(chunk_size=2)
 
     assert report.violations == []
-    assert report.sagas_checked == 6
+    assert report.sagas_checked == 8
     asked = [c[1] for c in gateway.calls if c[0] == "list_charges"]
-    assert len(asked) == len(set(asked)) == 5 and pending.intent_id not in asked
+    assert len(asked) == len(set(asked)) == 7 and pending.intent_id not in asked
 
 
 class _CountingGateway(InProcessFakeGateway):
@@ -577,6 +936,13 @@ class _CountingGateway(InProcessFakeGateway):
         before = len(connection.queries)
         try:
             return super().list_charges(intent_id)
+        finally:
+            self.queries += len(connection.queries) - before
+
+    def list_refunds(self, intent_ref):
+        before = len(connection.queries)
+        try:
+            return super().list_refunds(intent_ref)
         finally:
             self.queries += len(connection.queries) - before
 
@@ -631,10 +997,10 @@ def test_an_audit_that_cannot_reach_the_gateway_is_incomplete_not_a_violation(st
     assert "0 violation(s)" in text and "incomplete" in text and url in text
     run = AuditRun.objects.get()
     assert run.violations == 0 and run.report == []
-    assert run.unverified == 5 and run.gateway_url == url
+    assert run.unverified == 7 and run.gateway_url == url
     metrics = client.get("/metrics").content.decode()
     assert "boxoffice_audit_violations 0.0" in metrics
-    assert "boxoffice_audit_unverified_intents 5.0" in metrics
+    assert "boxoffice_audit_unverified_intents 7.0" in metrics
 
 
 @pytest.mark.django_db

@@ -8,12 +8,17 @@ its own alert was raised when the schedule ran out.
 The story of ``tests/test_audit.py`` (one saga of every outcome) with an
 endpoint subscribed to every type from an hour before; the deliveries go to
 a receiver on 127.0.0.1 that answers 204.
+
+A confirmed purchase's refunds (rows of their own: docs/refunds.md) leave it
+CONFIRMED and announce themselves: ``purchase.refunded`` once its refunds
+add up to everything, ``purchase.partially_refunded`` while they do not,
+``purchase.cancelled`` when its buyer cancels.
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -23,8 +28,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
+from purchases.models import Event
 from purchases.ops.audit import audit_run
-from purchases.services import saga_charge
+from purchases.services import purchase_cancel, saga_charge
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.services import webhook_endpoint_create, webhook_endpoint_update
 
@@ -33,7 +39,14 @@ from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory
 from .webhook_receiver import Receiver
 
-ALL = ["purchase.confirmed", "purchase.failed", "purchase.refunded", "purchase.needs_attention"]
+ALL = [
+    "purchase.confirmed",
+    "purchase.failed",
+    "purchase.refunded",
+    "purchase.partially_refunded",
+    "purchase.cancelled",
+    "purchase.needs_attention",
+]
 BEFORE = datetime(2026, 12, 2, 11, 0, tzinfo=UTC)  # an hour before the story (T0)
 AFTER = datetime(2026, 12, 2, 13, 0, tzinfo=UTC)  # after every saga of the story ended
 
@@ -103,10 +116,15 @@ def test_every_finished_saga_has_the_webhook_its_end_calls_for(hooked, endpoint)
             (str(s.visa.pk), "purchase.confirmed", "delivered"),
             (str(s.declined.pk), "purchase.failed", "delivered"),
             (str(s.reconciled.pk), "purchase.confirmed", "delivered"),
-            # Confirmed, then refunded: both are owed, neither contradicts.
+            # Confirmed, then refunded (a refund row; the saga stays
+            # CONFIRMED): both are owed, neither contradicts.
             (str(s.refunded.pk), "purchase.confirmed", "delivered"),
             (str(s.refunded.pk), "purchase.refunded", "delivered"),
             (str(s.expired_unknown.pk), "purchase.failed", "delivered"),
+            # Charged while undone: the compensation refunded it.
+            (str(s.undone.pk), "purchase.refunded", "delivered"),
+            (str(s.partly.pk), "purchase.confirmed", "delivered"),
+            (str(s.partly.pk), "purchase.partially_refunded", "delivered"),
         ]
     )
     assert report.as_dict()["findings"] == []
@@ -123,6 +141,8 @@ def test_every_finished_saga_has_the_webhook_its_end_calls_for(hooked, endpoint)
         ("declined", "purchase.failed"),
         ("refunded", "purchase.refunded"),
         ("expired_unknown", "purchase.failed"),
+        ("undone", "purchase.refunded"),
+        ("partly", "purchase.partially_refunded"),
     ],
 )
 def test_a_missing_webhook_is_a_violation(hooked, endpoint, which, event_type):
@@ -154,8 +174,12 @@ def test_an_endpoint_that_existed_and_was_subscribed_is_owed_one_per_finished_sa
             story.visa,
             story.declined,
             story.reconciled,
+            story.refunded,  # its confirmation, and its refund
             story.refunded,
             story.expired_unknown,
+            story.undone,
+            story.partly,  # its confirmation, and its partial refund
+            story.partly,
         )
     )
     assert all(f"endpoint {late.pk}" in v.detail for v in report.violations)
@@ -214,6 +238,27 @@ def test_an_alert_owes_needs_attention(hooked, endpoint, alice, settings):
     assert "purchase.needs_attention" in report.violations[0].detail
 
 
+@pytest.mark.django_db
+def test_a_buyers_cancellation_owes_cancelled_then_refunded(hooked, endpoint, alice):
+    Event.objects.filter(pk=hooked.event.pk).update(
+        buyer_can_cancel_until=timezone.now() + timedelta(days=1)
+    )
+    purchase_cancel(saga_id=hooked.visa.pk, user=alice, seats=None, request_key="k1")
+    drain_outbox()
+    assert {d.event_type for d in WebhookDelivery.objects.filter(saga_id=hooked.visa.pk)} == {
+        "purchase.confirmed",
+        "purchase.cancelled",
+        "purchase.refunded",
+    }
+    assert audit_run().violations == []
+
+    _delivery(hooked.visa, "purchase.cancelled").delete()
+    report = audit_run()
+
+    base._only(report, "webhook_missing", hooked.visa)
+    assert "no purchase.cancelled delivery" in report.violations[0].detail
+
+
 # --- webhook_contradicts ------------------------------------------------------------------
 
 
@@ -225,8 +270,14 @@ def test_an_alert_owes_needs_attention(hooked, endpoint, alice, settings):
         ("visa", "purchase.refunded"),
         ("declined", "purchase.refunded"),  # nothing was charged
         ("declined", "purchase.confirmed"),  # never confirmed
-        ("refunded", "purchase.failed"),  # both failed and refunded
+        ("refunded", "purchase.failed"),  # confirmed (and refunded), announced as failed
         ("expired_unknown", "purchase.confirmed"),
+        ("undone", "purchase.failed"),  # both failed and refunded
+        ("visa", "purchase.partially_refunded"),  # no refund
+        ("refunded", "purchase.partially_refunded"),  # refunded in one go
+        ("partly", "purchase.refunded"),  # a part only
+        ("visa", "purchase.cancelled"),  # its buyer never cancelled
+        ("declined", "purchase.partially_refunded"),  # never confirmed
     ],
 )
 def test_a_webhook_that_contradicts_the_end_is_a_violation(hooked, endpoint, which, event_type):

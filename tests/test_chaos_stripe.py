@@ -23,14 +23,17 @@ the proxy also serves the PaymentIntent search localstripe lacks). Faults:
   proxy finds the process by its socket);
 - customer service refunds a few CONFIRMED purchases every ``refund_every``
   seconds (``purchase_refund`` in a ``manage.py shell`` of the stack's
-  environment), so that refunds meet the faults too.
+  environment): each opens a refund row (the purchase stays CONFIRMED,
+  docs/refunds.md) that the refund step asks of Stripe and looks up, so
+  that refunds meet the faults and the kills too.
 
 The load buys with ``pm_card_visa`` (charges), ``pm_card_chargeCustomerFail``
 (declined at the charge) and a PaymentMethod of the 3-D Secure card, whose
 buyers (``Buyers``) pass, fail or abandon the authentication, some after the
 hold's expiry. Marker ``chaos`` only, skipped unless selected (``make
 chaos`` runs it after ``tests/test_chaos.py``) or ``CHAOS_STRIPE=1``; about
-3 minutes 15 s in all (``CHAOS_SEED``, ``CHAOS_STRIPE_FAULT_RATE``). On a
+3 minutes 15 s in all (``CHAOS_SEED``, ``CHAOS_STRIPE_FAULT_RATE``;
+``CHAOS_STRIPE_LOAD_SECONDS`` shortens the load, 150 s by default). On a
 failure the report names each saga at fault with its history, gateway answers,
 outbox rows, ledger, its PaymentIntents at localstripe and its log lines.
 """
@@ -139,8 +142,10 @@ OPERATIONS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
         ("cancel", "POST", r"/v1/payment_intents/[^/]+/cancel"),
         ("search", "GET", r"/v1/payment_intents/search"),
         ("retrieve", "GET", r"/v1/payment_intents/[^/]+"),
+        # a refund row's (or a compensation's) create, its look-up by
+        # Stripe's id, and the list by PaymentIntent (a look-up by our id)
         ("refund", "POST", r"/v1/refunds"),
-        # the adapter reads an intent's refunds before making one
+        ("refund retrieve", "GET", r"/v1/refunds/[^/]+"),
         ("refund list", "GET", r"/v1/refunds"),
     )
 )
@@ -327,13 +332,13 @@ import json, sys
 from purchases.models import PurchaseSaga
 from purchases.services import By, purchase_refund
 
-picked = PurchaseSaga.objects.filter(state="CONFIRMED").order_by("?")[:{n}]
+picked = PurchaseSaga.objects.filter(state="CONFIRMED", refunds__isnull=True).order_by("?")[:{n}]
 done = []
 for saga_id in picked.values_list("id", flat=True):
     try:
         saga = purchase_refund(saga_id=saga_id, reason="chaos: the buyer asked",
                                by=By.operator("chaos"))
-        done.append(saga.state)
+        done.append(f"refund opened, saga {{saga.state}}")
     except Exception as exc:
         done.append(type(exc).__name__)
 sys.stdout.write("REFUNDS " + json.dumps(done))
@@ -342,9 +347,10 @@ sys.stdout.write("REFUNDS " + json.dumps(done))
 
 class OperatorRefunds:
     """A thread asking, every ``every`` seconds, for the refund of up to
-    ``per_round`` CONFIRMED purchases in a ``manage.py shell`` of the stack's
-    environment (Stripe mode, through the proxy). ``results``: the state each
-    was left in (COMPENSATED, COMPENSATION_PENDING…) or the error's name."""
+    ``per_round`` CONFIRMED purchases not refunded yet, in a ``manage.py
+    shell`` of the stack's environment: each opens a refund row, which the
+    workers ask of Stripe (through the proxy). ``results``: "refund opened,
+    saga CONFIRMED" for each, or the error's name."""
 
     def __init__(self, stack: chaos.ChaosStack, *, every: float, per_round: int) -> None:
         self.stack, self.every, self.per_round = stack, every, per_round
@@ -439,16 +445,20 @@ class SagaRow:
     processor: str
     processor_ref: str
     alerted: bool
+    # What its refund rows that succeeded gave back (a CONFIRMED saga's).
+    refunded: int = 0
 
 
 def saga_rows(db: chaos.Db) -> dict[str, SagaRow]:
     """intent id -> the saga, from the tables."""
     return {
-        intent: SagaRow(str(saga_id), state, method, processor, ref, alerted)
-        for saga_id, intent, state, method, processor, ref, alerted in db.rows(
+        intent: SagaRow(str(saga_id), state, method, processor, ref, alerted, int(refunded))
+        for saga_id, intent, state, method, processor, ref, alerted, refunded in db.rows(
             "SELECT s.id, s.intent_id, s.state, s.payment_method, s.processor, s.processor_ref, "
             "EXISTS (SELECT 1 FROM outbox_outboxmessage o WHERE o.saga_id = s.id "
-            "        AND o.topic = 'purchase.needs_operator') "
+            "        AND o.topic = 'purchase.needs_operator'), "
+            "(SELECT coalesce(sum(r.amount), 0) FROM purchases_refund r WHERE r.saga_id = s.id "
+            " AND r.event_id = s.event_id AND r.status = 'succeeded') "
             "FROM purchases_purchasesaga s"
         )
     }
@@ -507,10 +517,12 @@ def stripe_problems(
     sagas: dict[str, SagaRow], intents: list[dict[str, Any]], ledger: dict[str, int]
 ) -> tuple[list[str], set[str]]:
     """Per purchase, against its PaymentIntents (grouped by
-    ``metadata.intent_id``): at most one succeeded; exactly one, unrefunded
-    and the recorded one, for a CONFIRMED saga; none succeeded and
-    unrefunded for a COMPENSATED one; none left chargeable; the ledger's net
-    equal to captured minus refunded. Returns (problems, saga ids at fault)."""
+    ``metadata.intent_id``): at most one succeeded; exactly one, the recorded
+    one, for a CONFIRMED saga, refunded at Stripe exactly what its refund
+    rows that succeeded gave back (nothing, unless customer service refunded
+    it); none succeeded and unrefunded for a COMPENSATED one; none left
+    chargeable; the ledger's net equal to captured minus refunded. Returns
+    (problems, saga ids at fault)."""
     problems: list[str] = []
     suspects: set[str] = set()
     by_intent: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -535,10 +547,12 @@ def _purchase_problems(saga: SagaRow, found: list[dict[str, Any]], ledger_net: i
     if len(succeeded) > 1:
         wrong.append(f"charged {len(succeeded)} times: {[pi['id'] for pi in succeeded]}")
     if saga.state == "CONFIRMED":
-        if len(succeeded) != 1 or len(unrefunded) != 1:
+        if len(succeeded) != 1:
             wrong.append(f"{len(succeeded)} succeeded, {len(unrefunded)} unrefunded")
         elif succeeded[0]["id"] != saga.processor_ref:
             wrong.append(f"charged {succeeded[0]['id']}, recorded {saga.processor_ref!r}")
+        elif (given := captured_and_refunded(succeeded[0])[1]) != saga.refunded:
+            wrong.append(f"refunded {given} at Stripe, {saga.refunded} by its refund rows")
     if saga.state == "COMPENSATED" and unrefunded:
         wrong.append(f"compensated, yet charged and not refunded: {unrefunded}")
     left = [f"{pi['id']} {pi['status']}" for pi in found if chargeable(pi)]
@@ -701,13 +715,15 @@ def drive_load(run: Run) -> None:
 
 
 def moving(db: chaos.Db) -> tuple[int, int]:
-    """(sagas that should still move by themselves, outbox rows due and not done)."""
+    """(sagas and refund rows that should still move by themselves, outbox
+    rows due and not done). A pending refund is looked up on its timer."""
     live = db.rows(
         "SELECT count(*) FROM purchases_purchasesaga WHERE state <> ALL(%s) "
         "AND NOT (state = 'UNKNOWN_EXPIRED' OR awaiting_operator_since IS NOT NULL)",
         (list(SETTLED),),
     )[0][0]
-    return live, db.unsettled()[1]
+    pending = db.rows("SELECT count(*) FROM purchases_refund WHERE status = 'pending'")[0][0]
+    return live + pending, db.unsettled()[1]
 
 
 def settle(run: Run, db: chaos.Db) -> tuple[int, int]:
@@ -761,10 +777,16 @@ def check(run: Run, db: chaos.Db, unsettled: tuple[int, int]) -> tuple[list[str]
     run.intents = payment_intents(run.rig.localstripe.url)
     failures, suspects = stripe_problems(sagas, run.intents, ledger_nets(db))
     failures += [f"tables: {p}" for p in db.independent_checks(fake_gateway=False)]
+    for saga_id, refund_id, status, detail in db.rows(
+        "SELECT saga_id::text, id::text, status, detail FROM purchases_refund "
+        "WHERE status <> 'succeeded'"
+    ):
+        failures.append(f"refund {refund_id} of saga {saga_id} is {status} ({detail})")
+        suspects.add(saga_id)
     if any(unsettled):
         failures.append(
-            f"not settled after {SETTLE_BOUND_SECONDS}s: {unsettled[0]} saga(s) still "
-            f"moving, {unsettled[1]} outbox row(s) due"
+            f"not settled after {SETTLE_BOUND_SECONDS}s: {unsettled[0]} saga(s) or refund(s) "
+            f"still moving, {unsettled[1]} outbox row(s) due"
         )
     for saga in sagas.values():
         if saga.processor != "stripe":
@@ -837,6 +859,17 @@ def summary(run: Run, db: chaos.Db) -> str:
         f"{run.load.stats.reused_key_refusals}"
     )
     lines.append(f"refunds asked by customer service: {dict(run.refunds.results)}")
+    lines.append(
+        "refund rows by (source, status): "
+        + str(
+            dict(
+                db.rows(
+                    "SELECT source || ' ' || status, count(*) FROM purchases_refund "
+                    "GROUP BY 1 ORDER BY 1"
+                )
+            )
+        )
+    )
     lines.append(f"Stripe calls through the proxy: {dict(sorted(proxy.calls.items()))}")
     by_fault = Counter(fault for _, fault in proxy.injected.elements())
     lines.append(
@@ -1014,7 +1047,8 @@ def _one_of_each_story(db: chaos.Db) -> list[str]:
 
 def test_chaos_stripe(rig, capsys):
     rate = float(os.environ.get("CHAOS_STRIPE_FAULT_RATE", Scenario.fault_rate))
-    text, failures = run_scenario(rig, Scenario(fault_rate=rate))
+    load = float(os.environ.get("CHAOS_STRIPE_LOAD_SECONDS", Scenario.load_seconds))
+    text, failures = run_scenario(rig, Scenario(fault_rate=rate, load_seconds=load))
     with capsys.disabled():
         print("\n" + text)
     assert not failures, "\n".join(failures)
@@ -1039,8 +1073,8 @@ def _pi(pi_id: str, intent: str, status: str, *, refunded: int = 0, **fields: An
 
 
 def test_the_stripe_checks_name_each_kind_of_wrong_money(selected):
-    def saga(n: int, state: str, ref: str = "") -> SagaRow:
-        return SagaRow(f"s{n}", state, "pm_card_visa", "stripe", ref, alerted=False)
+    def saga(n: int, state: str, ref: str = "", refunded: int = 0) -> SagaRow:
+        return SagaRow(f"s{n}", state, "pm_card_visa", "stripe", ref, False, refunded)
 
     sagas = {
         "i1": saga(1, "CONFIRMED", "pi_1"),  # right: one charge, recorded
@@ -1049,6 +1083,8 @@ def test_the_stripe_checks_name_each_kind_of_wrong_money(selected):
         "i4": saga(4, "COMPENSATED", "pi_4"),  # refunded: right
         "i5": saga(5, "COMPENSATED", "pi_5"),  # a leftover could still be charged
         "i6": saga(6, "COMPENSATED", "pi_6"),  # declined: right
+        "i8": saga(8, "CONFIRMED", "pi_8", refunded=2500),  # its refund row: right
+        "i9": saga(9, "CONFIRMED", "pi_9"),  # refunded at Stripe, no row says so
     }
     intents = [
         _pi("pi_1", "i1", "succeeded"),
@@ -1060,12 +1096,14 @@ def test_the_stripe_checks_name_each_kind_of_wrong_money(selected):
         _pi("pi_5b", "i5", "requires_confirmation"),
         _pi("pi_6", "i6", "requires_payment_method", last_payment_error={"code": "card_declined"}),
         _pi("pi_7", "i7", "canceled"),  # no such saga
+        _pi("pi_8", "i8", "succeeded", refunded=2500),
+        _pi("pi_9", "i9", "succeeded", refunded=1000),
     ]
-    ledger = {"i1": 2500, "i2": 2500, "i3": 0, "i4": 0}
+    ledger = {"i1": 2500, "i2": 2500, "i3": 0, "i4": 0, "i8": 0, "i9": 2500}
 
     problems, suspects = stripe_problems(sagas, intents, ledger)
 
-    assert suspects == {"s2", "s3", "s5"}
+    assert suspects == {"s2", "s3", "s5", "s9"}
     assert problems == [
         "stripe: PaymentIntents ['pi_7'] name intent 'i7': no such saga",
         "stripe: saga s2 CONFIRMED (i2): charged 2 times: ['pi_2a', 'pi_2b']",
@@ -1074,6 +1112,8 @@ def test_the_stripe_checks_name_each_kind_of_wrong_money(selected):
         "stripe: saga s3 COMPENSATED (i3): compensated, yet charged and not refunded: ['pi_3']",
         "stripe: saga s3 COMPENSATED (i3): ledger net 0 != captured minus refunded 2500",
         "stripe: saga s5 COMPENSATED (i5): left chargeable: ['pi_5b requires_confirmation']",
+        "stripe: saga s9 CONFIRMED (i9): refunded 1000 at Stripe, 0 by its refund rows",
+        "stripe: saga s9 CONFIRMED (i9): ledger net 2500 != captured minus refunded 1500",
     ]
 
 

@@ -402,5 +402,7 @@ def test_a_compensation_and_its_dry_run_find_the_reservation_by_its_event(alice,
 
     sold.refresh_from_db()
     declined.refresh_from_db()
-    assert (sold.state, declined.state) == ("COMPENSATED", "COMPENSATED")
+    # The refund is a row of its own: the confirmed purchase stays CONFIRMED.
+    assert (sold.state, declined.state) == ("CONFIRMED", "COMPENSATED")
+    assert sold.refunds.get().status == "succeeded"
     assert _reservation_statements_without_event(ctx.captured_queries) == []

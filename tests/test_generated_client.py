@@ -50,6 +50,7 @@ PACKAGE = "boxoffice_client"
 PURCHASES = "/api/purchases/"
 PAYMENT_STATUSES = {
     "captured",
+    "partially_refunded",
     "refunded",
     "not_started",
     "processing",
@@ -126,6 +127,16 @@ ERROR_CODES = {
         "401": {"not_authenticated", "authentication_failed"},
         "404": {"not_found"},
     },
+    ("/api/purchases/{saga_id}/cancel/", "post"): {
+        "400": {"invalid", "parse_error", "idempotency_key_missing", "idempotency_key_invalid"},
+        "401": {"not_authenticated", "authentication_failed"},
+        "403": {"permission_denied"},
+        "404": {"not_found"},
+        "409": {"cancellation_not_allowed", "refund_exceeds_paid"},
+        "413": {"payload_too_large"},
+        "415": {"unsupported_media_type"},
+        "422": {"idempotency_key_reused"},
+    },
 }
 # The webhooks' staff API: every operation answers 401 and 403 (not staff).
 _STAFF = {"401": {"not_authenticated", "authentication_failed"}, "403": {"permission_denied"}}
@@ -149,6 +160,21 @@ ERROR_CODES |= {
         "404": {"not_found"},
         "409": {"resend_refused"},
     },
+}
+# Money back, the organizer's side (docs/api.md, "Money back: refunds and cancellations").
+_SCOPED = {"401": {"not_authenticated", "authentication_failed"}, "403": {"permission_denied"}}
+_ORGANIZER_EVENT = "/api/organizers/{slug}/events/{event_id}/"
+ERROR_CODES |= {
+    ("/api/organizers/{slug}/purchases/{saga_id}/refunds/", "post"): {
+        **_SCOPED,
+        **_BODY,
+        "400": {"invalid", "parse_error", "idempotency_key_missing", "idempotency_key_invalid"},
+        "404": {"not_found"},
+        "409": {"refund_exceeds_paid", "not_refundable"},
+        "422": {"idempotency_key_reused"},
+    },
+    (f"{_ORGANIZER_EVENT}cancel/", "post"): {**_SCOPED, **_BODY, "404": {"not_found"}},
+    (f"{_ORGANIZER_EVENT}cancellation/", "get"): {**_SCOPED, "404": {"not_found"}},
 }
 
 
@@ -327,12 +353,16 @@ def test_statuses_are_enums_and_the_terminal_ones_are_named(served_schema):
 def test_the_payment_status_enum_holds_every_status_the_selector_answers():
     # The enum is written in purchases/serializers.py; the statuses are
     # decided in purchases/selectors.py. Every state, without a charge, with
-    # one and with its refund.
+    # one, with a refund of part of it and with the refund of the rest.
     answered = set()
     for n, state in enumerate(SagaState):
         saga = PurchaseSaga(intent_id=f"pi_enum_{n}", state=state.value)  # never saved
         answered.add(saga_payment_status(saga))
-        for kind, amount in ((EntryKind.CHARGE, 100), (EntryKind.REFUND, -100)):
+        for kind, amount in (
+            (EntryKind.CHARGE, 100),
+            (EntryKind.REFUND, -40),
+            (EntryKind.REFUND, -60),
+        ):
             LedgerEntry.objects.create(
                 intent_id=saga.intent_id,
                 kind=kind,
@@ -341,6 +371,8 @@ def test_the_payment_status_enum_holds_every_status_the_selector_answers():
                 saga_id=uuid.uuid4(),
                 event_id=1,
                 created_at=timezone.now(),
+                # Refunds as refund rows record them: one entry each.
+                refund_id=uuid.uuid4() if kind == EntryKind.REFUND else None,
             )
             answered.add(saga_payment_status(saga))
 

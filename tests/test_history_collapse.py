@@ -16,12 +16,12 @@ from freezegun import freeze_time
 
 from purchases.buyer_history import BuyerMove, collapse
 from purchases.models import PurchaseSaga, SagaHistory
-from purchases.services import purchase_refund, saga_charge, saga_compensate
+from purchases.services import saga_compensate
 
-from .conftest import start_purchase
 from .factories import UserFactory
+from .late_charge import charged_while_undone
 from .test_pages import history_steps, page_of
-from .test_public_history import BOOKED, CHARGING, REFUNDED, REFUNDING, STARTED
+from .test_public_history import CANCELLING, CHARGING, DECLINED, REFUNDED, STARTED
 
 pytestmark = pytest.mark.django_db
 
@@ -32,13 +32,15 @@ RETRIES = 40
 
 
 def _retried(alice, event, gw, clock, retries: int = RETRIES) -> PurchaseSaga:
-    """A confirmed purchase whose refund the gateway never confirms: the
-    first attempt and ``retries`` more, a minute apart, each a real move
-    COMPENSATION_PENDING -> COMPENSATING -> COMPENSATION_PENDING."""
-    saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+    """A purchase undone after its charge landed (the compensation owes a
+    refund: a confirmed purchase's refunds are rows, not moves) whose refund
+    the gateway never confirms: the first attempt and ``retries`` more, a
+    minute apart, each a real move COMPENSATION_PENDING -> COMPENSATING ->
+    COMPENSATION_PENDING."""
+    saga = charged_while_undone(alice, event)
     gw.down("refund")
     clock.tick(60)
-    saga = purchase_refund(saga_id=saga.pk, reason="the buyer asked")
+    saga = saga_compensate(saga_id=saga.pk)
     for _ in range(retries):
         clock.tick(60)
         saga = saga_compensate(saga_id=saga.pk)
@@ -68,8 +70,8 @@ def test_forty_refund_retries_read_as_a_handful_of_steps_with_their_counts(
     assert _told(data) == [
         (None, "PENDING", STARTED, 1),
         ("PENDING", "CHARGING", CHARGING, 1),
-        ("CHARGING", "CONFIRMED", BOOKED, 1),
-        ("CONFIRMED", "COMPENSATING", REFUNDING, 1),
+        ("CHARGING", "PAYMENT_FAILED", DECLINED, 1),
+        ("PAYMENT_FAILED", "COMPENSATING", CANCELLING, 1),
         ("COMPENSATION_PENDING", "COMPENSATING", AGAIN, RETRIES),
         ("COMPENSATING", "COMPENSATION_PENDING", LONGER, RETRIES + 1),
     ]
@@ -92,7 +94,7 @@ def test_the_last_retry_that_succeeds_ends_the_story(alice, alice_api, event, fa
     data = alice_api.get(f"/api/purchases/{saga.pk}/").json()
 
     assert _told(data)[3:] == [
-        ("CONFIRMED", "COMPENSATING", REFUNDING, 1),
+        ("PAYMENT_FAILED", "COMPENSATING", CANCELLING, 1),
         ("COMPENSATING", "COMPENSATION_PENDING", LONGER, 4),
         ("COMPENSATION_PENDING", "COMPENSATING", AGAIN, 4),
         ("COMPENSATING", "COMPENSATED", REFUNDED, 1),
@@ -117,7 +119,7 @@ def test_the_live_page_shows_one_step_per_repeat_with_its_count_and_follows_new_
         assert len(steps) == 6
         assert steps[4].endswith(f"{AGAIN} ({RETRIES} times, latest at 12:41:00)"), steps[4]
         assert steps[5].endswith(f"{LONGER} ({RETRIES + 1} times, latest at 12:41:00)")
-        assert steps[3].endswith(REFUNDING)  # once: no count
+        assert steps[3].endswith(CANCELLING)  # once: no count
         times = re.findall(r'data-history-times="(\d+)"', page_of(first))
         assert times == ["1", "1", "1", "1", str(RETRIES), str(RETRIES + 1)]
 

@@ -43,10 +43,10 @@ from purchases.models import AuditRun, SweepHeartbeat
 from purchases.ops.metrics import OPEN_DELIVERIES
 from purchases.ops.sweeps import sweep_chase
 from purchases.saga.states import SagaState
-from purchases.services import purchase_refund, saga_charge
+from purchases.services import saga_compensate
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
-from .conftest import start_purchase
+from .late_charge import charged_while_undone
 from .test_docs import _anchors, _without_fences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -487,14 +487,16 @@ def test_compensations_overdue_counts_what_the_chaser_escalates(
     alice, bob, event, faulty_gateway, client, settings
 ):
     settings.COMPENSATION_DEADLINE_SECONDS = 86400
+    # Compensations that owe a refund: charges that landed on purchases being
+    # undone (a confirmed purchase's refunds are rows of their own).
     with freeze_time(T0) as clock:
-        old = saga_charge(saga_id=start_purchase(alice, event, seats=["A1"]).pk)
+        old = charged_while_undone(alice, event, seats=["A1"])
         faulty_gateway.down("refund")
-        assert purchase_refund(saga_id=old.pk, reason="r").state == "COMPENSATION_PENDING"
+        assert saga_compensate(saga_id=old.pk).state == "COMPENSATION_PENDING"
         before = _gauge(client, "boxoffice_compensations_overdue")
         clock.tick(86400 + 1)
-        young = saga_charge(saga_id=start_purchase(bob, event, seats=["A2"]).pk)
-        assert purchase_refund(saga_id=young.pk, reason="r").state == "COMPENSATION_PENDING"
+        young = charged_while_undone(bob, event, seats=["A2"])
+        assert saga_compensate(saga_id=young.pk).state == "COMPENSATION_PENDING"
 
         overdue = _gauge(client, "boxoffice_compensations_overdue")
         chased = sweep_chase()

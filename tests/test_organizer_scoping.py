@@ -16,7 +16,8 @@ stranger, an endpoint of the organizer with a delivery):
   (neither ``403`` nor ``404``: a ``400`` for an empty body is fine).
 
 A path parameter the walker has no sample for fails the route too: give it
-one in ``_world``. The last tests show that the walker catches a view that
+one in ``_world`` (and, when a route needs another value than the others,
+in ``ROUTE_SAMPLES``). The last tests show that the walker catches a view that
 forgets the organizer, and one that declares no action.
 """
 
@@ -40,6 +41,7 @@ from rest_framework.views import APIView
 from organizers.permissions import OrganizerScopedApi, declared_action
 from organizers.roles import MAY, Role
 from purchases.models import EventStatus
+from purchases.services import event_cancel, purchase_start
 from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 from .factories import EventFactory, MembershipFactory, OrganizerFactory, UserFactory
@@ -96,6 +98,23 @@ class World:
     samples: dict[str, object]  # a value for each path parameter
 
 
+# A route whose parameter takes another sample than the others': the route,
+# then {parameter: the name of its sample in World.samples}.
+ROUTE_SAMPLES: dict[str, dict[str, str]] = {
+    # Only a cancelled event has a cancellation to read.
+    "api/organizers/<str:slug>/events/<str:event_id>/cancellation/": {
+        "event_id": "cancelled_event_id"
+    },
+}
+
+
+def _samples_for(route: str, samples: dict[str, object]) -> dict[str, object]:
+    return {
+        **samples,
+        **{name: samples[sample] for name, sample in ROUTE_SAMPLES.get(route, {}).items()},
+    }
+
+
 def _world() -> World:
     organizer = OrganizerFactory()
     members = {role: UserFactory() for role in Role}
@@ -120,12 +139,33 @@ def _world() -> World:
     )
     # A draft of the organizer's, with a seat map (the seller's routes take it).
     event = EventFactory(organizer=organizer, status=EventStatus.DRAFT, seats=["A1", "A2"])
+    # A purchase of one of its events on sale (a refund's route takes it)...
+    on_sale = EventFactory(organizer=organizer, seats=["A1"])
+    purchase = purchase_start(
+        user=UserFactory(),
+        idempotency_key="walker",
+        event_id=on_sale.pk,
+        seat_refs=["A1"],
+        payment_method="pm_card_visa",
+        now=T0,
+    )
+    # ...and a cancelled one (its cancellation's progress is read).
+    cancelled = EventFactory(organizer=organizer, seats=["A1"])
+    event_cancel(
+        organizer=organizer,
+        event_id=cancelled.pk,
+        reason="the venue flooded",
+        user=members[Role.OWNER],
+        now=T0,
+    )
     return World(
         members=members,
         stranger=UserFactory(),
         samples={
             "slug": organizer.slug,
             "event_id": event.pk,
+            "cancelled_event_id": cancelled.pk,
+            "saga_id": purchase.saga_id,
             "endpoint_id": endpoint.pk,
             "delivery_id": delivery.pk,
             # A member the owner may remove (the last owner may not go).
@@ -177,8 +217,9 @@ def scoping_problems(route: Route, method: str) -> list[str]:
         problems.append(f"{where}: the view declares no action (required_action)")
     try:
         world = _world()
-        url = _filled(route.route, world.samples)
-        missing = _filled(route.route, {**world.samples, "slug": MISSING_SLUG})
+        samples = _samples_for(route.route, world.samples)
+        url = _filled(route.route, samples)
+        missing = _filled(route.route, {**samples, "slug": MISSING_SLUG})
     except NoSample as exc:
         return [*problems, f"{where}: the walker has no sample for <{exc}>: give it one"]
 
@@ -195,7 +236,8 @@ def scoping_problems(route: Route, method: str) -> list[str]:
         )
     for role in Role:
         world = _world()  # each its own: an allowed call may delete what it names
-        answer = _call(world.members[role], method, _filled(route.route, world.samples))
+        samples = _samples_for(route.route, world.samples)
+        answer = _call(world.members[role], method, _filled(route.route, samples))
         if action is not None and role in MAY[action]:
             if answer.status_code in (403, 404):
                 problems.append(

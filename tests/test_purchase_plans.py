@@ -23,8 +23,8 @@ from freezegun import freeze_time
 from outbox.delivery import claim_unfired
 from outbox.services import outbox_publish
 from outbox.sweeping import outbox_sweep
-from purchases.models import Event
-from purchases.services import purchase_refund, saga_charge
+from purchases.models import Event, Refund
+from purchases.services import purchase_refund, saga_charge, saga_compensate
 from webhooks import lock_objects as webhook_locks
 from webhooks import selectors as webhook_selectors
 from webhooks.models import WebhookDelivery
@@ -32,6 +32,7 @@ from webhooks.services import webhook_endpoint_create
 
 from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory, OrganizerFactory, UserFactory
+from .late_charge import charged_while_undone
 from .webhook_receiver import Receiver
 
 ROWS = 60_000
@@ -235,7 +236,7 @@ def test_a_purchases_statements_read_by_index_without_statistics(
         events=["purchase.confirmed", "purchase.failed", "purchase.refunded"],
         description="seller",
     )
-    event = EventFactory(seats=["A1", "A2", "A3"])
+    event = EventFactory(seats=["A1", "A2", "A3", "A4"])
 
     with CaptureQueriesContext(connection) as ctx:
         sold = start_purchase(alice, event, seats=["A1", "A2"])
@@ -245,14 +246,24 @@ def test_a_purchases_statements_read_by_index_without_statistics(
         )
         saga_charge(saga_id=declined.pk)
         drain_outbox()
+        # A refund row (the purchase stays CONFIRMED), asked by its message.
         purchase_refund(saga_id=sold.pk, reason="the buyer asked")
+        drain_outbox()
+        # A compensation that owes a refund: a charge landed while undone.
+        undone = saga_compensate(saga_id=charged_while_undone(alice, event, seats=["A4"]).pk)
         drain_outbox()
 
     sold.refresh_from_db()
     declined.refresh_from_db()
-    assert (sold.state, declined.state) == ("COMPENSATED", "COMPENSATED")
+    assert (sold.state, declined.state, undone.state) == ("CONFIRMED", "COMPENSATED", "COMPENSATED")
+    assert Refund.objects.get(saga_id=sold.pk).status == "succeeded"
     types = sorted(r.json["type"] for r in receiver.requests)
-    assert types == ["purchase.confirmed", "purchase.failed", "purchase.refunded"], types
+    assert types == [
+        "purchase.confirmed",
+        "purchase.failed",
+        "purchase.refunded",
+        "purchase.refunded",
+    ], types
     bad = _planned_by_guess(ctx.captured_queries)
     assert bad == [], "\n\n".join(bad)
 

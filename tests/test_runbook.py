@@ -1,17 +1,23 @@
 """Runbook actions as services: offered only where the table allows them,
-named and reasoned, and never releasing a seat that may have been paid."""
+named and reasoned, and never releasing a seat that may have been paid.
+
+The refund (customer service) opens a refund row of a confirmed purchase,
+which stays CONFIRMED (docs/refunds.md); a refund the compensation owes (a
+charge that landed on a purchase being undone: tests/late_charge.py) is the
+one a manual confirmation or compensation settles."""
 
 import pytest
 
 from ledger.models import LedgerEntry
 from payments.fake_gateway.models import FakeIntent
 from purchases import services
-from purchases.models import PurchaseSaga, Seat
+from purchases.models import PurchaseSaga, Refund, Seat
 from purchases.ops.runbook import SOURCES, TARGETS, Action, ActionRefused, action_plan, action_run
 from purchases.saga.states import TRANSITIONS, SagaState
-from purchases.services import purchase_refund, saga_charge, saga_transition
+from purchases.services import saga_charge, saga_compensate, saga_transition
 
-from .conftest import start_purchase
+from .conftest import drain_outbox, start_purchase
+from .late_charge import charged_while_undone
 
 
 def _unknown_expired(user, event, **kwargs):
@@ -41,9 +47,9 @@ def _charged_but_unknown_expired(user, event, seats=("A1",)):
 
 
 def _refund_pending(user, event, gateway):
-    saga = saga_charge(saga_id=start_purchase(user, event).pk)
+    saga = charged_while_undone(user, event)
     gateway.down("refund")
-    assert purchase_refund(saga_id=saga.pk, reason="r").state == "COMPENSATION_PENDING"
+    assert saga_compensate(saga_id=saga.pk).state == "COMPENSATION_PENDING"
     gateway.up("refund")
     return saga
 
@@ -149,11 +155,46 @@ def test_the_dry_run_of_a_refund_says_what_will_happen_and_writes_nothing(alice,
     plan = action_plan(saga=saga, action=Action.REFUND)
 
     assert plan.allowed and plan.refund
+    assert "open a refund of 50.00 EUR" in plan.why and "stays CONFIRMED" in plan.why
     assert plan.seats_freed == ["A1", "A2"]
-    assert plan.emails == ["correction"]
-    assert plan.gateway_calls == ["refund"]
+    assert plan.emails == ["refund"]
+    assert plan.gateway_calls == ["create_refund"]
+    assert plan.ledger == "refund -50.00 EUR once the processor confirms it"
     assert PurchaseSaga.objects.get(pk=saga.pk).version == version
-    assert [c for c in gateway.calls if c[0] == "refund"] == []
+    assert not Refund.objects.exists()
+    assert [c for c in gateway.calls if "refund" in c[0]] == []
+
+
+@pytest.mark.django_db
+def test_the_refund_opens_a_refund_row_and_the_purchase_stays_confirmed(alice, event, gateway):
+    saga = saga_charge(saga_id=start_purchase(alice, event, seats=["A1", "A2"]).pk)
+
+    result = action_run(
+        saga_id=saga.pk, action=Action.REFUND, operator="carol", reason="the buyer cannot come"
+    )
+
+    assert result.state == "CONFIRMED"
+    refund = Refund.objects.get(saga_id=saga.pk)
+    assert (refund.amount, refund.status, refund.source) == (5000, "pending", "operator")
+    assert sorted(refund.seats) == ["A1", "A2"] and refund.released
+    assert "carol" in refund.reason
+    assert set(Seat.objects.filter(event=event).values_list("status", flat=True)) == {"available"}
+    last = PurchaseSaga.objects.get(pk=saga.pk).history.latest("id")
+    assert (last.to_state, last.actor, last.actor_name) == ("CONFIRMED", "operator", "carol")
+    assert "refund of 50.00 EUR requested" in last.reason
+
+    drain_outbox()  # the row's message asks the processor
+
+    assert Refund.objects.get(pk=refund.pk).status == "succeeded"
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", "amount")
+    ) == [("charge", 5000), ("refund", -5000)]
+    # Nothing is left to refund: the dry run and the action both say so.
+    plan = action_plan(saga=result, action=Action.REFUND)
+    assert not plan.allowed and "nothing left to refund" in plan.why
+    with pytest.raises(ActionRefused, match="Refund"):
+        action_run(saga_id=saga.pk, action=Action.REFUND, operator="carol", reason="again")
+    assert Refund.objects.filter(saga_id=saga.pk).count() == 1
 
 
 # --- money is written on the gateway's word, not the operator's alone -----------------
@@ -213,7 +254,7 @@ def test_confirming_a_refund_is_refused_while_the_gateway_still_holds_the_money(
     assert list(
         LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list("kind", flat=True)
     ) == ["charge"]
-    assert Seat.objects.get(event=event, ref="A1").status == "sold"  # not released
+    assert Seat.objects.get(event=event, ref="A1").status == "held"  # not released
 
 
 @pytest.mark.django_db

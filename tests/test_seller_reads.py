@@ -3,7 +3,11 @@ reports"): the purchases (list, status filter, search, pages, queries per
 page), the CSV export (header, every row across batches, filters, injection
 guard) and the report (seats by status, the ledger's money, sales by
 category), each scoped to the organizer: another organizer's event is the
-same 404 as a missing one, a door member is refused."""
+same 404 as a missing one, a door member is refused. A refund is a row of
+its own that never moves the purchase (docs/refunds.md, "The rows"): a
+purchase refunded in part or in full stays CONFIRMED, and its row's
+``payment_status`` and ``refunded`` say, from the ledger, what was given
+back."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from rest_framework.test import APIClient
 from ledger.models import EntryKind, LedgerEntry
 from organizers.roles import Role
 from purchases.models import Event, PriceCategory, PurchaseSaga, Seat
-from purchases.services import By, purchase_refund, saga_charge
+from purchases.services import By, organizer_refund, purchase_refund, saga_charge
 from seller import reports
 from seller.read_serializers import CSV_HEADER
 
@@ -29,7 +33,7 @@ from .conftest import drain_outbox, start_purchase
 from .factories import EventFactory, MembershipFactory, OrganizerFactory, SeatFactory, UserFactory
 
 T0 = "2026-12-02 12:00:00"
-ROW_KEYS = {"id", "status", "buyer", "seats", "total", "refunded", "created_at"}
+ROW_KEYS = {"id", "status", "payment_status", "buyer", "seats", "total", "refunded", "created_at"}
 
 
 def _client(user) -> APIClient:
@@ -78,10 +82,11 @@ class Sales:
 @pytest.fixture
 def sales(gateway) -> Sales:
     """One purchase of each kind, a minute apart: alice's confirmed (stalls
-    A1 and balcony B1), bob's confirmed then refunded (B2), carol's declined
-    (A2), dave's confirmed seat of no category (C1), erin's held (B3); D1
-    blocked. And purchases of the organizer's other event and of another
-    organizer's event, which no answer may show."""
+    A1 and balcony B1), bob's confirmed then refunded in full by customer
+    service (B2, back on sale; the purchase stays CONFIRMED), carol's
+    declined (A2), dave's confirmed seat of no category (C1), erin's held
+    (B3); D1 blocked. And purchases of the organizer's other event and of
+    another organizer's event, which no answer may show."""
     organizer = OrganizerFactory(slug="riverside")
     members = {role: UserFactory(username=f"riverside-{role}") for role in Role}
     for role, user in members.items():
@@ -117,12 +122,12 @@ def sales(gateway) -> Sales:
         sagas["erin"] = start_purchase(buyers["erin"], event, seats=["B3"])
         _confirmed(buyers["alice"], other_event, ["A1"])
         _confirmed(buyers["alice"], foreign_event, ["A1"])
-        drain_outbox()
+        drain_outbox()  # bob's refund is asked of the processor, and succeeds
     Seat.objects.filter(event=event, ref="D1").update(status="unavailable")
     sagas = {name: PurchaseSaga.objects.get(pk=saga.pk) for name, saga in sagas.items()}
     assert {name: saga.state for name, saga in sagas.items()} == {
         "alice": "CONFIRMED",
-        "bob": "COMPENSATED",
+        "bob": "CONFIRMED",
         "carol": "COMPENSATED",
         "dave": "CONFIRMED",
         "erin": "PENDING",
@@ -152,16 +157,30 @@ def test_the_list_is_the_events_purchases_newest_first_in_the_rows_shape(sales):
     assert alice == {
         "id": str(sales.sagas["alice"].pk),
         "status": "CONFIRMED",
+        "payment_status": "captured",
         "buyer": {"username": "alice", "email": "alice@Example.com"},
         "seats": ["A1", "B1"],
         "total": {"amount": 7500, "currency": "EUR"},
         "refunded": {"amount": 0, "currency": "EUR"},
         "created_at": "2026-12-02T12:00:00Z",
     }
+    # Refunded in full: the purchase stays CONFIRMED; the ledger says refunded.
     bob = rows[str(sales.sagas["bob"].pk)]
-    assert (bob["status"], bob["refunded"]) == ("COMPENSATED", {"amount": 2500, "currency": "EUR"})
+    assert (bob["status"], bob["payment_status"], bob["refunded"], bob["seats"]) == (
+        "CONFIRMED",
+        "refunded",
+        {"amount": 2500, "currency": "EUR"},
+        ["B2"],
+    )
     # Declined: undone with nothing charged, so nothing refunded.
-    assert rows[str(sales.sagas["carol"].pk)]["refunded"]["amount"] == 0
+    carol = rows[str(sales.sagas["carol"].pk)]
+    assert (carol["status"], carol["payment_status"], carol["refunded"]["amount"]) == (
+        "COMPENSATED",
+        "not_captured",
+        0,
+    )
+    erin = rows[str(sales.sagas["erin"].pk)]
+    assert (erin["status"], erin["payment_status"]) == ("PENDING", "not_started")
 
 
 @pytest.mark.django_db
@@ -171,7 +190,8 @@ def test_the_status_filter_takes_a_saga_state_and_refuses_anything_else(sales):
     unknown = sales.get("purchases/", status="confirmed")
     empty = sales.get("purchases/", status="")
 
-    assert _ids(confirmed) == [str(sales.sagas[n].pk) for n in ("dave", "alice")]
+    # bob's purchase, refunded in full, is still CONFIRMED
+    assert _ids(confirmed) == [str(sales.sagas[n].pk) for n in ("dave", "bob", "alice")]
     assert _ids(pending) == [str(sales.sagas["erin"].pk)]
     assert empty.json()["count"] == 5  # no filter
     assert unknown.status_code == 400
@@ -267,8 +287,11 @@ def test_the_queries_of_a_page_do_not_grow_with_its_rows(gateway):
     url = f"/api/organizers/riverside/events/{event.pk}/purchases/"
 
     def buy(refs) -> None:
+        # Refunded twice (two ledger entries), once in part, once the rest.
         saga = _confirmed(UserFactory(), event, refs)
+        organizer_refund(organizer=organizer, saga_id=saga.pk, user=owner, reason="r", amount=100)
         purchase_refund(saga_id=saga.pk, reason="asked", by=By.operator("carol"))
+        drain_outbox()
 
     buy(["A1", "A2"])
     few = _queries(client, url)
@@ -304,7 +327,7 @@ def test_the_csv_has_the_header_and_the_lists_rows_as_an_attachment(sales):
         == list(CSV_HEADER)
         == (
             "id,status,buyer_username,buyer_email,seats,total_amount,refunded_amount,currency,"
-            "created_at"
+            "created_at,payment_status"
         ).split(",")
     )
     listed = sales.get("purchases/").json()["results"]
@@ -319,9 +342,10 @@ def test_the_csv_has_the_header_and_the_lists_rows_as_an_attachment(sales):
         "0",
         "EUR",
         "2026-12-02T12:00:00Z",
+        "captured",
     ]
     bob = next(line for line in lines if line[2] == "bob")
-    assert (bob[1], bob[5], bob[6]) == ("COMPENSATED", "2500", "2500")
+    assert (bob[1], bob[5], bob[6], bob[9]) == ("CONFIRMED", "2500", "2500", "refunded")
 
 
 @pytest.mark.django_db
@@ -334,7 +358,7 @@ def test_the_csv_takes_the_lists_filters(sales):
         sales.url("purchases.csv"), {"status": "nope"}, HTTP_ACCEPT="text/csv"
     )
 
-    assert [line[2] for line in confirmed[1:]] == ["dave", "alice"]
+    assert [line[2] for line in confirmed[1:]] == ["dave", "bob", "alice"]
     assert [line[2] for line in searched[1:]] == ["bob"]
     for answer in (bad, bad_csv):
         assert answer.status_code == 400
@@ -406,6 +430,8 @@ def test_the_report_counts_seats_and_the_ledgers_money_by_category(sales):
 
 @pytest.mark.django_db
 def test_the_reports_money_is_the_ledgers_and_its_categories_add_up_to_net(sales):
+    # (bob's refund gave back exactly the seat it put back on sale: with
+    # refunds of other kinds the two differ, the test below)
     report = reports.event_report(event=sales.event)
     intents = PurchaseSaga.objects.filter(event=sales.event).values("intent_id")
     entries = LedgerEntry.objects.filter(intent_id__in=intents)
@@ -416,6 +442,72 @@ def test_the_reports_money_is_the_ledgers_and_its_categories_add_up_to_net(sales
     assert report["net"]["amount"] == sum(e.amount for e in entries)
     assert sum(c["gross"]["amount"] for c in report["by_category"]) == report["net"]["amount"]
     assert sum(c["sold"] for c in report["by_category"]) == report["seats"]["sold"]
+
+
+@pytest.mark.django_db
+def test_partial_refunds_show_in_the_rows_and_the_report_as_the_ledger_has_them(sales):
+    # given: alice (A1 stalls 5000, B1 balcony 2500) gets 1000 back, then
+    # B1's price with B1 back on sale; dave gets C1's price and keeps C1;
+    # then a refund of alice's is asked that the processor has not answered
+    finance = sales.members[Role.FINANCE]
+    alice, dave = sales.sagas["alice"], sales.sagas["dave"]
+
+    def refund(saga, **asked):
+        organizer_refund(
+            organizer=sales.event.organizer, saga_id=saga.pk, user=finance, reason="r", **asked
+        )
+
+    with freeze_time(T0) as clock:
+        clock.tick(600)
+        refund(alice, amount=1000)
+        refund(alice, seats=["B1"], release_seats=True)
+        refund(dave, seats=["C1"])
+        drain_outbox()
+        refund(alice, amount=500)  # pending: nothing given back yet
+
+    # when
+    rows = {row["id"]: row for row in sales.get("purchases/").json()["results"]}
+    lines = {line[0]: line for line in _csv(sales.get("purchases.csv"))[1:]}
+    report = sales.get("report/").json()
+
+    # then: two refund entries of alice's intent, one per refund row
+    refunds = LedgerEntry.objects.filter(intent_id=alice.intent_id, kind=EntryKind.REFUND)
+    assert sorted(e.amount for e in refunds) == [-2500, -1000]
+    assert len({e.refund_id for e in refunds} - {None}) == 2
+    # the rows: the purchases stay CONFIRMED; the ledger's money says the rest
+    facts = {
+        name: (row["status"], row["payment_status"], row["refunded"]["amount"], row["seats"])
+        for name, row in ((n, rows[str(sales.sagas[n].pk)]) for n in ("alice", "dave"))
+    }
+    assert facts == {
+        "alice": ("CONFIRMED", "partially_refunded", 3500, ["A1", "B1"]),
+        "dave": ("CONFIRMED", "refunded", 1500, ["C1"]),
+    }
+    # the CSV's lines say the same
+    assert [lines[str(alice.pk)][i] for i in (1, 6, 9)] == [
+        "CONFIRMED",
+        "3500",
+        "partially_refunded",
+    ]
+    assert [lines[str(dave.pk)][i] for i in (1, 6, 9)] == ["CONFIRMED", "1500", "refunded"]
+    # the report: the ledger's money (bob's 2500, alice's 3500, dave's 1500)
+    eur = lambda amount: {"amount": amount, "currency": "EUR"}  # noqa: E731
+    assert (report["gross"], report["refunded"], report["net"]) == (
+        eur(11500),
+        eur(7500),
+        eur(4000),
+    )
+    # B1 back on sale; C1 refunded and kept, still sold
+    assert report["seats"] == {"available": 3, "held": 1, "sold": 2, "unavailable": 1}
+    assert [(c["code"], c["sold"], c["gross"]["amount"]) for c in report["by_category"]] == [
+        ("stalls", 1, 5000),
+        ("balcony", 0, 0),
+        ("", 1, 1500),
+    ]
+    # the seats sold add up to net and what was refunded beside the seats
+    # put back on sale: alice's 1000, dave's C1 (1500)
+    assert sum(c["gross"]["amount"] for c in report["by_category"]) == 4000 + 1000 + 1500
+    assert report == reports.event_report(event=sales.event)
 
 
 @pytest.mark.django_db

@@ -6,12 +6,16 @@ charge step runs (and is redelivered), the gateway loses answers per method,
 the relay hands due rows over and they are delivered (or redelivered) in any
 order, the hold expiry races the confirming charge, workers die at a gateway
 call (before the request left, or after the processor acted on it), the
-resumer sweeps, customer service refunds, and time passes. After every step the invariants of
-docs/design.md are checked against the tables (tests/stateful_checks.py); at the
+resumer sweeps, customer service, the organizer and the buyer refund confirmed
+purchases (refund rows asked of the processor by their own messages, looked
+up when their answer is lost: docs/refunds.md), and time passes. After every
+step the invariants of docs/design.md are checked against the tables
+(tests/stateful_checks.py); at the
 end of each example the outages stop, time runs far ahead, everything due is
 delivered and the resumer runs until nothing moves, and every saga must have
 reached CONFIRMED or COMPENSATED (or UNKNOWN_EXPIRED with an operator alert)
-with exactly the emails its end calls for.
+with exactly the emails its end calls for, every refund settled, and the
+invariant auditor must find nothing to report.
 
 Deterministic and in-process: the in-process fake gateway behind
 :class:`tests.gateways.FaultyGateway`, one frozen clock that only the rules
@@ -63,18 +67,33 @@ from hypothesis.stateful import (
 )
 
 from config.transactions import harness_blocks
+from organizers.models import Organizer
 from outbox.delivery import message_deliver
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway import services as fake
 from payments.fake_gateway.models import FakeIntent
+from payments.interface import RefundRequest
 from payments.registry import override_gateway
-from purchases.errors import IdempotencyKeyReused, IllegalTransition, SeatUnavailable
-from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat, SeatStatus
+from purchases.errors import IdempotencyKeyReused, SeatUnavailable
+from purchases.models import (
+    Event,
+    PurchaseSaga,
+    Refund,
+    Reservation,
+    ReservationSeat,
+    SagaHistory,
+    Seat,
+    SeatStatus,
+)
+from purchases.ops.audit import audit_run
 from purchases.ops.sweeps import sweep_chase, sweep_resume
+from purchases.refunds.errors import RefundError
 from purchases.saga.states import SagaState
 from purchases.services import (
     By,
+    organizer_refund,
+    purchase_cancel,
     purchase_refund,
     purchase_start,
     saga_charge,
@@ -98,15 +117,26 @@ PAYMENT_METHODS = (
     "pm_card_timeout_not_charged",
     "pm_card_chargeDeclined",
     "pm_card_visa",
+    # Charged like visa; their refunds answer pending (settled by the first
+    # look-up), fail, or lose their answer once (the refund made).
+    "pm_card_refundPending",
+    "pm_card_refundFail",
+    "pm_card_refundTimeout",
 )
-GATEWAY_METHODS = ("charge", "retrieve", "cancel", "refund")
+CHARGES_LIKE_VISA = (
+    "pm_card_visa",
+    "pm_card_refundPending",
+    "pm_card_refundFail",
+    "pm_card_refundTimeout",
+)
+GATEWAY_METHODS = ("charge", "retrieve", "cancel", "refund", "create_refund", "retrieve_refund")
 # How long before a relay pass, a drain or a sweep (time passes in between).
 LATER = st.sampled_from([0, 10, 60, 300, 900])
 # Consumers whose effect is an email: their inbox entry is what stops a
 # redelivery from sending it again (at-least-once if a worker dies between
 # the two, by design), so the "crash before the inbox write" redelivery is
 # only simulated for the consumers that must be idempotent by state.
-EMAIL_TOPICS = ("purchase.confirmed", "purchase.cancelled")
+EMAIL_TOPICS = ("purchase.confirmed", "purchase.cancelled", "refund.settled")
 
 EXAMPLES = int(os.environ.get("STATEFUL_EXAMPLES", "30"))
 STEPS = int(os.environ.get("STATEFUL_STEPS", "25"))
@@ -137,9 +167,34 @@ class Submission:
         )
 
 
-def _processor_handles(method: str, intent_id: str) -> None:
+class _Gateway(FaultyGateway):
+    """The faulty fake, remembering the refund it is being asked about (so
+    that a worker dying after the processor acted can make that one)."""
+
+    asking: RefundRequest | None = None
+
+    def create_refund(self, request):
+        self.asking = request
+        return super().create_refund(request)
+
+    def retrieve_refund(self, request):
+        self.asking = request
+        return super().retrieve_refund(request)
+
+
+def _processor_handles(method: str, intent_id: str, gateway: _Gateway) -> None:
     """What the processor does with the request of ``method`` (its answer is
     lost): the in-process fake's own services, with the saga's keys."""
+    asked = gateway.asking
+    if method == "create_refund" and asked is not None:
+        fake.refund_create(
+            intent_id=asked.intent_ref,
+            idempotency_key=asked.idempotency_key,
+            amount=asked.amount,
+            refund_id=asked.refund_id,
+        )
+    elif method == "retrieve_refund" and asked is not None:
+        fake.refund_retrieve(refund_id=asked.refund_id)  # settles a pending one
     if method == "charge":
         saga = PurchaseSaga.objects.get(intent_id=intent_id)
         fake.intent_charge(
@@ -164,6 +219,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
     # Set by the test: rows created once, outside the per-example savepoint.
     user_objs: tuple = ()
     event_id: int = 0
+    organizer: Organizer | None = None
     # The test's frozen clock (freeze_time's), set by the test before any example.
     clock: (
         freezegun.api.FrozenDateTimeFactory
@@ -191,7 +247,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         self._harness.__enter__()
         self.clock.move_to(T0)
         mail.outbox = []
-        self.gateway = FaultyGateway()
+        self.gateway = _Gateway()
         self._gateway_cm = override_gateway(self.gateway)
         self._gateway_cm.__enter__()
         self.keys = 0
@@ -275,10 +331,18 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             live = PurchaseSaga.objects.filter(pk__in=self.saga_ids).exclude(
                 state__in=[S.CONFIRMED, S.COMPENSATED, S.UNKNOWN_EXPIRED]
             )
-            if not moved and not live.exists():
+            owed = Refund.objects.filter(saga_id__in=self._saga_uuids(), status="pending")
+            if not moved and not live.exists() and not owed.exists():
                 break
         self._note_coverage("settled")
         checks.check_settled(event_id=self.event_id, saga_ids=self.saga_ids)
+        # The auditor, over the same world, agrees: nothing to report.
+        audit = audit_run(gateway=self.gateway)
+        assert audit.violations == [], [v.as_dict() for v in audit.violations]
+        assert audit.complete, [u.as_dict() for u in audit.unverified]
+
+    def _saga_uuids(self) -> list[uuid.UUID]:
+        return [uuid.UUID(s) for s in self.saga_ids]
 
     def _note_coverage(self, when: str) -> None:
         # What the example reached (STATEFUL_STATS=1).
@@ -286,6 +350,10 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             PurchaseSaga.objects.filter(pk__in=self.saga_ids).values_list("state", flat=True)
         ):
             COVERAGE[f"{when}: a saga in {state}"] += 1
+        for status in set(
+            Refund.objects.filter(saga_id__in=self._saga_uuids()).values_list("status", flat=True)
+        ):
+            COVERAGE[f"{when}: a refund {status}"] += 1
         if when == "settled":
             for moved in set(
                 SagaHistory.objects.filter(
@@ -451,7 +519,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
             )
         elif was == S.PENDING and not charge_down:
             expected = {
-                "pm_card_visa": S.CONFIRMED,
+                **dict.fromkeys(CHARGES_LIKE_VISA, S.CONFIRMED),
                 "pm_card_chargeDeclined": S.COMPENSATED,
                 "pm_card_timeout_charged": S.UNKNOWN,
                 "pm_card_timeout_not_charged": S.UNKNOWN,
@@ -476,7 +544,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         def crash(intent_id):
             self.gateway.before.pop(method, None)
             if after_the_gateway:
-                _processor_handles(method, intent_id)
+                _processor_handles(method, intent_id, self.gateway)
             raise SimulatedCrash(f"{method} {intent_id}")
 
         crash.crashes = True  # type: ignore[attr-defined]  # read back with getattr
@@ -493,7 +561,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         def crash(intent_id):
             charged.append(intent_id)
             if after_the_gateway:
-                _processor_handles("charge", intent_id)
+                _processor_handles("charge", intent_id, self.gateway)
             raise SimulatedCrash
 
         saga = PurchaseSaga.objects.get(pk=sub.saga_id)
@@ -613,20 +681,83 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
 
     @rule(sub=submissions)
     def refund(self, sub):
-        was = PurchaseSaga.objects.get(pk=sub.saga_id).state
-        try:
-            result = self._survive(
-                purchase_refund,
+        """Customer service refunds everything left, its seats back on sale."""
+        self._refund_attempt(
+            sub,
+            "customer service",
+            lambda: purchase_refund(
+                saga_id=sub.saga_id, reason="customer asked", by=By.operator("carol")
+            ),
+        )
+
+    @rule(
+        sub=submissions,
+        amount=st.sampled_from([None, 1, 1000, 2500]),
+        seat=st.sampled_from([None, *SEATS]),
+        release=st.booleans(),
+    )
+    def organizer_refunds(self, sub, amount, seat, release):
+        """The organizer refunds an amount, a seat (released or not), or all
+        that is left."""
+        self._refund_attempt(
+            sub,
+            "the organizer",
+            lambda: organizer_refund(
+                organizer=self.organizer,
                 saga_id=sub.saga_id,
-                reason="customer asked",
-                by=By.operator("carol"),
-            )
-        except IllegalTransition:
-            assert was != S.CONFIRMED
+                user=self.user_objs[0],
+                reason="the show started late",
+                amount=amount,
+                seats=None if seat is None else [seat],
+                release_seats=release,
+                request_key=f"organizer-{self.keys}",
+            ),
+        )
+
+    @rule(sub=submissions, seat=st.sampled_from([None, *SEATS]))
+    def buyer_cancels(self, sub, seat):
+        """The buyer cancels a seat, or all they hold (less the event's fee)."""
+        self._refund_attempt(
+            sub,
+            "the buyer",
+            lambda: purchase_cancel(
+                saga_id=sub.saga_id,
+                user=self.user_objs[sub.user],
+                seats=None if seat is None else [seat],
+                request_key=f"cancel-{self.keys}",
+            ),
+        )
+
+    def _refund_attempt(self, sub, who: str, ask) -> None:
+        """A refund asked of a purchase: refused (writing nothing) unless it
+        is confirmed with something left to give back; else a pending row,
+        the purchase still CONFIRMED, the seats it releases unlinked in the
+        same commit, and nothing asked of the processor yet (the row's
+        message does, after the commit)."""
+        self.keys += 1
+        saga = PurchaseSaga.objects.get(pk=sub.saga_id)
+        before = set(Refund.objects.filter(saga_id=saga.pk).values_list("pk", flat=True))
+        asked = [c for c in self.gateway.calls if "refund" in c[0]]
+        try:
+            ask()
+        except RefundError:
+            now = set(Refund.objects.filter(saga_id=saga.pk).values_list("pk", flat=True))
+            assert now == before, f"{who}: a refused refund wrote a row"
             return
-        COVERAGE["refund of a confirmed purchase"] += 1
-        assert was == S.CONFIRMED
-        assert result is None or result.state in (S.COMPENSATED, S.COMPENSATION_PENDING)
+        assert saga.state == S.CONFIRMED, f"{who} refunded a {saga.state} purchase"
+        COVERAGE[f"refund by {who}"] += 1
+        assert PurchaseSaga.objects.get(pk=saga.pk).state == S.CONFIRMED
+        assert [c for c in self.gateway.calls if "refund" in c[0]] == asked
+        [made] = Refund.objects.filter(saga_id=saga.pk).exclude(pk__in=before)
+        assert made.status == "pending" and not made.asked
+        if made.released:
+            live = ReservationSeat.objects.filter(
+                reservation_id=saga.reservation_id,
+                event_id=saga.event_id,
+                seat__ref__in=made.released_seats,
+                released_at__isnull=True,
+            )
+            assert not live.exists(), f"refund {made.pk} released seats still linked"
 
     @rule(seconds=st.sampled_from([1, 10, 30, 60, 120, 300, 900, 3600, 4 * 3600]))
     def advance_clock(self, seconds):
@@ -644,6 +775,10 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
 def test_purchase_saga_state_machine(monkeypatch):
     users = (UserFactory(username="stateful-alice"), UserFactory(username="stateful-bob"))
     event = EventFactory(seats=list(SEATS))
+    # Buyers may cancel (for 10% of the price) until a month after the clock's start.
+    Event.objects.filter(pk=event.pk).update(
+        buyer_can_cancel_until=T0 + timedelta(days=30), cancel_fee_percent=10
+    )
     # Hypothesis must keep real time (its own timing and shrinking budget)
     # while the code under test sees the frozen clock: ignore its modules, and
     # look only at the direct caller, so that code called *from* a rule (with
@@ -652,6 +787,7 @@ def test_purchase_saga_state_machine(monkeypatch):
     with freeze_time(T0, ignore=["hypothesis"]) as clock:
         PurchaseSagaMachine.user_objs = users
         PurchaseSagaMachine.event_id = event.pk
+        PurchaseSagaMachine.organizer = event.organizer
         PurchaseSagaMachine.clock = clock
         run_state_machine_as_test(
             PurchaseSagaMachine,

@@ -24,6 +24,7 @@ from purchases.saga.states import SagaState
 from purchases.services import saga_charge, saga_transition
 
 from .conftest import drain_outbox, start_purchase
+from .late_charge import charged_while_undone
 
 T0 = "2026-12-02 12:00:00"
 LATER = 301  # just past RESUME_AFTER_SECONDS
@@ -128,8 +129,10 @@ def test_crash_after_the_refund_before_recording_it_refunds_once(alice, event, g
     from purchases.services import saga_compensate
 
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
-        saga_transition(saga_id=saga.pk, to=SagaState.COMPENSATING, reason="refund requested")
+        # A charge that landed on a purchase being undone: its compensation
+        # owes the refund (a confirmed purchase's refunds are rows of their own).
+        saga = charged_while_undone(alice, event)
+        saga_transition(saga_id=saga.pk, to=SagaState.COMPENSATING, reason="compensating")
         gateway.refund(saga.intent_id, idempotency_key=f"refund:{saga.intent_id}")  # then died
         clock.tick(LATER)
         sweep_resume()
@@ -226,12 +229,12 @@ def test_a_failing_sweep_records_its_failure(monkeypatch):
 
 @pytest.mark.django_db
 def test_chaser_escalates_each_overdue_compensation_once(alice, event, faulty_gateway):
-    from purchases.services import purchase_refund
+    from purchases.services import saga_compensate
 
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+        saga = charged_while_undone(alice, event)
         faulty_gateway.down("refund")
-        assert purchase_refund(saga_id=saga.pk, reason="r").state == "COMPENSATION_PENDING"
+        assert saga_compensate(saga_id=saga.pk).state == "COMPENSATION_PENDING"
         assert sweep_chase() == []  # not overdue yet
 
         clock.tick(86400 + 1)

@@ -1,6 +1,7 @@
 """UNKNOWN outcomes are reconciled, never compensated blind; the hold expiry
 is an obligation whose consumer decides from the saga's state; compensation
-runs in reverse order and is idempotent."""
+runs in reverse order and is idempotent; a confirmed purchase's refund is a
+row of its own, asked of the processor after its commit (docs/refunds.md)."""
 
 import logging
 from datetime import timedelta
@@ -16,8 +17,8 @@ from outbox.delivery import message_deliver
 from outbox.models import OutboxMessage
 from outbox.relay import relay_tick
 from payments.fake_gateway.models import FakeCharge, FakeIntent
-from purchases.errors import IllegalTransition
-from purchases.models import GatewayAnswer, PurchaseSaga, Seat
+from purchases.models import GatewayAnswer, PurchaseSaga, Refund, Seat
+from purchases.refunds.errors import RefundExceedsPaid
 from purchases.saga.states import SagaState
 from purchases.services import (
     By,
@@ -30,6 +31,7 @@ from purchases.services import (
 )
 
 from .conftest import drain_outbox, start_purchase
+from .late_charge import charged_while_undone
 
 T0 = "2026-12-02 12:00:00"
 BACKOFF = [60, 120, 240, 480, 960, 1920]
@@ -382,9 +384,56 @@ def test_property_4_a_confirmed_purchase_whose_cancel_was_skipped_refuses_its_ex
 
 
 @pytest.mark.django_db
-def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faulty_gateway):
+def test_refund_of_a_confirmed_purchase_is_a_refund_row_asked_after_its_commit(
+    alice, event, faulty_gateway
+):
     saga = saga_charge(saga_id=start_purchase(alice, event).pk)
     drain_outbox()
+    mail.outbox.clear()
+    seen: dict = {}
+
+    def at_refund(intent_id):
+        refund = Refund.objects.get(saga_id=saga.pk)
+        seen.update(
+            seat=_seat(event),
+            refund=(refund.status, refund.asked),
+            ledger=_ledger_net(saga),
+            emails=len(mail.outbox),
+        )
+
+    faulty_gateway.before["create_refund"] = at_refund
+
+    result = purchase_refund(saga_id=saga.pk, reason="customer asked", by=By.operator("carol"))
+    after_commit = {
+        "seat": _seat(event),
+        "asked": [c for c in faulty_gateway.calls if "refund" in c[0]],
+    }
+    drain_outbox()
+
+    # The row and its seats back on sale in one commit; nothing asked yet.
+    assert result.state == "CONFIRMED"
+    assert after_commit == {"seat": "available", "asked": []}
+    # Asked after that commit (the row committed, marked asked), the money
+    # still in the ledger and no email until the processor says it is done.
+    assert seen == {"seat": "available", "refund": ("pending", True), "ledger": 2500, "emails": 0}
+    refund = Refund.objects.get(saga_id=saga.pk)
+    assert (refund.status, refund.amount, refund.source) == ("succeeded", 2500, "operator")
+    assert len(mail.outbox) == 1 and mail.outbox[0].subject.startswith("Refund of 25.00 EUR")
+    assert _state(saga) == "CONFIRMED"
+    assert _ledger_net(saga) == 0
+    assert _gateway_net(saga) == 0
+    assert list(
+        LedgerEntry.objects.filter(intent_id=saga.intent_id).values_list(
+            "kind", "amount", "refund_id"
+        )
+    ) == [("charge", 2500, None), ("refund", -2500, refund.pk)]
+    note = PurchaseSaga.objects.get(pk=saga.pk).history.latest("id")
+    assert (note.to_state, note.actor, note.actor_name) == ("CONFIRMED", "operator", "carol")
+
+
+@pytest.mark.django_db
+def test_a_compensation_that_owes_a_refund_runs_in_reverse_order(alice, event, faulty_gateway):
+    saga = charged_while_undone(alice, event)
     mail.outbox.clear()
     seen = {}
 
@@ -395,7 +444,7 @@ def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faul
 
     faulty_gateway.before["refund"] = at_refund
 
-    result = purchase_refund(saga_id=saga.pk, reason="customer asked", by=By.operator("carol"))
+    result = saga_compensate(saga_id=saga.pk, by=By.operator("carol"))
     after_commit = {
         "seat": _seat(event),
         "cancelled_events": OutboxMessage.objects.filter(topic="purchase.cancelled").count(),
@@ -403,11 +452,11 @@ def test_refund_of_a_confirmed_purchase_runs_in_reverse_order(alice, event, faul
     }
     drain_outbox()
 
-    # refund first (seats still sold, no event, no email) ...
-    assert seen == {"seat": "sold", "cancelled_events": 0, "emails": 0}
+    # refund first (seats still held, no event, no email) ...
+    assert seen == {"seat": "held", "cancelled_events": 0, "emails": 0}
     # ... then seats and event in one commit, the email only after it
     assert after_commit == {"seat": "available", "cancelled_events": 1, "emails": 0}
-    assert len(mail.outbox) == 1 and "Correction" in mail.outbox[0].subject
+    assert len(mail.outbox) == 1
     assert result.state == "COMPENSATED"
     assert _ledger_net(saga) == 0
     assert _gateway_net(saga) == 0
@@ -424,11 +473,11 @@ def test_a_refund_not_confirmed_waits_in_compensation_pending_and_retries(
 ):
     settings.RECONCILE_BACKOFF_SECONDS = BACKOFF
     with freeze_time(T0) as clock:
-        saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+        saga = charged_while_undone(alice, event)
         faulty_gateway.down("refund", times=1)
 
-        assert purchase_refund(saga_id=saga.pk, reason="r").state == "COMPENSATION_PENDING"
-        assert _seat(event) == "sold"  # nothing released before the money is back
+        assert saga_compensate(saga_id=saga.pk).state == "COMPENSATION_PENDING"
+        assert _seat(event) == "held"  # nothing released before the money is back
         clock.tick(60)
         drain_outbox()
 
@@ -460,9 +509,11 @@ def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_g
         saga_expire_hold(saga_id=declined.pk)
         saga_expire_hold(saga_id=declined.pk)
         saga_compensate(saga_id=declined.pk)
-        # refund twice
+        # refund twice: one refund row (nothing is left for a second), and a
+        # compensation asked of the confirmed purchase does nothing
+        assert _state(unknown) == "CONFIRMED"
         purchase_refund(saga_id=unknown.pk, reason="r")
-        with pytest.raises(IllegalTransition, match="from COMPENSATED to COMPENSATING"):
+        with pytest.raises(RefundExceedsPaid):
             purchase_refund(saga_id=unknown.pk, reason="r")
         saga_compensate(saga_id=unknown.pk)
         # every outbox message delivered twice
@@ -473,14 +524,24 @@ def test_every_handler_delivered_twice_ends_the_same(alice, bob, event, faulty_g
             message_deliver(message_id=message.pk)
 
     assert _state(confirmed) == "CONFIRMED"
-    assert _state(unknown) == "COMPENSATED"
+    assert _state(unknown) == "CONFIRMED"
     assert _state(declined) == "COMPENSATED"
+    assert Refund.objects.get(saga_id=unknown.pk).status == "succeeded"
     for saga in (confirmed, unknown, declined):
         for kind in ("charge", "refund"):
             assert LedgerEntry.objects.filter(intent_id=saga.intent_id, kind=kind).count() <= 1
         assert _ledger_net(saga) == _gateway_net(saga)
         assert _charges(saga) <= 1
+    assert _ledger_net(unknown) == 0
+    assert [c for c in faulty_gateway.calls if c[0] == "create_refund"] == [
+        ("create_refund", unknown.intent_id)
+    ]
     subjects = sorted(m.subject.split(":")[0] for m in mail.outbox)
     assert subjects == sorted(
-        ["Your tickets", "Your tickets", "Correction", "Your purchase did not go through"]
+        [
+            "Your tickets",
+            "Your tickets",
+            "Refund of 25.00 EUR",
+            "Your purchase did not go through",
+        ]
     )

@@ -41,7 +41,12 @@ from outbox.sweeping import outbox_sweep
 from purchases import lock_objects
 from purchases.models import PurchaseSaga
 from purchases.saga.confirm import confirm
-from purchases.services import purchase_refund, raise_operator_alert, saga_charge
+from purchases.services import (
+    purchase_refund,
+    raise_operator_alert,
+    saga_charge,
+    saga_compensate,
+)
 from webhooks import consumers, sending, url_safety
 from webhooks.consumers import deliver
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -60,6 +65,7 @@ from webhooks.services import (
 
 from .conftest import drain_outbox, new_key, purchase_body, start_purchase
 from .factories import EventFactory, UserFactory
+from .late_charge import charged_while_undone
 from .webhook_receiver import Receiver
 
 T0 = "2026-12-02 12:00:00"
@@ -181,9 +187,13 @@ def test_a_declined_purchase_is_failed_a_refund_is_refunded_an_escalation_needs_
                 alice, event, seats=["A1"], payment_method="pm_card_chargeDeclined"
             ).pk
         )
+        # A confirmed purchase refunded in full (a refund row: it stays
+        # CONFIRMED), and one charged while it was undone (its compensation
+        # refunds it).
         refunded = purchase_refund(
             saga_id=_confirmed(bob, EventFactory(seats=["A1"])).pk, reason="customer asked"
         )
+        undone = saga_compensate(saga_id=charged_while_undone(bob, event, seats=["A2"]).pk)
         escalated = start_purchase(alice, event, seats=["A3"])
         with transaction.atomic():
             locked = lock_objects.saga_for_update(saga_id=escalated.pk)
@@ -198,12 +208,14 @@ def test_a_declined_purchase_is_failed_a_refund_is_refunded_an_escalation_needs_
             for r in receiver.requests
         ]
 
-    assert declined.state == refunded.state == "COMPENSATED"
+    assert declined.state == undone.state == "COMPENSATED"
+    assert refunded.state == "CONFIRMED"
     assert sorted(heard) == sorted(
         [
             ("purchase.failed", str(declined.pk), "COMPENSATED"),
             ("purchase.confirmed", str(refunded.pk), "CONFIRMED"),
-            ("purchase.refunded", str(refunded.pk), "COMPENSATED"),
+            ("purchase.refunded", str(refunded.pk), "CONFIRMED"),
+            ("purchase.refunded", str(undone.pk), "COMPENSATED"),
             ("purchase.needs_attention", str(escalated.pk), "PENDING"),
         ]
     )

@@ -21,6 +21,9 @@ class WebhookEvent(models.TextChoices):
     REFUNDED = "purchase.refunded", "the purchase was undone and refunded"
     NEEDS_ATTENTION = "purchase.needs_attention", "an operator was asked to step in"
     DISPUTED = "purchase.disputed", "the buyer's bank disputes the charge"
+    CANCELLED = "purchase.cancelled", "the buyer cancelled seats (a refund follows)"
+    PARTIALLY_REFUNDED = "purchase.partially_refunded", "a part of the purchase was refunded"
+    EVENT_CANCELLED = "event.cancelled", "the organizer cancelled the event"
 
 
 class WebhookEndpoint(models.Model):

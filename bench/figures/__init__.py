@@ -18,6 +18,7 @@ stopped and ``WITHOUT_STACK`` are run.
 """
 
 from bench.figures import (
+    cancellation,
     catalog,
     celery_baseline,
     e2e,
@@ -48,5 +49,6 @@ WITH_STACK = (
     scale_out,
     seller,
     stripe,
+    cancellation,
 )
 WITHOUT_STACK = (sweeps,)

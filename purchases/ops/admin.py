@@ -35,7 +35,6 @@ from django.contrib.admin.utils import unquote
 from django.db.models import (
     BooleanField,
     Count,
-    Exists,
     ExpressionWrapper,
     OuterRef,
     Prefetch,
@@ -52,7 +51,7 @@ from django.utils.timesince import timesince
 from common.money import UnknownCurrency, format_money, minor_units_exponent
 from common.time import format_utc_seconds
 from config.admin import ReadOnlyAdminMixin, ReasonForm, exact_search
-from ledger.models import EntryKind, LedgerEntry
+from ledger.models import LedgerEntry
 from outbox.models import OutboxMessage
 from payments.interface import GatewayUnavailable
 from payments.registry import get_gateway
@@ -71,8 +70,9 @@ from ..models import (
     Seat,
 )
 from ..saga.states import SagaState
-from ..selectors import payment_status
+from ..selectors import ledger_sums, payment_status
 from ..templatetags.saga_admin import saga_id
+from .audit.money import charged, gateway_net
 from .runbook import LABELS, Action, ActionRefused, action_plan, action_run, actions_for
 from .verdict import (
     SagaFacts,
@@ -138,6 +138,13 @@ def _payload_amount(payload: dict) -> str:
     return ""
 
 
+def _given_back(saga, links) -> int:
+    """How many of a confirmed purchase's seats its refunds put back on sale."""
+    if saga.state != "CONFIRMED":
+        return 0
+    return sum(1 for link in links if link.released_at)
+
+
 def _saga_timeline(facts: SagaFacts) -> dict:
     saga, now = facts.saga, timezone.now()
     outbox = [
@@ -159,7 +166,11 @@ def _saga_timeline(facts: SagaFacts) -> dict:
         "ledger_net": ledger_net,
         "ledger_net_display": format_money(ledger_net, saga.currency),
         "reservation": saga.reservation,
-        "reservation_reading": reservation_reading(saga.state, saga.reservation.status),
+        "reservation_reading": reservation_reading(
+            saga.state,
+            saga.reservation.status,
+            given_back=_given_back(saga, facts.seat_links),
+        ),
         "reservation_total": format_money(saga.reservation.total_amount, saga.reservation.currency),
         "seat_links": facts.seat_links,
         "seat_rows": [(link, seat_reading(link)) for link in facts.seat_links],
@@ -193,7 +204,11 @@ def _gateway_view(saga: PurchaseSaga, *, ledger_net: int) -> dict:
         logger.exception("admin gateway charge list failed", extra={"saga_id": str(saga.pk)})
         view["charges_error"] = f"{type(exc).__name__}: {exc}"
     else:
-        captured = sum(c.amount for c in charges if c.status == "succeeded")
+        try:  # a charge partly refunded stays "succeeded": its refunds say what is kept
+            refunds = gateway.list_refunds(saga.gateway_ref) if charged(charges) else []
+        except GatewayUnavailable as exc:
+            refunds, view["charges_error"] = [], f"list refunds: {exc}"
+        captured = gateway_net(charges, refunds)
         view.update(
             charges=[(c, format_money(c.amount, saga.currency)) for c in charges],
             captured=format_money(captured, saga.currency),
@@ -365,13 +380,11 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
     def get_queryset(self, request):
         # What the list shows per row, read in the page's one query: the
         # ledger's word on the payment and whether the saga needs a person.
-        ledger = LedgerEntry.objects.filter(intent_id=OuterRef("intent_id"))
         return (
             super()
             .get_queryset(request)
             .annotate(
-                has_charge=Exists(ledger.filter(kind=EntryKind.CHARGE)),
-                has_refund=Exists(ledger.filter(kind=EntryKind.REFUND)),
+                **ledger_sums(),
                 needs_op=ExpressionWrapper(needs_operator_condition(), output_field=BooleanField()),
             )
         )
@@ -410,7 +423,9 @@ class PurchaseSagaAdmin(ReadOnlyAdminMixin, OrganizerColumn, admin.ModelAdmin):
     @admin.display(description="payment")
     def payment_status(self, obj):
         # From the list's annotations: one query per page, not one per row.
-        return payment_status(state=obj.state, has_charge=obj.has_charge, has_refund=obj.has_refund)
+        return payment_status(
+            state=obj.state, charged=obj.ledger_charged, refunded=obj.ledger_refunded
+        )
 
     @admin.display(description="total", ordering="amount")
     def total(self, obj):

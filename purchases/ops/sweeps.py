@@ -24,7 +24,7 @@ from outbox.models import OutboxMessage
 from payments.interface import PaymentGateway
 
 from .. import lock_objects, services
-from ..models import PurchaseSaga
+from ..models import PurchaseSaga, Refund, RefundStatus
 from ..saga.states import SagaState
 from ..saga.topics import DRIVING
 from .heartbeats import heartbeat
@@ -145,7 +145,10 @@ def sweep_chase(*, deadline: int | None = None, now: datetime | None = None) -> 
     (not after its last move: each refund retry moves the saga), and every
     UNKNOWN_EXPIRED saga, raise an alert each, once: the alert is an outbox
     row whose key names the escalation (the compensation's deadline, or the
-    version that escalated), not on every run.
+    version that escalated), not on every run. So does a refund row still
+    pending past ``REFUND_CHASE_SECONDS`` (docs/refunds.md): its own timer
+    (``refund.chase``) alerts first; this is the same alert, raised once
+    whichever comes first, should that timer never be delivered.
     """
     now = now or timezone.now()
     deadline = settings.COMPENSATION_DEADLINE_SECONDS if deadline is None else deadline
@@ -181,4 +184,21 @@ def sweep_chase(*, deadline: int | None = None, now: datetime | None = None) -> 
                     continue
             pulse.acted += int(alerted)
             lines.append(ChaseLine(str(saga_id), saga.state, alerted))
+        lines += _chase_refunds(now=now, pulse=pulse)
+    return lines
+
+
+def _chase_refunds(*, now: datetime, pulse) -> list[ChaseLine]:
+    """The refund rows past their deadline, each alerted once (the refund's
+    own chaser step: ``services.refund_chase``)."""
+    late = Refund.objects.filter(
+        status=RefundStatus.PENDING,
+        created_at__lt=now - timedelta(seconds=settings.REFUND_CHASE_SECONDS),
+    ).values_list("pk", "event_id", "saga_id")
+    lines = []
+    for refund_id, event_id, saga_id in late:
+        alerted = services.refund_chase(refund_id=refund_id, event_id=event_id, now=now)
+        pulse.seen += 1
+        pulse.acted += int(alerted)
+        lines.append(ChaseLine(str(saga_id), S.CONFIRMED, alerted))
     return lines

@@ -12,6 +12,12 @@ table the resumer uses (``services.DRIVES``). "Needs an operator" is one rule,
 written twice side by side: in Python for a saga's facts
 (:attr:`Verdict.needs_operator`) and as a query condition for the list
 (:func:`needs_operator_condition`).
+
+A confirmed purchase stays CONFIRMED whatever is given back: its refunds are
+rows of their own (docs/refunds.md), each listed with its amount, status,
+who asked and why, its seats, and what moves it next (its look-up, its
+chaser). A refund the processor refused, with no newer refund of the
+purchase, and one still pending past its deadline need an operator.
 """
 
 from __future__ import annotations
@@ -35,19 +41,25 @@ from ..models import (
     Dispute,
     GatewayAnswer,
     PurchaseSaga,
+    Refund,
+    RefundStatus,
     ReservationSeat,
     ReservationStatus,
     SagaHistory,
     SeatStatus,
 )
 from ..saga.states import TERMINAL, SagaState
-from ..saga.topics import CANCELLATION_EMAIL, CONFIRMATION_EMAIL, DRIVING, Topic
+from ..saga.topics import CANCELLATION_EMAIL, CONFIRMATION_EMAIL, DRIVING, ROUTING, Topic
 
 S = SagaState
 
 SETTLED = "Nothing: the purchase is settled."
 
 TIMER_TOPICS = frozenset({Topic.HOLD_EXPIRED, *DRIVING})
+# A refund's own timers: its look-ups and its chaser (they never move the saga).
+REFUND_TIMERS = frozenset({Topic.REFUND_EXECUTE, Topic.REFUND_CHASE})
+REFUND_SETTLED = Topic.REFUND_SETTLED
+REFUND_EMAIL = ROUTING[Topic.REFUND_SETTLED][0]
 # Compensation under way: the seats are not released before it ends.
 _COMPENSATING = frozenset({S.PAYMENT_FAILED, S.EXPIRED, S.COMPENSATING, S.COMPENSATION_PENDING})
 # A charge outcome that is not definitive: the hold expiry cancels the
@@ -78,6 +90,8 @@ class SagaFacts:
     seat_links: list[ReservationSeat]
     # Chargebacks of its charge, oldest first (purchases/disputes.py).
     disputes: list[Dispute] = field(default_factory=list)
+    # Money given back to a confirmed purchase, oldest first (docs/refunds.md).
+    refunds: list[Refund] = field(default_factory=list)
 
 
 def saga_facts(saga: PurchaseSaga) -> SagaFacts:
@@ -104,6 +118,11 @@ def saga_facts(saga: PurchaseSaga) -> SagaFacts:
             Dispute.objects.filter(saga_id=saga.pk, event_id=saga.event_id).order_by(
                 "created_at", "id"
             )
+        ),
+        refunds=list(
+            Refund.objects.filter(saga_id=saga.pk, event_id=saga.event_id)
+            .select_related("requested_by")
+            .order_by("created_at", "id")
         ),
     )
 
@@ -144,16 +163,35 @@ def needs_operator_condition() -> Q:
         Q(state=S.UNKNOWN_EXPIRED)
         | Q(awaiting_operator_since__isnull=False)
         | (~Q(state__in=list(TERMINAL)) & Exists(unanswered))
-        | Exists(dead)
+        | Q(Exists(dead))
+        | Q(Exists(_refunds_waiting(now=timezone.now())))
+    )
+
+
+def _refunds_waiting(*, now: datetime):
+    """A refund of the saga that needs an operator: refused by the processor
+    with no newer refund of the purchase, or still pending past its deadline
+    (:meth:`_Reading.refunds_waiting`, the same rule)."""
+    newer = Refund.objects.filter(
+        saga_id=OuterRef("saga_id"),
+        event_id=OuterRef("event_id"),
+        created_at__gt=OuterRef("created_at"),
+    )
+    deadline = now - timedelta(seconds=settings.REFUND_CHASE_SECONDS)
+    return Refund.objects.filter(saga_id=OuterRef("pk"), event_id=OuterRef("event_id")).filter(
+        (Q(status=RefundStatus.FAILED) & ~Exists(newer))
+        | Q(status=RefundStatus.PENDING, created_at__lte=deadline)
     )
 
 
 # --- reading the reservation and the seats beside the saga ----------------------------
 
 
-def reservation_reading(saga_state: str, reservation_status: str) -> str:
+def reservation_reading(saga_state: str, reservation_status: str, *, given_back: int = 0) -> str:
     """The reservation's status read with the saga's, so that the two do not
-    look like a contradiction when they are not one."""
+    look like a contradiction when they are not one; ``given_back``: how many
+    of its seats refunds put back on sale (a confirmed purchase's
+    reservation stays CONFIRMED: docs/refunds.md)."""
     state, status = SagaState(saga_state), reservation_status
     if status == ReservationStatus.HELD:
         if state == S.UNKNOWN_EXPIRED:
@@ -163,6 +201,11 @@ def reservation_reading(saga_state: str, reservation_status: str) -> str:
         if state not in TERMINAL:
             return f"HELD while the purchase is in flight (the saga is {state})"
     if status == ReservationStatus.CONFIRMED:
+        if state == S.CONFIRMED and given_back:
+            return (
+                f"CONFIRMED: the seats are sold, but for {_plural(given_back, 'seat')} its "
+                "refunds gave back (the saga is CONFIRMED)"
+            )
         if state == S.CONFIRMED:
             return "CONFIRMED: the seats are sold (the saga is CONFIRMED)"
         if state in (S.COMPENSATING, S.COMPENSATION_PENDING):
@@ -229,7 +272,8 @@ class _Reading:
         self.refund = next((e for e in facts.ledger if e.kind == EntryKind.REFUND), None)
         live = [m for m in facts.outbox if not (m.cancelled_at or m.completed_at or m.dead_at)]
         self.timers = sorted(
-            (m for m in live if m.topic in TIMER_TOPICS), key=lambda m: (m.available_at, m.pk)
+            (m for m in live if m.topic in TIMER_TOPICS | REFUND_TIMERS),
+            key=lambda m: (m.available_at, m.pk),
         )
         self.driving = next((m for m in self.timers if m.topic in DRIVING), None)
         self.hold_timer = next((m for m in self.timers if m.key == saga.hold_timer_key), None)
@@ -244,6 +288,27 @@ class _Reading:
             if self.state in TERMINAL
             else [a for a in self.alerts if last_acted is None or last_acted <= a.created_at]
         )
+        self.waiting = self.refunds_waiting()
+        # A refund's alert stands while its refund waits for an operator.
+        waiting_ids = {str(r.pk) for r in self.waiting}
+        self.unanswered += [
+            a for a in self.alerts if (a.key or "").rpartition(":")[2] in waiting_ids
+        ]
+
+    def refunds_waiting(self) -> list[Refund]:
+        """The refunds that need an operator (:func:`_refunds_waiting`, the
+        same rule): refused with no newer refund, or pending past the deadline."""
+        deadline = self.now - timedelta(seconds=settings.REFUND_CHASE_SECONDS)
+        refunds = self.facts.refunds
+        return [
+            r
+            for r in refunds
+            if (
+                r.status == RefundStatus.FAILED
+                and not any(other.created_at > r.created_at for other in refunds)
+            )
+            or (r.status == RefundStatus.PENDING and r.created_at <= deadline)
+        ]
 
     # --- the whole ------------------------------------------------------------------
 
@@ -253,9 +318,11 @@ class _Reading:
             or self.saga.awaiting_operator_since
             or self.unanswered
             or self.dead
+            or self.waiting
         )
         if self.state == S.CONFIRMED:
-            headline, next_step = self._confirmed(), self._settled(Topic.CONFIRMED)
+            headline = self._confirmed() + self._refunded()
+            next_step = self._refund_next_step() or self._settled(Topic.CONFIRMED)
         elif self.state == S.COMPENSATED:
             headline, next_step = self._compensated(), self._settled(Topic.CANCELLED)
         else:
@@ -281,6 +348,85 @@ class _Reading:
             f"({reference}){override}, {self._seats()}, {self._email(Topic.CONFIRMED)}"
             f"{self._disputed()}"
         )
+
+    def _refunded(self) -> str:
+        """What its refunds gave back, owe, or failed to (none: nothing)."""
+        refunds = self.facts.refunds
+        if not refunds:
+            return ""
+        cur = self.saga.currency
+        done = sum(r.amount for r in refunds if r.status == RefundStatus.SUCCEEDED)
+        owed = sum(r.amount for r in refunds if r.status == RefundStatus.PENDING)
+        parts = []
+        if done:
+            whole = "in full" if done >= self.saga.amount else f"of {self.money}"
+            parts.append(f"refunded {format_money(done, cur)} {whole}, {self._refund_emails()}")
+        if owed:
+            parts.append(f"a refund of {format_money(owed, cur)} pending")
+        for r in refunds:
+            if r.status == RefundStatus.FAILED:
+                parts.append(f"a refund of {format_money(r.amount, cur)} FAILED ({r.detail})")
+        return "; " + "; ".join(parts)
+
+    def _refund_mails(self) -> list[tuple[Refund, OutboxMessage | None]]:
+        """Each succeeded refund with its email's message (None: none written)."""
+        rows = {
+            m.payload.get("refund_id"): m for m in self.facts.outbox if m.topic == REFUND_SETTLED
+        }
+        return [
+            (r, rows.get(str(r.pk)))
+            for r in self.facts.refunds
+            if r.status == RefundStatus.SUCCEEDED
+        ]
+
+    def _refund_emails(self) -> str:
+        mails = self._refund_mails()
+        sent = [self.facts.processed.get(m.pk, {}).get(REFUND_EMAIL) for _, m in mails if m]
+        done = [at for at in sent if at is not None]
+        if len(done) == len(mails):
+            word = "refund email" if len(done) == 1 else f"{len(done)} refund emails"
+            return f"{word} sent {at_(max(done))}"
+        if any(m is None for _, m in mails):
+            return "a refund email never written (run audit_sagas)"
+        return "refund email not sent yet"
+
+    def _refund_next_step(self) -> str:
+        """What moves its refunds next ("" when none is pending, waits, or
+        owes its email)."""
+        if self.waiting:
+            failed = [r for r in self.waiting if r.status == RefundStatus.FAILED]
+            if failed:
+                return (
+                    f"An operator decides about the refused refund {failed[-1].pk}: a new "
+                    "refund (“Refund”), or the money sent back another way; nothing "
+                    "automatic retries it."
+                )
+            return (
+                f"The refund {self.waiting[0].pk} is still not settled past its deadline: "
+                "check it in the processor's dashboard; its look-ups go on."
+            )
+        pending = [r for r in self.facts.refunds if r.status == RefundStatus.PENDING]
+        if not pending:
+            owed = [
+                m
+                for _, m in self._refund_mails()
+                if m is not None
+                and m not in self.dead
+                and not self.facts.processed.get(m.pk, {}).get(REFUND_EMAIL)
+            ]
+            if owed:
+                return (
+                    f"The refund email is owed: the relay hands {REFUND_SETTLED} over "
+                    f"(due {at_(owed[0].available_at)})."
+                )
+            return ""
+        timers = [m for m in self.timers if m.topic == Topic.REFUND_EXECUTE]
+        step = (
+            f"the refund is {self._timer(timers[0])}"
+            if timers
+            else "the refund is asked of the processor by its message (refund.execute)"
+        )
+        return f"{step[:1].upper()}{step[1:]}; the chaser alerts if it is not settled in time."
 
     def _disputed(self) -> str:
         if not self.facts.disputes:
@@ -463,6 +609,14 @@ class _Reading:
             )
         elif m.topic == Topic.REFUND_RETRY:
             text = f"refund retry {(m.key or '').rpartition(':')[2]} at {due}"
+        elif m.topic == Topic.REFUND_EXECUTE:
+            asked = "looked up" if (m.key or "").startswith("refund-lookup:") else "asked"
+            text = f"{asked} of the processor at {due} (refund {m.payload.get('refund_id')})"
+        elif m.topic == Topic.REFUND_CHASE:
+            text = (
+                f"the refund's deadline at {due}: the chaser alerts if it is not settled "
+                f"(refund {m.payload.get('refund_id')})"
+            )
         elif m.topic == Topic.HOLD_RECHECK:
             text = (
                 f"hold re-check {m.payload.get('attempt', '?')} at {due} (the hold ran out; "
@@ -490,6 +644,8 @@ class _Reading:
             if len(released) == len(links):
                 return f"{_plural(len(links), 'seat')} released ({refs})"
             return f"{len(released)} of {_plural(len(links), 'seat')} released ({refs})"
+        if self.state == S.CONFIRMED and any(link.released_at for link in links):
+            return self._seats_given_back(links)
         statuses = {link.seat.status for link in links}
         unreleased = all(link.released_at is None for link in links)
         if len(statuses) == 1 and unreleased:
@@ -497,6 +653,21 @@ class _Reading:
             return f"{_plural(len(links), 'seat')} {still}{statuses.pop()} ({refs})"
         shown = "; ".join(f"{link.seat.ref}: {seat_reading(link)}" for link in links)
         return f"{_plural(len(links), 'seat')} ({shown})"
+
+    def _seats_given_back(self, links: list[ReservationSeat]) -> str:
+        """A confirmed purchase some of whose seats its refunds gave back."""
+        kept = [link for link in links if link.released_at is None]
+        back = [link for link in links if link.released_at is not None]
+        parts = []
+        if kept and {link.seat.status for link in kept} == {SeatStatus.SOLD}:
+            parts.append(
+                f"{_plural(len(kept), 'seat')} sold ({', '.join(k.seat.ref for k in kept)})"
+            )
+        elif kept:
+            parts += [f"{link.seat.ref}: {seat_reading(link)}" for link in kept]
+        given = ", ".join(link.seat.ref for link in back)
+        parts.append(f"{_plural(len(back), 'seat')} given back by refunds ({given})")
+        return ", ".join(parts)
 
     def _last(self, topic: str) -> OutboxMessage | None:
         rows = [m for m in self.facts.outbox if m.topic == topic]
@@ -577,6 +748,7 @@ class _Reading:
             lines.append(f"ledger: {entries}; net {net}")
         else:
             lines.append("ledger: no entry (no charge recorded)")
+        lines += [self._refund_line(r) for r in self.facts.refunds]
         for d in self.facts.disputes:
             lines.append(
                 f"dispute {d.processor_ref} opened {at_(d.created_at)}: {d.status}, "
@@ -595,6 +767,32 @@ class _Reading:
         for timer in self.timers:
             lines.append(f"armed: {self._timer(timer)}")
         return lines
+
+    def _refund_line(self, r: Refund) -> str:
+        who = {
+            "buyer": "the buyer cancelled",
+            "organizer": "the organizer refunded",
+            "event_cancellation": "the event was cancelled",
+            "operator": "customer service refunded",
+        }.get(r.source, r.source)
+        by = f" ({r.requested_by.get_username()})" if r.requested_by else ""
+        seats = f"; for seats {', '.join(r.seats)}" if r.seats else ""
+        if r.released_seats:
+            seats += f"; released {', '.join(r.released_seats)}"
+        settled = f", {r.status} {at_(r.settled_at)}" if r.settled_at else f", {r.status}"
+        looked = f", looked up {r.lookups} time(s)" if r.lookups else ""
+        asked = (
+            f"; asked of the processor{looked}"
+            if r.asked or r.status != RefundStatus.PENDING
+            else "; not asked of the processor yet"
+        )
+        detail = f" ({r.detail})" if r.detail else ""
+        reason = f"; why: {r.reason}" if r.reason else ""
+        ref = f"; processor's {r.processor_ref}" if r.processor_ref else ""
+        return (
+            f"refund {r.pk} of {format_money(r.amount, r.currency)}: {who}{by} "
+            f"{at_(r.created_at)}{settled}{detail}{seats}{asked}{ref}{reason}"
+        )
 
     def _move(self, h: SagaHistory) -> str:
         who = h.actor_name or h.actor

@@ -79,6 +79,14 @@ def saga_charge(
             # (cancel the intent first), never with a first charge.
             logger.warning("charge refused: the hold ran out first", **log_extra(saga))
             return lambda: saga_expire_hold(saga_id=saga_id, gateway=gateway, now=now)
+        if getattr(saga, "event_cancelled", False):
+            # Its start read the event just before its cancellation committed:
+            # no charge may land after the cancellation (docs/refunds.md,
+            # "Event cancellation").
+            logger.warning("charge refused: the event is cancelled", **log_extra(saga))
+            return lambda: saga_expire_hold(
+                saga_id=saga_id, gateway=gateway, now=now, why="event cancelled"
+            )
         move(saga, S.CHARGING, reason="charge started", at=at, by=by, count_attempt=True)
         return first_ask(saga, gateway)
 

@@ -30,7 +30,6 @@ from webhooks.services import WebhookEvent
 
 from .. import lock_objects
 from ..availability import availability_changed
-from ..errors import IllegalTransition
 from ..models import (
     Actor,
     GatewayAnswer,
@@ -44,7 +43,7 @@ from .confirm import Link, announce, purchase_facts, reservation_links
 from .states import SagaState
 from .step import Ask, Next, gateway_or_default, gateway_step
 from .topics import Topic
-from .transition import AN_OPERATOR, SYSTEM, Backoff, By, clock, log_extra, move
+from .transition import SYSTEM, Backoff, By, clock, log_extra, move
 
 logger = logging.getLogger(__name__)
 
@@ -297,31 +296,3 @@ def _release_seats(saga: PurchaseSaga, links: list[Link], *, at: datetime) -> No
     ReservationSeat.objects.filter(
         event_id=saga.event_id, id__in=[link.id for link in live]
     ).update(released_at=at)
-
-
-def purchase_refund(
-    *,
-    saga_id,
-    reason: str,
-    by: By = AN_OPERATOR,
-    gateway: PaymentGateway | None = None,
-    now: datetime | None = None,
-) -> PurchaseSaga:
-    """Refund a CONFIRMED purchase (customer service): the full compensation,
-    refund included. The buyer already has a confirmation email; the
-    compensation's event carries ``was_confirmed``, so the email consumer
-    sends a correction."""
-
-    def decide(saga: PurchaseSaga, at: datetime) -> Next:
-        if saga.state != S.CONFIRMED:
-            raise IllegalTransition(saga.state, S.COMPENSATING)
-        return lambda: saga_compensate(
-            saga_id=saga_id,
-            gateway=gateway,
-            now=now,
-            by=by,
-            reason=f"refund requested: {reason}",
-            may_start_from=frozenset({S.CONFIRMED}),
-        )
-
-    return gateway_step(step="refund", saga_id=saga_id, decide=decide, now=now)

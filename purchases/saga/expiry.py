@@ -43,9 +43,12 @@ def saga_expire_hold(
     attempt: int = 0,
     gateway: PaymentGateway | None = None,
     now: datetime | None = None,
+    why: str = "hold expired",
 ) -> PurchaseSaga:
     """Settle a saga whose hold ran out. ``attempt`` counts the re-asks after
-    a cancel the gateway did not answer (0: the hold's own timer)."""
+    a cancel the gateway did not answer (0: the hold's own timer). ``why``
+    heads the reasons on its record: the hold, or an event's cancellation
+    cutting it short (docs/refunds.md, "Event cancellation")."""
     gateway = gateway_or_default(gateway)
 
     def compensate() -> PurchaseSaga:
@@ -66,12 +69,14 @@ def saga_expire_hold(
         saga_id=saga_id,
         decide=decide,
         call=lambda saga, ask: gateway.cancel(ask.ref),
-        record=_expiry_record(saga_id=saga_id, attempt=attempt, gateway=gateway, now=now),
+        record=_expiry_record(saga_id=saga_id, attempt=attempt, gateway=gateway, now=now, why=why),
         now=now,
     )
 
 
-def _expiry_record(*, saga_id, attempt: int, gateway: PaymentGateway, now: datetime | None):
+def _expiry_record(
+    *, saga_id, attempt: int, gateway: PaymentGateway, now: datetime | None, why: str
+):
     def compensate() -> PurchaseSaga:
         return saga_compensate(saga_id=saga_id, gateway=gateway, now=now)
 
@@ -86,7 +91,7 @@ def _expiry_record(*, saga_id, attempt: int, gateway: PaymentGateway, now: datet
                 saga, reason="expiry: an intent was recorded meanwhile; asking again", at=at
             )
             return lambda: saga_expire_hold(
-                saga_id=saga_id, attempt=attempt, gateway=gateway, now=now
+                saga_id=saga_id, attempt=attempt, gateway=gateway, now=now, why=why
             )
         if (
             answer.outcome == CancelOutcome.CANCELED
@@ -100,13 +105,13 @@ def _expiry_record(*, saga_id, attempt: int, gateway: PaymentGateway, now: datet
             )
             return None
         if answer.outcome == CancelOutcome.CANCELED:
-            move(saga, S.EXPIRED, reason="hold expired; intent canceled at the gateway", at=at)
+            move(saga, S.EXPIRED, reason=f"{why}; intent canceled at the gateway", at=at)
             return compensate
         if answer.outcome == CancelOutcome.ALREADY_CHARGED:
             confirm(
                 saga,
                 charge_id=answer.charge_id or "",
-                reason="hold expired but the gateway had charged",
+                reason=f"{why} but the gateway had charged",
                 at=at,
             )
             return None

@@ -704,7 +704,12 @@ def _record(
     )
     rows_sql.insert(
         [
-            ReservationSeat(reservation=reservation, seat_id=s.id, event_id=saga.event_id)
+            ReservationSeat(
+                reservation=reservation,
+                seat_id=s.id,
+                event_id=saga.event_id,
+                price_amount=s.price_amount,
+            )
             for s in seats
         ]
     )

@@ -36,8 +36,9 @@ TRANSITIONS: dict[SagaState, frozenset[SagaState]] = {
     S.UNKNOWN_EXPIRED: frozenset({S.CONFIRMED, S.EXPIRED, S.COMPENSATING}),
     S.PAYMENT_FAILED: frozenset({S.COMPENSATING}),
     S.EXPIRED: frozenset({S.COMPENSATING}),
-    # A refund of a confirmed purchase (customer service) runs the compensation.
-    S.CONFIRMED: frozenset({S.COMPENSATING}),
+    # Terminal: money given back to a confirmed purchase is a refund row of
+    # its own (docs/refunds.md), never a move of the saga.
+    S.CONFIRMED: frozenset(),
     S.COMPENSATING: frozenset({S.COMPENSATED, S.COMPENSATION_PENDING}),
     S.COMPENSATION_PENDING: frozenset({S.COMPENSATING, S.COMPENSATED}),
     S.COMPENSATED: frozenset(),

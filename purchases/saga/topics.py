@@ -29,6 +29,13 @@ class Topic(enum.StrEnum):
     NEEDS_OPERATOR = "purchase.needs_operator"
     # Stripe's signed event, recorded once by its id (stripe_events/): act on it.
     STRIPE_EVENT = "stripe.event"
+    # Money back (docs/refunds.md): ask the processor for a refund or look it
+    # up (due now, then on the backoff), chase one past its deadline, tell the
+    # buyer once it is done; drive an event's cancellation a tick further.
+    REFUND_EXECUTE = "refund.execute"
+    REFUND_CHASE = "refund.chase"
+    REFUND_SETTLED = "refund.settled"
+    CANCELLATION_TICK = "event.cancellation_tick"
 
 
 # Timers whose delivery drives a live saga forward: a saga waiting on one is
@@ -51,6 +58,10 @@ ROUTING: dict[str, list[str]] = {
     Topic.NEEDS_OPERATOR: ["purchases.consumers.operator_alert"],
     # Re-reads the object from Stripe, then probes the saga or records the dispute.
     Topic.STRIPE_EVENT: ["stripe_events.consumers.stripe_event_act"],
+    Topic.REFUND_EXECUTE: ["purchases.consumers.refund_execute_due"],
+    Topic.REFUND_CHASE: ["purchases.consumers.refund_chase_due"],
+    Topic.REFUND_SETTLED: ["purchases.consumers.refund_email"],
+    Topic.CANCELLATION_TICK: ["purchases.consumers.cancellation_tick_due"],
 }
 
 # The Celery task that charges a new purchase (enqueued on the start's commit

@@ -1,8 +1,10 @@
 """``/seller/<slug>/events/<id>/``: an event's dashboard. The seats by
 status drawn on the seat map, the money (gross, refunded, net, and by price
 category: ``seller.reports.event_report``, which equals the ledger), the 20
-newest purchases (``seller.reports.event_purchases``) and the link to the
-CSV export of them all. Its live part is polled by htmx
+newest purchases (``seller.reports.event_purchases``), each linked to its
+page with its refunds (seller/pages/refunds.py), the link to the CSV export
+of them all, and the event's cancellation: the owner's form, then its
+progress, polled while it runs (seller/pages/cancellation.py). Its live part is polled by htmx
 (``/seller/<slug>/events/<id>/live/``) and replaced as a whole."""
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from django.utils import timezone
 
 from common.money import format_money
 from organizers.roles import Action
-from purchases.models import Event, EventStatus
+from purchases.models import Event, EventStatus, PurchaseSaga
 from purchases.selectors import saga_seat_refs
 
 from .. import reports, selectors
 from ..page_access import SellerAccess, seller_page
-from . import seat_svg
+from . import cancellation, seat_svg
 from .events import STATUS_WORDS, event_or_404
 
 RECENT_PURCHASES = 20
@@ -38,21 +40,26 @@ def _money(money: dict[str, Any]) -> str:
     return format_money(money["amount"], money["currency"])
 
 
+def purchase_row(saga: PurchaseSaga) -> dict[str, Any]:
+    """A purchase as the purchase tables show it (here and on the purchases
+    page), from a saga of ``reports.event_purchases``."""
+    # Annotated by reports.event_purchases (the ledger's refunds).
+    refunded = getattr(saga, "refunded_amount", 0) or 0
+    return {
+        "id": saga.pk,
+        "created_at": saga.created_at,
+        "buyer": saga.buyer.get_username(),
+        "seats": saga_seat_refs(saga),
+        "total": format_money(saga.amount, saga.currency),
+        "refunded": format_money(refunded, saga.currency),
+        "has_refund": bool(refunded),
+        "state": saga.state,
+    }
+
+
 def _purchases(event: Event) -> list[dict[str, Any]]:
     newest = reports.event_purchases(event=event)[:RECENT_PURCHASES]
-    return [
-        {
-            "id": saga.pk,
-            "created_at": saga.created_at,
-            "buyer": saga.buyer.get_username(),
-            "seats": saga_seat_refs(saga),
-            "total": format_money(saga.amount, saga.currency),
-            "refunded": format_money(getattr(saga, "refunded_amount", 0) or 0, saga.currency),
-            "has_refund": bool(getattr(saga, "refunded_amount", 0)),
-            "state": saga.state,
-        }
-        for saga in newest
-    ]
+    return [purchase_row(saga) for saga in newest]
 
 
 def live_context(access: SellerAccess, event: Event) -> dict[str, Any]:
@@ -93,6 +100,7 @@ def live_context(access: SellerAccess, event: Event) -> dict[str, Any]:
         "as_of": timezone.now(),
         "poll_every": POLL_EVERY if total <= LARGE_HALL else POLL_EVERY_LARGE,
         "live_url": reverse("seller-event-live", args=[access.organizer.slug, event.pk]),
+        "purchases_url": reverse("seller-event-purchases", args=[access.organizer.slug, event.pk]),
     }
 
 
@@ -113,6 +121,13 @@ def event_dashboard(request: HttpRequest, access: SellerAccess, event_id: int) -
             # The API's export (seller/read_urls.py): a session cookie is
             # credentials there too, so the link just works.
             "export_url": f"/api/organizers/{slug}/events/{event.pk}/purchases.csv",
+            # The event's cancellation (seller/pages/cancellation.py): its
+            # progress once it runs, the owner's form before.
+            "cancellation": cancellation.progress_context(
+                access, event, cancellation.run_of(event)
+            ),
+            "can_cancel": cancellation.can_cancel(access, event),
+            "cancel_form": cancellation.CancelEventForm(),
         },
     )
 

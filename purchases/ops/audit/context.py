@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from payments.interface import GatewayCharge, GatewayUnavailable, PaymentGateway
+from payments.interface import GatewayCharge, GatewayRefund, GatewayUnavailable, PaymentGateway
 
 from .report import AuditReport, Finding, Unverified, Violation
 
@@ -66,6 +66,20 @@ class AuditContext:
             return None
         self.failures_in_a_row = 0
         return charges
+
+    def list_refunds(self, intent_id: str, *, ref: str = "") -> list[GatewayRefund] | None:
+        """The intent's refunds at the processor (asked once its charges show
+        money captured), or None as :meth:`list_charges`."""
+        try:
+            refunds = self.gateway.list_refunds(ref or intent_id)
+        except GatewayUnavailable as exc:
+            self.failures_in_a_row += 1
+            self.unanswered[intent_id] = str(exc)
+            logger.warning(
+                "audit: gateway unavailable", extra={"intent_id": intent_id, "detail": str(exc)}
+            )
+            return None
+        return refunds
 
     def unverified(self, saga_id, intent_id: str, *, override: bool = False) -> None:
         waiting = "; an operator's override awaits the gateway's records" if override else ""

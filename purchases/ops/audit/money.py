@@ -3,6 +3,12 @@ captured equals the ledger's net, a CONFIRMED saga has exactly one charge
 entry and a COMPENSATED one nets zero, and an operator's override agrees with
 the gateway once it can be asked.
 
+The gateway's net is its charges (``succeeded``, or ``refunded`` once every
+cent of one went back) less its succeeded refunds (``list_refunds``): a
+charge partly refunded stays ``succeeded``, so its status alone does not say
+what the processor kept. A confirmed purchase's refunds (rows of their own)
+are judged in ``refunds``.
+
 A dispute's entries (``dispute``, ``dispute_reversal``: purchases/disputes.py)
 are the bank's money, not the processor's capture: they are kept apart
 (``disputed``) and judged by none of these rules."""
@@ -15,10 +21,10 @@ from dataclasses import dataclass
 from django.db.models import Count, Q, Sum
 
 from ledger.models import EntryKind, LedgerEntry
-from payments.interface import GatewayCharge
+from payments.interface import GatewayCharge, GatewayRefund
 
 from ...models import PurchaseSaga
-from ...saga.states import TERMINAL, SagaState
+from ...saga.states import SagaState
 from .report import (
     CONFIRMED_HAS_ONE_CHARGE_ENTRY,
     LEDGER_EQUALS_GATEWAY,
@@ -66,14 +72,37 @@ def ledger_for(intent_ids: list[str]) -> dict[str, Ledger]:
     return dict(ledger)
 
 
+# A charge that holds money, or held it and went back in full (the refunds say how much).
+_CAPTURED = ("succeeded", "refunded")
+
+
+def charged(charges: list[GatewayCharge]) -> int:
+    """What the processor captured on the intent, refunded since or not."""
+    return sum(c.amount for c in charges if c.status in _CAPTURED)
+
+
+def gateway_net(charges: list[GatewayCharge], refunds: list[GatewayRefund]) -> int:
+    """What the processor keeps: its captures less its succeeded refunds."""
+    return charged(charges) - sum(r.amount for r in refunds if r.status == "succeeded")
+
+
 def check_money(
-    ctx, saga: PurchaseSaga, entries: Ledger, charges: list[GatewayCharge] | None
+    ctx,
+    saga: PurchaseSaga,
+    entries: Ledger,
+    charges: list[GatewayCharge] | None,
+    refunds: list[GatewayRefund] | None,
+    *,
+    settled: bool,
 ) -> None:
-    if charges is None:
+    """``settled``: not moving (a finished saga with no refund in flight, or
+    an old one): a live one may disagree for a moment (charged, answer not
+    yet recorded)."""
+    if charges is None or refunds is None:
         ctx.unverified(saga.pk, saga.intent_id, override=bool(entries.overrides))
         return
-    captured = sum(c.amount for c in charges if c.status == "succeeded")
-    if entries.overrides and captured != entries.net:
+    captured = gateway_net(charges, refunds)
+    if entries.overrides and settled and captured != entries.net:
         # Named for what it is (not a plain ledger mismatch): money an
         # operator wrote on their own word, which the gateway contradicts.
         ctx.flag(
@@ -92,9 +121,6 @@ def check_money(
             f"{len(charges)} charges at the gateway: "
             + ", ".join(f"{c.id} {c.amount} {c.status}" for c in charges),
         )
-    # A live saga in the middle of a step may legitimately disagree for a
-    # moment (charged, answer not yet recorded); an old one may not.
-    settled = saga.state in TERMINAL or saga.updated_at <= ctx.cutoff
     if settled and captured != entries.net:
         ctx.flag(
             LEDGER_EQUALS_GATEWAY,
@@ -105,13 +131,13 @@ def check_money(
 
 
 def check_entries(ctx, saga: PurchaseSaga, entries: Ledger) -> None:
-    if saga.state == S.CONFIRMED and (entries.charges != 1 or entries.refunds or entries.others):
+    # Its refund entries are its refund rows' (refunds.check_refund_entries).
+    if saga.state == S.CONFIRMED and (entries.charges != 1 or entries.others):
         ctx.flag(
             CONFIRMED_HAS_ONE_CHARGE_ENTRY,
             saga.pk,
             saga.intent_id,
-            f"CONFIRMED with {entries.charges} charge, {entries.refunds} refund and "
-            f"{entries.others} other ledger entries",
+            f"CONFIRMED with {entries.charges} charge and {entries.others} other ledger entries",
         )
     elif saga.state == S.COMPENSATED and entries.net != 0:
         ctx.flag(
@@ -134,7 +160,8 @@ def check_ledger_without_saga(ctx) -> None:
         row["net"] += total or 0
     for intent_id, row in orphans.items():
         charges = ctx.list_charges(intent_id)
-        if charges is None:
+        refunds = ctx.list_refunds(intent_id) if charges and charged(charges) else []
+        if charges is None or refunds is None:
             ctx.unverified(row["saga_id"], intent_id)
             continue
         if len(charges) > 1:
@@ -144,7 +171,7 @@ def check_ledger_without_saga(ctx) -> None:
                 intent_id,
                 f"{len(charges)} charges at the gateway",
             )
-        captured = sum(c.amount for c in charges if c.status == "succeeded")
+        captured = gateway_net(charges, refunds)
         if captured != row["net"]:
             ctx.flag(
                 LEDGER_EQUALS_GATEWAY,

@@ -27,6 +27,14 @@ WEBHOOK_CONTRADICTS = "webhook_contradicts"
 # The seller's report of an event (docs/api.md, "Sales and reports") equals
 # the ledger: purchases/ops/audit/event_reports.py.
 REPORT_EQUALS_LEDGER = "report_equals_ledger"
+# Money back to a confirmed purchase (docs/refunds.md; purchases/ops/audit/refunds.py):
+# the ledger's refund entries are its succeeded refund rows', once each; its
+# refunds never give back more than was paid; the processor holds at most one
+# refund per refund id of ours; a cancelled event's purchases net zero.
+REFUND_ENTRY_MISMATCH = "refund_entry_mismatch"
+REFUND_EXCEEDS_CHARGE = "refund_exceeds_charge"
+REFUND_TWICE_AT_PROCESSOR = "refund_twice_at_processor"
+CANCELLED_EVENT_NOT_REFUNDED = "cancelled_event_not_refunded"
 
 # --- finding names: reported, not violations ------------------------------------
 
@@ -46,6 +54,10 @@ INVARIANTS = (
     WEBHOOK_MISSING,
     WEBHOOK_CONTRADICTS,
     REPORT_EQUALS_LEDGER,
+    REFUND_ENTRY_MISMATCH,
+    REFUND_EXCEEDS_CHARGE,
+    REFUND_TWICE_AT_PROCESSOR,
+    CANCELLED_EVENT_NOT_REFUNDED,
 )
 FINDINGS = (WEBHOOK_FAILED,)
 
@@ -96,7 +108,8 @@ class AuditReport:
     sagas_checked: int = 0
     # Moved while the auditor looked at them; checked by the next run.
     sagas_skipped: int = 0
-    # list_charges calls made (one per intent).
+    # list_charges calls made (one per intent; list_refunds follows one that
+    # found money captured).
     intents_checked: int = 0
     violations: list[Violation] = field(default_factory=list)
     unverified: list[Unverified] = field(default_factory=list)

@@ -32,17 +32,39 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from payments.interface import GatewayCharge, PaymentGateway
+from payments.interface import GatewayCharge, GatewayRefund, PaymentGateway
 from payments.registry import get_gateway
 
 from ...models import AuditRun, Event, PurchaseSaga
 from ...saga.states import TERMINAL, SagaState
 from ..heartbeats import heartbeat
+from .cancelled_events import check_cancelled_events
 from .context import AuditContext
 from .emails import check_emails, email_messages
 from .event_reports import check_event_reports
 from .liveness import COMPENSATION_STATES, check_stuck, compensated_blind, live_signals
-from .money import Ledger, check_entries, check_ledger_without_saga, check_money, ledger_for
+from .money import (
+    Ledger,
+    charged,
+    check_entries,
+    check_ledger_without_saga,
+    check_money,
+    ledger_for,
+)
+from .refunds import (
+    SagaRefunds,
+    check_ledger_not_negative,
+    check_refund_entries,
+    check_refund_totals,
+    check_refund_twice,
+    check_refunds_alive,
+    fingerprint,
+    in_flight,
+    read_refund_entries,
+    refund_alerts,
+    refund_fingerprints,
+    refunds_for,
+)
 from .report import UNKNOWN_NEVER_COMPENSATED_BLIND, AuditReport
 from .seats import check_seats
 from .webhooks import Endpoint, check_webhooks, webhook_endpoints, webhook_facts
@@ -81,6 +103,7 @@ def audit_run(
         check_sagas(audit, chunk_size=chunk_size)
         check_ledger_without_saga(audit)
         check_event_reports(audit)
+        check_cancelled_events(audit)
         report = audit.report
         report.finished_at = now + timedelta(seconds=time.perf_counter() - started)
         pulse.seen = report.sagas_checked
@@ -156,6 +179,8 @@ def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
             "intent_id",
             "processor_ref",
             "state",
+            "amount",
+            "event_id",
             "version",
             "updated_at",
             "compensation_started_at",
@@ -168,35 +193,80 @@ def check_sagas(ctx: AuditContext, *, chunk_size: int) -> None:
 
 def check_chunk(ctx: AuditContext, chunk: list[PurchaseSaga], *, endpoints: list[Endpoint]) -> None:
     ids = [s.pk for s in chunk]
+    # The refund rows before the ledger: a refund's entry is written in the
+    # commit that marks its row succeeded (refunds.py).
+    refunds = refunds_for(chunk)
     ledger = ledger_for([s.intent_id for s in chunk])
+    read_refund_entries(chunk, refunds)
     messages = email_messages(ids)
     live = [s.pk for s in chunk if s.state not in TERMINAL]
     alerts, driven = live_signals(ctx, live)
+    refund_alerted = refund_alerts(ctx, refunds)
     blind = compensated_blind([s.pk for s in chunk if s.state in COMPENSATION_STATES])
     webhooks = webhook_facts(chunk, endpoints)
 
     # The gateway, outside any transaction, after the database reads.
-    charges: dict[str, list[GatewayCharge] | None] = {}
-    for saga in chunk:
-        if saga.state != S.PENDING or saga.intent_id in ledger:
-            charges[saga.intent_id] = ctx.list_charges(saga.intent_id, ref=saga.gateway_ref)
+    gateway = _ask_the_gateway(ctx, chunk, ledger)
 
     current = dict(PurchaseSaga.objects.filter(pk__in=ids).values_list("pk", "version"))
+    moved = refund_fingerprints(ids)
     for saga in chunk:
-        if current.get(saga.pk) != saga.version:
+        mine = refunds.get(saga.pk, SagaRefunds())
+        if current.get(saga.pk) != saga.version or moved.get(saga.pk, set()) != fingerprint(mine):
             ctx.report.sagas_skipped += 1
             continue
         ctx.report.sagas_checked += 1
         entries = ledger.get(saga.intent_id, Ledger())
-        if saga.intent_id in charges:
-            check_money(ctx, saga, entries, charges[saga.intent_id])
+        if saga.intent_id in gateway:
+            _check_against_gateway(ctx, saga, entries, mine, *gateway[saga.intent_id])
         check_entries(ctx, saga, entries)
-        check_emails(ctx, saga, messages.get(saga.pk, {}))
-        check_webhooks(ctx, saga, webhooks, entries)
+        check_refund_entries(ctx, saga, mine)
+        check_ledger_not_negative(ctx, saga, entries.net)
+        check_refunds_alive(ctx, saga, mine, refund_alerted)
+        check_emails(ctx, saga, messages.get(saga.pk, {}), mine)
+        check_webhooks(ctx, saga, webhooks, entries, mine)
         if saga.state not in TERMINAL:
             check_stuck(ctx, saga, alerts.get(saga.pk, []), saga.pk in driven)
         if saga.pk in blind:
             ctx.flag(UNKNOWN_NEVER_COMPENSATED_BLIND, saga.pk, saga.intent_id, blind[saga.pk])
+
+
+def _ask_the_gateway(ctx: AuditContext, chunk: list[PurchaseSaga], ledger: dict) -> dict:
+    """intent id -> (its charges, its refunds), each None when unanswered:
+    the charges of every saga that may hold money, and the refunds of those
+    whose charges show money captured (no capture, nothing to refund)."""
+    asked: dict[str, tuple] = {}
+    for saga in chunk:
+        if saga.state == S.PENDING and saga.intent_id not in ledger:
+            continue
+        charges = ctx.list_charges(saga.intent_id, ref=saga.gateway_ref)
+        refunds: list[GatewayRefund] | None = []
+        if charges and charged(charges):
+            refunds = ctx.list_refunds(saga.intent_id, ref=saga.gateway_ref)
+        asked[saga.intent_id] = (charges, refunds)
+    return asked
+
+
+def _check_against_gateway(
+    ctx: AuditContext,
+    saga: PurchaseSaga,
+    entries: Ledger,
+    mine: SagaRefunds,
+    charges: list[GatewayCharge] | None,
+    refunds: list[GatewayRefund] | None,
+) -> None:
+    # A live saga in the middle of a step may legitimately disagree for a
+    # moment (charged, answer not yet recorded), and so may a confirmed one
+    # whose refund is in flight; an old one may not.
+    settled = (saga.state in TERMINAL or saga.updated_at <= ctx.cutoff) and not in_flight(ctx, mine)
+    named = False
+    if charges is not None and refunds is not None:
+        check_refund_twice(ctx, saga, refunds)
+        # A second charge (and its refund) is one_charge_per_intent's to name.
+        if settled and len(charges) <= 1:
+            named = check_refund_totals(ctx, saga, mine, refunds)
+    # The refunds' disagreement named, the net's would say it again.
+    check_money(ctx, saga, entries, charges, refunds, settled=settled and not named)
 
 
 def _batched(items: Iterable, size: int) -> Iterator[list]:

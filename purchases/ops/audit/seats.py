@@ -1,14 +1,21 @@
 """A seat is sold at most once: set-based checks over the whole table, each a
 single statement (consistent on its own, because every transaction that
-touches seats also settles the reservation in the same commit)."""
+touches seats also settles the reservation in the same commit).
+
+A confirmed purchase keeps its reservation CONFIRMED for good; a refund that
+gives seats back (docs/refunds.md) ends their links (``released_at``) and
+puts them on sale in its commit, and names them (``Refund.released_seats``).
+So a live link of a confirmed reservation is a sold seat, and a released one
+must be a refund's.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from ...models import PurchaseSaga, ReservationSeat, ReservationStatus, Seat, SeatStatus
+from ...models import PurchaseSaga, Refund, ReservationSeat, ReservationStatus, Seat, SeatStatus
 from ...saga.states import SagaState
 from .context import AuditContext
 from .report import SEAT_SOLD_ONCE
@@ -84,18 +91,37 @@ def _check_sold_unconfirmed(ctx: AuditContext, live: QuerySet[ReservationSeat]) 
 
 
 def _check_confirmed_unsold(ctx: AuditContext) -> None:
+    links = ReservationSeat.objects.filter(reservation__status=ReservationStatus.CONFIRMED)
     for row in (
-        ReservationSeat.objects.filter(reservation__status=ReservationStatus.CONFIRMED)
-        .filter(Q(released_at__isnull=False) | ~Q(seat__status=SeatStatus.SOLD))
+        links.filter(released_at__isnull=True)
+        .exclude(seat__status=SeatStatus.SOLD)
         .values(*_LINK_FIELDS)
     ):
-        what = "was released" if row["released_at"] else f"is {row['seat__status']}"
-        ctx.flag(
-            SEAT_SOLD_ONCE,
-            row["reservation__saga__id"],
-            row["reservation__saga__intent_id"],
-            f"confirmed reservation {row['reservation__ref']}: seat {row['seat__ref']} {what}",
-        )
+        _flag_link(ctx, row, f"is {row['seat__status']}")
+    # Released links, then the refunds of their purchases (read after them:
+    # a refund's row commits with the release of its seats).
+    released = list(links.filter(released_at__isnull=False).values(*_LINK_FIELDS, "event_id"))
+    if not released:
+        return
+    given_back: set[tuple] = set()
+    for saga_id, seats in Refund.objects.filter(
+        saga_id__in={row["reservation__saga__id"] for row in released},
+        event_id__in={row["event_id"] for row in released},
+        released=True,
+    ).values_list("saga_id", "released_seats"):
+        given_back.update((saga_id, ref) for ref in seats or ())
+    for row in released:
+        if (row["reservation__saga__id"], row["seat__ref"]) not in given_back:
+            _flag_link(ctx, row, "was released, and no refund of the purchase gave it back")
+
+
+def _flag_link(ctx: AuditContext, row: dict, what: str) -> None:
+    ctx.flag(
+        SEAT_SOLD_ONCE,
+        row["reservation__saga__id"],
+        row["reservation__saga__intent_id"],
+        f"confirmed reservation {row['reservation__ref']}: seat {row['seat__ref']} {what}",
+    )
 
 
 def _check_sold_to_nobody(ctx: AuditContext, live: QuerySet[ReservationSeat]) -> None:

@@ -20,6 +20,14 @@ CONFIRMED, whether its history has CONFIRMED.
 Every move writes its delivery in its own commit, so no grace applies: a saga
 read as finished has its deliveries in any read made after it (the alerts are
 read before the deliveries for the same reason).
+
+A confirmed purchase's refunds (docs/refunds.md) announce themselves without
+moving the saga, each in the commit that settles it: ``purchase.refunded``
+from the succeeded refund that brings the total to the whole amount,
+``purchase.partially_refunded`` from one that leaves some of it;
+``purchase.cancelled`` from a buyer's cancellation, when it is asked. Each is
+owed from then, and contradicts a purchase that has no such refund. The
+refund rows are read before the deliveries, for the same reason.
 """
 
 from __future__ import annotations
@@ -33,11 +41,12 @@ from django.db.models import Max
 from outbox.models import OutboxMessage
 from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint, WebhookEvent
 
-from ...models import PurchaseSaga, SagaHistory
+from ...models import PurchaseSaga, RefundSource, SagaHistory
 from ...saga.states import SagaState
 from ...saga.topics import Topic
 from .context import AuditContext
 from .money import Ledger
+from .refunds import SagaRefunds
 from .report import WEBHOOK_CONTRADICTS, WEBHOOK_FAILED, WEBHOOK_MISSING
 
 S = SagaState
@@ -153,15 +162,41 @@ def webhook_facts(chunk: list[PurchaseSaga], endpoints: list[Endpoint]) -> Webho
     return facts
 
 
+def refund_announcements(saga: PurchaseSaga, refunds: SagaRefunds) -> dict[str, datetime]:
+    """The refund webhooks a confirmed purchase owes, each from when it was
+    first published (the code's rule: purchases/refunds/step.py,
+    ``refund_succeeded``; purchases/refunds/requests.py, ``purchase_cancel``)."""
+    if saga.state != S.CONFIRMED:
+        return {}
+    owed: dict[str, datetime] = {}
+    total = 0
+    for row in refunds.succeeded_in_order():
+        total += row.amount
+        kind = E.REFUNDED if total >= saga.amount else E.PARTIALLY_REFUNDED
+        if row.settled_at is not None:  # always, once succeeded
+            owed.setdefault(kind, row.settled_at)
+    buyer = [r.created_at for r in refunds.rows if r.source == RefundSource.BUYER]
+    if buyer:
+        owed[E.CANCELLED] = min(buyer)
+    return owed
+
+
 def check_webhooks(
-    ctx: AuditContext, saga: PurchaseSaga, facts: WebhookFacts | None, entries: Ledger
+    ctx: AuditContext,
+    saga: PurchaseSaga,
+    facts: WebhookFacts | None,
+    entries: Ledger,
+    refunds: SagaRefunds | None = None,
 ) -> None:
     if facts is None:
         return
     ended = end_type(saga.state, entries)
+    announced = refund_announcements(saga, refunds or SagaRefunds())
     rows = facts.deliveries.get(saga.pk, [])
     for d in rows:
-        why = _contradiction(d.event_type, saga, ended, saga.pk in facts.confirmed_once)
+        why = _contradiction(
+            d.event_type, saga, ended, saga.pk in facts.confirmed_once, announced=announced
+        )
         if why:
             ctx.flag(
                 WEBHOOK_CONTRADICTS,
@@ -185,6 +220,8 @@ def check_webhooks(
         owed.append((ended, saga.updated_at, f"{saga.state}{_refund_note(saga, ended)}"))
     if saga.pk in facts.alerted_at:
         owed.append((E.NEEDS_ATTENTION, facts.alerted_at[saga.pk], "an alert named it"))
+    for event_type, at in announced.items():
+        owed.append((event_type, at, f"CONFIRMED with {_REFUND_TYPES[event_type]}"))
     have = {(d.endpoint_id, d.event_type) for d in rows}
     for event_type, at, because in owed:
         for endpoint in facts.endpoints.values():
@@ -199,9 +236,28 @@ def check_webhooks(
                 )
 
 
+# What makes each refund webhook right for a confirmed purchase.
+_REFUND_TYPES: dict[str, str] = {
+    E.REFUNDED: "succeeded refunds of its whole amount",
+    E.PARTIALLY_REFUNDED: "succeeded refund of a part",
+    E.CANCELLED: "cancellation by its buyer",
+}
+
+
 def _contradiction(
-    event_type: str, saga: PurchaseSaga, ended: str | None, confirmed_once: bool
+    event_type: str,
+    saga: PurchaseSaga,
+    ended: str | None,
+    confirmed_once: bool,
+    *,
+    announced: dict[str, datetime],
 ) -> str:
+    if saga.state == S.CONFIRMED and event_type in _REFUND_TYPES:
+        if event_type in announced:
+            return ""
+        return f"the purchase has no {_REFUND_TYPES[event_type]} (it is CONFIRMED)"
+    if event_type in (E.PARTIALLY_REFUNDED, E.CANCELLED):
+        return f"announces money back to a purchase that is not CONFIRMED (it is {saga.state})"
     if event_type in (E.FAILED, E.REFUNDED):
         if saga.state != S.COMPENSATED:
             return f"announces an end the saga did not reach (it is {saga.state})"

@@ -11,6 +11,7 @@ from payments.interface import PaymentGateway
 
 from ... import services
 from ...models import PurchaseSaga, Reservation, ReservationStatus
+from ...refunds.opening import refundable, seat_links
 from ...saga.states import SagaState
 from ...selectors import saga_seat_refs
 from .actions import SOURCES, Action
@@ -62,8 +63,38 @@ def action_plan(
         _weigh_the_gateway(plan, saga, gateway)
         if not plan.allowed:
             return plan
+    if action == Action.REFUND:
+        _describe_refund(plan, saga)
+        return plan
     _describe(plan, saga)
     return plan
+
+
+def _describe_refund(plan: Plan, saga: PurchaseSaga) -> None:
+    """The refund of a confirmed purchase (docs/refunds.md): a refund row of
+    all that is left, its seats back on sale in its commit; the purchase
+    stays CONFIRMED. The processor is asked after the commit, by the row's
+    own message, once; an answer that is not definitive is looked up, never
+    re-sent."""
+    left = refundable(saga)
+    if left == 0:
+        plan.allowed = False
+        plan.why = (
+            f"nothing left to refund: {format_money(saga.amount, saga.currency)} "
+            "refunded or being refunded already"
+        )
+        return
+    money = format_money(left, saga.currency)
+    plan.why = (
+        f"open a refund of {money} (all that is left), its seats back on sale now; the "
+        "purchase stays CONFIRMED; the processor is asked after the commit, once, and "
+        "looked up until it settles"
+    )
+    plan.refund = True
+    plan.gateway_calls = ["create_refund"]
+    plan.ledger = f"refund -{money} once the processor confirms it"
+    plan.seats_freed = [link.ref for link in seat_links(saga) if not link.released]
+    plan.emails = ["refund"]
 
 
 def _weigh_the_gateway(plan: Plan, saga: PurchaseSaga, gateway) -> None:
@@ -137,5 +168,5 @@ def _describe(plan: Plan, saga: PurchaseSaga) -> None:
         plan.why = "the operator saw no charge: cancel the intent first, then compensate"
         plan.gateway_calls = ["cancel"]
         plan.seats_freed, plan.emails = seats, ["failure"]
-    else:  # compensate COMPENSATION_PENDING, or refund CONFIRMED
+    else:  # compensate COMPENSATION_PENDING
         compensation("refund, free the seats, announce, email")

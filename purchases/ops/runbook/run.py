@@ -1,7 +1,8 @@
 """Running a runbook action for a named operator: the runbook's checks here
 (a reason, a name, a state the action may start from, the gateway's records
 against the operator's word), the saga's steps through ``purchases.services``
-(docs/design.md, "Operators' steps")."""
+(docs/design.md, "Operators' steps"). The refund opens a refund row of a
+confirmed purchase, which stays CONFIRMED (docs/refunds.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from payments.interface import PaymentGateway
 
 from ... import services
 from ...models import PurchaseSaga
+from ...refunds.errors import RefundError
 from ...saga.states import SagaState
 from ...services import ActionRefused
 from .actions import LABELS, SOURCES, Action
@@ -56,10 +58,22 @@ def action_run(
     if action in (Action.RECONCILE_NOW, Action.RESUME_NOW):
         return services.saga_drive(**kwargs)
     if action == Action.REFUND:
-        return services.purchase_refund(reason=note, **kwargs)
+        return _refund(note=note, **kwargs)
     if action == Action.CONFIRM_MANUAL:
         return _confirm_manual(note=note, override=override, **kwargs)
     return services.saga_compensate_manual(note=note, **kwargs)
+
+
+def _refund(*, saga_id, note, by, gateway, now) -> PurchaseSaga:
+    """A refund row of all that is left of a confirmed purchase, its seats
+    back on sale; the purchase stays CONFIRMED (docs/refunds.md). One the
+    purchase cannot have (nothing left to give back) is refused."""
+    try:
+        return services.purchase_refund(
+            saga_id=saga_id, reason=note, by=by, gateway=gateway, now=now
+        )
+    except RefundError as exc:
+        raise ActionRefused(f"{LABELS[Action.REFUND]}: {exc}") from exc
 
 
 def _confirm_manual(*, saga_id, note, override, by, gateway, now) -> PurchaseSaga:

@@ -71,7 +71,9 @@
     var announcer = document.querySelector("[data-status-announcer]");
     var status = document.querySelector("[data-purchase-status]");
     if (!announcer || !status) return;
-    var value = status.getAttribute("data-purchase-status");
+    // A refund moves without moving the saga: its state counts as news too.
+    var value = status.getAttribute("data-purchase-status") + "/" +
+      (status.getAttribute("data-refund-state") || "");
     if (lastStatus !== null && value !== lastStatus) {
       var sentence = document.querySelector("[data-status-sentence]");
       announcer.textContent = status.textContent + ". " + (sentence ? sentence.textContent : "");
