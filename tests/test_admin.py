@@ -301,11 +301,13 @@ def test_saga_page_shows_the_timeline_of_a_reconciled_purchase(
     # when: the operator asks the gateway
     response = op_client.get(change_url(saga), {"gateway": "1"})
 
-    # then: one live look-up, shown with its charge
+    # then: one live look-up, shown with its charge (and its refunds: a
+    # charge partly refunded stays "succeeded", its refunds say what it keeps)
     assert response.status_code == 200
     assert gateway.calls[len(calls_before) :] == [
         ("retrieve", saga.intent_id),
         ("list_charges", saga.intent_id),
+        ("list_refunds", saga.intent_id),
     ]
     view = response.context["gateway_view"]
     assert view["status"] == "succeeded"
@@ -867,3 +869,28 @@ def test_the_override_is_offered_when_the_gateway_cannot_be_reached_and_marks_th
     assert _state(saga) == "CONFIRMED"
     entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
     assert entry.override and "override" in entry.note
+
+
+@pytest.mark.django_db
+def test_the_gateway_view_of_a_partly_refunded_purchase_agrees_with_the_ledger(
+    op_client, alice, event, gateway
+):
+    """A charge partly refunded stays "succeeded" at the processor: what it
+    keeps is its charge less its refunds, as the ledger says (counting the
+    charge alone, the page called a correct purchase a disagreement)."""
+    from purchases.services import organizer_refund
+
+    saga = saga_charge(saga_id=start_purchase(alice, event).pk)
+    organizer_refund(
+        organizer=event.organizer, saga_id=saga.pk, user=alice, reason="late", amount=1000
+    )
+    drain_outbox()
+    assert Refund.objects.get(saga=saga).status == "succeeded"
+
+    response = op_client.get(change_url(saga), {"gateway": "1"})
+
+    view = response.context["gateway_view"]
+    [(charge, _)] = view["charges"]
+    assert (charge.status, charge.amount) == ("succeeded", 2500)
+    assert view["captured"] == "15.00 EUR"
+    assert view["agrees_with_ledger"] is True
