@@ -84,6 +84,21 @@ class Story:
     partly: PurchaseSaga
 
 
+def _bare_refund(saga, *, amount: int) -> Refund:
+    """A pending operator refund row written straight to the table, nothing
+    else (no seats, no obligations): the state a check must name."""
+    return Refund.objects.create(
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        amount=amount,
+        currency="EUR",
+        source="operator",
+        public_reason="-",
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+
+
 def _fresh(saga):
     return PurchaseSaga.objects.get(pk=saga.pk)
 
@@ -440,16 +455,7 @@ def test_a_refund_entry_that_names_no_refund_row(story):
 
 @pytest.mark.django_db
 def test_a_refund_row_of_a_purchase_never_confirmed(story):
-    Refund.objects.create(
-        saga_id=story.declined.pk,
-        event_id=story.event.pk,
-        amount=100,
-        currency="EUR",
-        source="operator",
-        public_reason="-",
-        created_at=timezone.now(),
-        updated_at=timezone.now(),
-    )
+    _bare_refund(story.declined, amount=100)
 
     report = audit_run()
 
@@ -460,16 +466,7 @@ def test_a_refund_row_of_a_purchase_never_confirmed(story):
 @pytest.mark.django_db
 def test_refunds_that_owe_more_than_was_paid(story):
     # A second refund of 1 (pending, just opened) beside the 5000 given back.
-    Refund.objects.create(
-        saga_id=story.refunded.pk,
-        event_id=story.event.pk,
-        amount=1,
-        currency="EUR",
-        source="operator",
-        public_reason="-",
-        created_at=timezone.now(),
-        updated_at=timezone.now(),
-    )
+    _bare_refund(story.refunded, amount=1)
 
     report = audit_run()
 
