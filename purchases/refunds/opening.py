@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Sum
 
 from outbox.services import outbox_publish, timer_schedule
 
@@ -79,34 +78,24 @@ def seat_links(saga: PurchaseSaga) -> list[SeatLink]:
         return [SeatLink(*row) for row in cursor.fetchall()]
 
 
-def refunded_or_owed(saga: PurchaseSaga) -> int:
-    """What the purchase's refunds give back or still owe (failed ones give
-    nothing back)."""
-    total = (
-        Refund.objects.filter(saga_id=saga.pk, event_id=saga.event_id)
-        .exclude(status=RefundStatus.FAILED)
-        .aggregate(n=Sum("amount"))["n"]
-    )
-    return total or 0
-
-
 def refundable(saga: PurchaseSaga) -> int:
     """What is left to refund of the purchase's charge."""
     if saga.state != SagaState.CONFIRMED:
         return 0
-    return max(saga.amount - refunded_or_owed(saga), 0)
+    owed, _ = _earlier(saga)
+    return max(saga.amount - owed, 0)
 
 
 def seats_refunded(saga: PurchaseSaga) -> set[str]:
     """The refs of the seats a refund (not a failed one) already names."""
-    taken: set[str] = set()
-    for seats in (
-        Refund.objects.filter(saga_id=saga.pk, event_id=saga.event_id)
-        .exclude(status=RefundStatus.FAILED)
-        .values_list("seats", flat=True)
-    ):
-        taken.update(seats)
+    _, taken = _earlier(saga)
     return taken
+
+
+def _earlier(saga: PurchaseSaga) -> tuple[int, set[str]]:
+    """What the purchase's refunds (not failed ones) give back or still owe,
+    and the seats they name (:func:`_earlier_of`, for one purchase)."""
+    return _earlier_of([saga]).get(saga.pk, (0, set()))
 
 
 def _seat_price(link: SeatLink, saga: PurchaseSaga, links: list[SeatLink]) -> int:
@@ -114,9 +103,9 @@ def _seat_price(link: SeatLink, saga: PurchaseSaga, links: list[SeatLink]) -> in
     return link.price if link.price is not None else saga.amount // len(links)
 
 
-def _named(saga: PurchaseSaga, ask: RefundAsk, links: list[SeatLink]) -> list[SeatLink]:
+def _named(ask: RefundAsk, links: list[SeatLink], *, taken: set[str]) -> list[SeatLink]:
     """The links of the seats asked for, checked: each in the purchase, once,
-    none refunded already, and live when they are to be released."""
+    none refunded already (``taken``)."""
     refs = ask.seats or []
     if not refs:
         raise InvalidRefund("seats", "name at least one seat")
@@ -126,7 +115,7 @@ def _named(saga: PurchaseSaga, ask: RefundAsk, links: list[SeatLink]) -> list[Se
     unknown = [ref for ref in refs if ref not in by_ref]
     if unknown:
         raise InvalidRefund("seats", f"not seats of this purchase: {', '.join(unknown)}")
-    again = sorted(set(refs) & seats_refunded(saga))
+    again = sorted(set(refs) & taken)
     if again:
         raise InvalidRefund("seats", f"refunded already: {', '.join(again)}")
     return [by_ref[ref] for ref in refs]
@@ -137,8 +126,9 @@ def refund_open(saga: PurchaseSaga, *, ask: RefundAsk, at: datetime) -> Refund:
     if saga.state != SagaState.CONFIRMED:
         raise NotRefundable(saga.state)
     links = seat_links(saga)
-    named = _named(saga, ask, links) if ask.seats is not None else []
-    left = refundable(saga)
+    owed, taken = _earlier(saga)
+    named = _named(ask, links, taken=taken) if ask.seats is not None else []
+    left = max(saga.amount - owed, 0)
     amount = ask.amount
     if amount is None and ask.seats is not None:
         prices = sum(_seat_price(link, saga, links) for link in named)
@@ -153,7 +143,6 @@ def refund_open(saga: PurchaseSaga, *, ask: RefundAsk, at: datetime) -> Refund:
     release = [link for link in (named if ask.seats is not None else links) if not link.released]
     if ask.seats is None and ask.release:
         # Everything left, seats too: those no earlier refund paid for.
-        taken = seats_refunded(saga)
         named = [link for link in release if link.ref not in taken]
     released = release if ask.release else []
     refund = _row(saga, ask, amount=amount, seats=named, released=released, at=at)
@@ -215,8 +204,9 @@ def _links_of(sagas: list[PurchaseSaga]) -> dict[int, list[SeatLink]]:
 
 
 def _earlier_of(sagas: list[PurchaseSaga]) -> dict:
-    """``refunded_or_owed`` and ``seats_refunded`` of each of ``sagas`` (one
-    statement): saga id -> (amount, refs)."""
+    """What the refunds (not failed ones) of each of ``sagas`` (one event's)
+    give back or still owe, and the seats they name, in one statement: saga
+    id -> (amount, refs)."""
     found: dict = {}
     for saga_id, amount, seats in (
         Refund.objects.filter(saga_id__in=[saga.pk for saga in sagas], event_id=sagas[0].event_id)

@@ -24,7 +24,6 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Sum
 
 from common import rows
 from config import metrics
@@ -42,6 +41,7 @@ from ..saga.step import gateway_or_default
 from ..saga.topics import Topic
 from ..saga.transition import Backoff, clock
 from .opening import chase_key
+from .selectors import refunded_amount
 
 logger = logging.getLogger(__name__)
 
@@ -195,17 +195,9 @@ def refund_succeeded(refund: Refund, *, at: datetime, note: str = "") -> None:
         saga_id=refund.saga_id,
         now=at,
     )
-    whole = _refunded(saga) >= saga.amount
+    whole = refunded_amount(saga) >= saga.amount
     announce(saga, WebhookEvent.REFUNDED if whole else WebhookEvent.PARTIALLY_REFUNDED, at=at)
     metrics.REFUNDS.labels(source=refund.source, status=refund.status).inc()
-
-
-def _refunded(saga: PurchaseSaga) -> int:
-    """What the purchase's refunds have given back (this commit's included)."""
-    done = Refund.objects.filter(
-        saga_id=saga.pk, event_id=saga.event_id, status=RefundStatus.SUCCEEDED
-    ).aggregate(n=Sum("amount"))["n"]
-    return done or 0
 
 
 def _failed(refund: Refund, *, detail: str, at: datetime) -> None:
