@@ -1,6 +1,7 @@
 """Daily sales, materialized from the purchase events (choreography).
 
-Two outbox consumers count ``purchase.confirmed`` and ``purchase.cancelled``
+Three outbox consumers count ``purchase.confirmed``, ``purchase.cancelled``
+and ``refund.settled`` (a refund of a confirmed purchase, docs/refunds.md)
 into :class:`~purchases.models.DailySales`, one row per (event, UTC day of the
 message, currency). A counter is not idempotent by nature, so each consumer
 claims its inbox entry *inside the transaction that counts* (they are
@@ -23,12 +24,13 @@ from django.db import connection, transaction
 from outbox.delivery import inbox_claim, transactional
 from outbox.models import OutboxMessage
 
-from .models import DailySales
-from .saga.topics import ANALYTICS_ON_CANCELLED, ANALYTICS_ON_CONFIRMED
+from .models import DailySales, Refund
+from .saga.topics import ANALYTICS_ON_CANCELLED, ANALYTICS_ON_CONFIRMED, ANALYTICS_ON_REFUND
 
 # Their names in the inbox (and the routing table).
 ON_CONFIRMED = ANALYTICS_ON_CONFIRMED
 ON_CANCELLED = ANALYTICS_ON_CANCELLED
+ON_REFUND = ANALYTICS_ON_REFUND
 
 
 @transactional
@@ -40,7 +42,7 @@ def analytics_on_confirmed(message: OutboxMessage) -> None:
         if not inbox_claim(consumer=ON_CONFIRMED, message=message):
             return  # already counted
         amount = int(message.payload["amount"])
-        _add(message, confirmed_count=1, confirmed_amount=amount)
+        _add(message, {"confirmed_count": 1, "confirmed_amount": amount})
 
 
 @transactional
@@ -54,7 +56,25 @@ def analytics_on_cancelled(message: OutboxMessage) -> None:
         if message.payload.get("refunded"):
             increments["refunded_count"] = 1
             increments["refunded_amount"] = int(message.payload["amount"])
-        _add(message, **increments)
+        _add(message, increments)
+
+
+@transactional
+def analytics_on_refund(message: OutboxMessage) -> None:
+    """``refund.settled`` -> one more refund and its amount, on the day the
+    money went back (the message's day), whole or in part. Exactly once per
+    message. The amount is the refund row's: settled, it never changes."""
+    with transaction.atomic(savepoint=False):
+        if not inbox_claim(consumer=ON_REFUND, message=message):
+            return  # already counted
+        refund = Refund.objects.only("amount", "currency").get(
+            pk=message.payload["refund_id"], event_id=message.event_id
+        )
+        _add(
+            message,
+            {"refunded_count": 1, "refunded_amount": refund.amount},
+            currency=refund.currency,
+        )
 
 
 _COUNTERS = (
@@ -77,12 +97,12 @@ ON CONFLICT (event_id, day, currency) DO UPDATE SET {sums}
 """
 
 
-def _add(message: OutboxMessage, **increments: int) -> None:
+def _add(message: OutboxMessage, increments: dict[str, int], *, currency: str = "") -> None:
     facts = message.payload
     key = [
         facts.get("event_id", message.event_id),
         message.created_at.astimezone(dt.UTC).date(),
-        facts["currency"],
+        currency or facts["currency"],
     ]
     unknown = set(increments) - set(_COUNTERS)
     if unknown:

@@ -18,16 +18,18 @@ from purchases import analytics
 from purchases.analytics import (
     ON_CANCELLED,
     ON_CONFIRMED,
+    ON_REFUND,
     analytics_on_cancelled,
     analytics_on_confirmed,
+    analytics_on_refund,
     daily_sales,
 )
 from purchases.models import DailySales
 from purchases.saga.topics import Topic
-from purchases.services import By, saga_charge, saga_compensate
+from purchases.services import By, organizer_refund, saga_charge, saga_compensate
 
 from .conftest import drain_outbox, start_purchase
-from .factories import EventFactory
+from .factories import EventFactory, UserFactory
 from .late_charge import charged_while_undone
 
 T0 = "2026-12-02 12:00:00"
@@ -63,11 +65,11 @@ class _Outage:
         self.down = True
         write = analytics._add
 
-        def add(message, **increments):
+        def add(message, increments, **key):
             if self.down:
                 self.failed[message.pk] = self.failed.get(message.pk, 0) + 1
                 raise DatabaseError('could not extend file "daily_sales": No space left')
-            return write(message, **increments)
+            return write(message, increments, **key)
 
         monkeypatch.setattr(analytics, "_add", add)
 
@@ -155,6 +157,47 @@ def test_a_failing_consumer_converges_on_redelivery_and_counts_each_message_once
             handle(message)
     assert daily_sales(event_id=event.pk) == expected
     assert len(mail.outbox) == emails
+
+
+@pytest.mark.django_db
+def test_a_confirmed_purchases_refunds_count_on_the_day_each_settled_once_each(alice, gateway):
+    # given: a purchase of three seats (7500), refunded one seat on the day
+    # of the sale and the rest on the next day, by its organizer
+    event = EventFactory(seats=["A1", "A2", "A3"])
+    finance = UserFactory(username="fiona")
+    with freeze_time(T0) as clock:
+        saga = saga_charge(saga_id=start_purchase(alice, event, seats=["A1", "A2", "A3"]).pk)
+        assert saga.state == "CONFIRMED"
+        organizer_refund(
+            organizer=event.organizer, saga_id=saga.pk, user=finance, reason="A1", seats=["A1"]
+        )
+        drain_outbox(now=timezone.now())
+        clock.tick(dt.timedelta(days=1))
+        organizer_refund(organizer=event.organizer, saga_id=saga.pk, user=finance, reason="rest")
+        drain_outbox(now=timezone.now())
+
+    # then: each settled refund counted once, with its amount, on its own day,
+    # and the purchase's net is what was kept: nothing
+    settled = list(OutboxMessage.objects.filter(topic=Topic.REFUND_SETTLED).order_by("pk"))
+    assert len(settled) == 2
+    for message in settled:
+        assert message.completed_at is not None
+        assert ON_REFUND in _ran(message)
+    rows = daily_sales(event_id=event.pk)
+    assert [(r["day"], r["refunded_count"], r["refunded_amount"]) for r in rows] == [
+        (dt.date(2026, 12, 2), 1, 2500),
+        (dt.date(2026, 12, 3), 1, 5000),
+    ]
+    assert sum(r["net_amount"] for r in rows) == 0
+    assert sum(r["confirmed_amount"] for r in rows) == 7500
+    assert sum(r["cancelled_count"] for r in rows) == 0  # a refund is not a cancellation
+
+    # and: delivered again, and the consumer called again: nothing more
+    with freeze_time(T0):
+        _redeliver(settled)
+        for message in settled:
+            analytics_on_refund(message)
+    assert daily_sales(event_id=event.pk) == rows
 
 
 def _message(event, topic, *, at, amount=2500, refunded=False, was_confirmed=False):

@@ -393,7 +393,7 @@ def test_a_dead_letter_replayed_by_the_command_runs_each_consumer_once(
     assert _gauge(client, "boxoffice_outbox_dead_letters") == 0
 
 
-def _locked_table(message, **increments):
+def _locked_table(message, increments, **key):
     raise OperationalError("daily_sales is locked")
 
 

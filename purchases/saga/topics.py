@@ -46,6 +46,7 @@ CONFIRMATION_EMAIL = "purchases.consumers.confirmation_email"
 CANCELLATION_EMAIL = "purchases.consumers.cancellation_email"
 ANALYTICS_ON_CONFIRMED = "purchases.analytics.analytics_on_confirmed"
 ANALYTICS_ON_CANCELLED = "purchases.analytics.analytics_on_cancelled"
+ANALYTICS_ON_REFUND = "purchases.analytics.analytics_on_refund"
 
 ROUTING: dict[str, list[str]] = {
     Topic.HOLD_EXPIRED: ["purchases.consumers.hold_expired"],
@@ -60,7 +61,7 @@ ROUTING: dict[str, list[str]] = {
     Topic.STRIPE_EVENT: ["stripe_events.consumers.stripe_event_act"],
     Topic.REFUND_EXECUTE: ["purchases.consumers.refund_execute_due"],
     Topic.REFUND_CHASE: ["purchases.consumers.refund_chase_due"],
-    Topic.REFUND_SETTLED: ["purchases.consumers.refund_email"],
+    Topic.REFUND_SETTLED: ["purchases.consumers.refund_email", ANALYTICS_ON_REFUND],
     Topic.CANCELLATION_TICK: ["purchases.consumers.cancellation_tick_due"],
 }
 
