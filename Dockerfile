@@ -24,6 +24,7 @@ RUN pip install --require-hashes --no-deps -r requirements.lock
 COPY manage.py ./
 COPY common/ common/
 COPY config/ config/
+COPY door/ door/
 COPY ledger/ ledger/
 COPY organizers/ organizers/
 COPY outbox/ outbox/
@@ -40,6 +41,7 @@ COPY templates/ templates/
 # (celery beat's schedule file, settings.VAR_DIR).
 # The admin's CSS and JS, served by WhiteNoise (gunicorn serves no files).
 RUN DEBUG=false SECRET_KEY=collectstatic-only DATABASE_URL=postgres://collectstatic@127.0.0.1:1/unused \
+    TICKET_KEY_SECRETS=Y29sbGVjdHN0YXRpYy1vbmx5LXRpY2tldC1rZXkhISE= \
     python manage.py collectstatic --no-input
 
 RUN useradd --system --uid 10001 --no-create-home --home-dir /app app \

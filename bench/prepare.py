@@ -32,6 +32,7 @@ def stack_env(
         "CELERY_TASK_DEFAULT_QUEUE": queue,
         "DEBUG": "false",
         "SECRET_KEY": "bench",
+        "TICKET_KEY_SECRETS": "YmVuY2gtb25seS10aWNrZXQta2V5LW5vdC1zZWNyZXQ=",
         "ALLOWED_HOSTS": "127.0.0.1",
         "FAKE_GATEWAY_ENABLED": "true",
         "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}/fake-gateway/v1",

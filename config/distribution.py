@@ -121,6 +121,18 @@ TABLES: dict[str, Placement] = {
     "webhooks_webhookattempt": Distributed(
         "event_id", EVENT, "an attempt of a delivery, recorded in the delivery's commit"
     ),
+    "door_eventkey": Distributed(
+        "event_id", EVENT, "an event's ticket signing keys, read to sign and scan its tickets"
+    ),
+    "door_checkin": Distributed(
+        "event_id", EVENT, "a ticket let in, inserted against its seat link in one statement"
+    ),
+    "door_scan": Distributed(
+        "event_id", EVENT, "every scan at an event's gates, written in its check-in's commit"
+    ),
+    "door_ticketrevocation": Distributed(
+        "event_id", EVENT, "a voided ticket version, written in the commit that voids its link"
+    ),
     # --- by buyer -----------------------------------------------------------------------
     "purchases_idempotencyrecord": Distributed(
         "user_id",

@@ -28,6 +28,28 @@ if not SECRET_KEY:
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+# The Fernet keys that encrypt each event's ticket signing key at rest
+# (docs/door.md, "Keys and rotation"): comma-separated, the first encrypts,
+# every one decrypts (so a new one goes first, the old stays until
+# re-encrypted). Like SECRET_KEY: a fixed development key in DEBUG only.
+_INSECURE_TICKET_KEY = "Ym94b2ZmaWNlLWRldmVsb3BtZW50LW9ubHkta2V5ISE="
+TICKET_KEY_SECRETS = env.list("TICKET_KEY_SECRETS", default=[_INSECURE_TICKET_KEY] if DEBUG else [])
+if not TICKET_KEY_SECRETS:
+    from django.core.exceptions import ImproperlyConfigured  # only for this refusal
+
+    raise ImproperlyConfigured("TICKET_KEY_SECRETS must be set when DEBUG is off")
+try:
+    # Refused at start-up, not at the first ticket shown.
+    from cryptography.fernet import Fernet  # only for this check
+
+    for _secret in TICKET_KEY_SECRETS:
+        Fernet(_secret.strip().encode())
+except ValueError:
+    from django.core.exceptions import ImproperlyConfigured  # only for this refusal
+
+    raise ImproperlyConfigured(
+        "TICKET_KEY_SECRETS takes Fernet keys (32 url-safe base64-encoded bytes), comma-separated"
+    ) from None
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 PORT = env.int("PORT", default=8000)
 
@@ -61,6 +83,8 @@ INSTALLED_APPS = [
     "seller",
     # Stripe's signed events: the endpoint, the inbox, the consumer (docs/stripe.md).
     "stripe_events",
+    # The door: signed ticket codes, event keys and check-in (docs/door.md).
+    "door",
 ]
 
 MIDDLEWARE = [
@@ -230,6 +254,8 @@ SPECTACULAR_SETTINGS = {
         "PaymentStatus": "purchases.selectors.PAYMENT_STATUSES",
         "SeatStatus": "purchases.models.SeatStatus",
         "RefundStatus": "purchases.serializers.REFUND_STATUSES",
+        "TicketStatus": "purchases.serializers.TICKET_STATUSES",
+        "ScanResult": "door.serializers.RESULTS",
     },
 }
 

@@ -37,6 +37,10 @@ urlpatterns = [
     # An organizer's events, seat maps, reads and report
     # (docs/api.md, "Events, seat maps and prices").
     path("api/", include("seller.urls")),
+    # The door (docs/door.md): check-in for door staff under the organizer's
+    # events, and the buyer's ticket reissue.
+    path("api/", include("door.urls")),
+    path("api/", include("door.buyer_urls")),
     path("metrics", metrics_view, name="metrics"),
     # Liveness (no I/O) and readiness (database, broker, relay and beat
     # heartbeats): docs/operations.md, "Health checks".
@@ -47,6 +51,8 @@ urlpatterns = [
     path("", include("shop.urls")),
     # The seller pages (/seller/...).
     path("", include("seller.page_urls")),
+    # The door's pages: the scanner (/door/{event_id}/).
+    path("", include("door.page_urls")),
     # Stripe's signed events (docs/stripe.md, "Stripe's events"): no token, no CSRF.
     path("", include("stripe_events.urls")),
 ]

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.template.loader import render_to_string
 
 from common.money import format_money
+from door.tickets import REVOKED, purchase_tickets
 from outbox.models import OutboxMessage
 
 from . import selectors, services
@@ -104,12 +105,12 @@ def message_id(kind: str, saga_id: str) -> str:
     return f"<{kind}.{saga_id}@{domain}>"
 
 
-def _send(kind: str, template: str, subject: str, message: OutboxMessage) -> None:
+def _send(kind: str, template: str, subject: str, message: OutboxMessage, **more: object) -> None:
     facts = message.payload
     buyer = facts["buyer"]
     # In the currency's own decimals: "5,000 JPY", "1.234 KWD" (never amount / 100).
     amount_display = format_money(facts["amount"], facts["currency"])
-    context = {**facts, "buyer": buyer, "amount_display": amount_display}
+    context = {**facts, "buyer": buyer, "amount_display": amount_display, **more}
     EmailMessage(
         subject=subject,
         body=render_to_string(template, context),
@@ -121,11 +122,20 @@ def _send(kind: str, template: str, subject: str, message: OutboxMessage) -> Non
 
 
 def confirmation_email(message: OutboxMessage) -> None:
+    """The receipt, with each seat's ticket code signed now with the event's
+    current key (door/tickets.py): the same code the purchase page shows,
+    and the same again if a crash sends the email twice (signatures are
+    deterministic). A purchase no longer confirmed when it is sent (taken
+    back meanwhile) has no code to carry."""
+    tickets = purchase_tickets(
+        saga_id=message.payload["saga_id"], event_id=message.payload.get("event_id")
+    )
     _send(
         "confirmed",
         "emails/purchase_confirmed.txt",
         f"Your tickets: reservation {message.payload['reservation']}",
         message,
+        tickets=[ticket for ticket in tickets if ticket.status != REVOKED],
     )
 
 

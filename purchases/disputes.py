@@ -35,6 +35,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from common.money import format_money
+from door.models import RevocationReason
+from door.revocations import revoke_purchase
 from ledger.models import EntryKind, LedgerEntry
 from ledger.services import ledger_record
 from webhooks.services import WebhookEvent, purchase_data, webhook_publish
@@ -84,6 +86,15 @@ def dispute_record(
         saga = saga_for_update(saga_id=saga_id)
         dispute, created, was = _dispute_upsert(saga, facts, now=now)
         entries = _ledger(saga, dispute, facts, now=now)
+        if dispute.status == "lost":
+            # The bank took the money back: the seats stay sold, the tickets
+            # no longer admit (docs/door.md, "Revocations"); once per ticket.
+            revoke_purchase(
+                event_id=saga.event_id,
+                reservation_id=saga.reservation_id,
+                reason=RevocationReason.DISPUTE,
+                at=now,
+            )
         if created:
             raise_operator_alert(
                 saga, why=_alert_why(dispute), now=now, once_per=f"dispute:{dispute.processor_ref}"

@@ -203,6 +203,10 @@ class ReservationSeat(models.Model):
     # of some seats refunds these, whatever the seat costs today. Null only
     # on links older than refunds (docs/refunds.md, "Amounts").
     price_amount = models.PositiveIntegerField(null=True, blank=True)
+    # The version of the seat's ticket (docs/door.md, "A ticket"): a reissue
+    # bumps it, and a code of an older version no longer admits. The db
+    # default keeps raw INSERTs (the reserve's) valid.
+    ticket_version = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     class Meta:
         indexes = [models.Index(fields=["reservation", "event"], name="reservation_seats_idx")]

@@ -16,6 +16,7 @@ from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from common.api import ErrorSerializer
+from door.tickets import tickets_of
 
 from .buyer_history import buyer_history
 from .disputes import dispute_answer
@@ -460,6 +461,31 @@ class RefundSerializer(serializers.Serializer):
     )
 
 
+# What each ticket status means to the buyer
+# (docs/api.md, "Your tickets").
+TICKET_STATUSES = [
+    ("valid", "lets one person in"),
+    ("checked_in", "used: scanned in at the door"),
+    (
+        "revoked",
+        "no longer lets anyone in: replaced by a new code, or taken back (a refund, a dispute)",
+    ),
+]
+
+
+class TicketSerializer(serializers.Serializer):
+    """A ticket of a confirmed purchase: one per seat still the buyer's."""
+
+    seat = serializers.CharField(read_only=True, help_text="The seat's ref, e.g. A1")
+    code = serializers.CharField(
+        read_only=True,
+        help_text="What the ticket's QR code encodes: the ticket signed with the event's "
+        "Ed25519 key (base64url, 119 characters), checked at the door, offline too. The "
+        "same until the ticket is replaced or the event's key is rotated",
+    )
+    status = serializers.ChoiceField(TICKET_STATUSES, read_only=True)
+
+
 class PurchaseDetailSerializer(PurchaseSummarySerializer):
     """One purchase (``selectors.purchase_get``: what it reads is prefetched).
     ``context["now"]``, when given, is the clock ``cancellable_until`` reads."""
@@ -471,6 +497,7 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
     refunds = serializers.SerializerMethodField()
     refunded = serializers.SerializerMethodField()
     cancellable_until = serializers.SerializerMethodField()
+    tickets = serializers.SerializerMethodField()
 
     class Meta(PurchaseSummarySerializer.Meta):
         fields = [
@@ -482,8 +509,15 @@ class PurchaseDetailSerializer(PurchaseSummarySerializer):
             "refunds",
             "refunded",
             "cancellable_until",
+            "tickets",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(TicketSerializer(many=True))
+    def get_tickets(self, saga) -> Any:  # a list (the stubs type .data as a dict)
+        """Its tickets, one per seat still yours, once CONFIRMED (empty
+        before, and once undone); each `code` is what its QR code encodes."""
+        return TicketSerializer(tickets_of(saga), many=True).data
 
     @extend_schema_field(RefundSerializer(many=True))
     def get_refunds(self, saga) -> Any:  # a list (the stubs type .data as a dict)

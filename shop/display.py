@@ -5,6 +5,7 @@ catalog answered."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -293,27 +294,72 @@ def events(events_json: bytes) -> list[EventView]:
 
 
 # --- tickets ------------------------------------------------------------------------
+# docs/api.md, "Your tickets": a ticket's code is signed (door/tickets.py,
+# which the view reads); here it becomes a QR code and words.
+
+TICKET_WORDS = {
+    "valid": "Valid",
+    "checked_in": "Checked in",
+    "revoked": "No longer valid",
+}
+_TICKET_SENTENCES = {
+    "valid": "Show this code at the door: it lets one person in, once.",
+    "checked_in": "Used: this ticket was scanned in at the door.",
+    "revoked": "This ticket was replaced or taken back: its code lets no one in.",
+}
 
 
 @dataclass(frozen=True)
 class Ticket:
     seat: str
-    code: str  # what the QR code says: "<reservation ref>/<seat ref>"
-    qr_svg: SafeString
+    code: str  # what the QR code says: the signed code (door/codes.py)
+    status: str  # valid | checked_in | revoked (the API's)
+    words: str  # the status in words
+    sentence: str
+    qr_svg: SafeString | None  # none for a revoked ticket: nothing to show at the door
+
+    @property
+    def reissuable(self) -> bool:
+        """Only a valid ticket can be replaced (door.services.ticket_reissue)."""
+        return self.status == "valid"
 
 
-def tickets(reservation_ref: str, seat_refs: list[str]) -> list[Ticket]:
+def tickets(views) -> list[Ticket]:
+    """``door.tickets.tickets_of``'s tickets (seat, code, status) drawn."""
     made = []
-    for seat in seat_refs:
-        code = f"{reservation_ref}/{seat}"
-        # segno writes the SVG itself (no user input reaches it but the two
-        # refs, which the service drew): safe to inline.
-        # A full QR code (make_qr), never a Micro QR, which most phones cannot read.
-        svg = segno.make_qr(code, error="m").svg_inline(
-            scale=5, border=2, title=code, svgclass="qr", lineclass=None
+    for view in views:
+        svg = None
+        if view.status != "revoked":
+            # segno writes the SVG itself (no user input reaches it but the
+            # code, which the service signed: base64url): safe to inline.
+            # A full QR code (make_qr), never a Micro QR, which most phones
+            # cannot read; 119 characters at level M are a version 7 code.
+            svg = mark_safe(
+                segno.make_qr(view.code, error="m").svg_inline(
+                    scale=5, border=2, title=view.code, svgclass="qr", lineclass=None
+                )
+            )
+        made.append(
+            Ticket(
+                seat=view.seat,
+                code=view.code,
+                status=view.status,
+                words=TICKET_WORDS.get(view.status, view.status),
+                sentence=_TICKET_SENTENCES.get(view.status, ""),
+                qr_svg=svg,
+            )
         )
-        made.append(Ticket(seat=seat, code=code, qr_svg=mark_safe(svg)))
     return made
+
+
+def tickets_mark(views) -> str:
+    """What changes when a ticket is replaced or used: the live part's ETag
+    carries it (a confirmed purchase's tickets move without moving the
+    saga); "" when there are none."""
+    if not views:
+        return ""
+    said = "|".join(f"{view.seat}:{view.status}:{view.code}" for view in views)
+    return ".t" + hashlib.blake2s(said.encode(), digest_size=6).hexdigest()
 
 
 # --- money back ---------------------------------------------------------------------

@@ -14,4 +14,9 @@ urlpatterns = [
     path(
         "purchases/<uuid:saga_id>/cancel/", views.purchase_cancel_page, name="shop-purchase-cancel"
     ),
+    path(
+        "purchases/<uuid:saga_id>/tickets/<str:seat>/reissue/",
+        views.purchase_ticket_reissue,
+        name="shop-ticket-reissue",
+    ),
 ]

@@ -25,11 +25,14 @@ from django.http import (
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import parse_etags
-from django.views.decorators.http import require_GET, require_http_methods
+from django.utils.http import parse_etags, urlencode
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from common.money import format_money
+from door.errors import TICKET_CHECKED_IN, TICKET_REVOKED, TicketNotFound, TicketRefused
+from door.services import ticket_reissue
+from door.tickets import tickets_of
 
 # The catalog's bodies come from purchases/catalog_answers.py, as the API's
 # do: both read one cache entry per event.
@@ -48,6 +51,7 @@ from purchases.errors import (
 )
 from purchases.refunds.errors import RefundError
 from purchases.refunds.selectors import purchase_refunds
+from purchases.serializers import SEAT_REF_MAX
 from purchases.throttling import PurchaseThrottled, purchase_start_throttled
 
 from . import display, money_back
@@ -359,18 +363,21 @@ def purchase_list(request):
     )
 
 
-def _purchase_context(saga, *, offer: bool = False) -> dict:
+def _purchase_context(saga, *, offer: bool = False, reissued: dict | None = None) -> dict:
     """What the purchase page and its fragment show: what GET /api/purchases/{id}/
     answers (the same selector and the same buyer history), in words; with
     ``offer``, the buyer's cancellation offer too (the page's, not the
-    fragment's: the fragment never redraws a form being filled in)."""
+    fragment's: the fragment never redraws a form being filled in);
+    ``reissued``, what came of replacing a ticket (``purchase_ticket_reissue``)."""
     seats = selectors.saga_seat_refs(saga)
+    ticket_views = tickets_of(saga)  # none unless CONFIRMED
+    marks = display.tickets_mark(ticket_views)
     refunded = bool(getattr(saga, "has_refund", False))
     terminal = display.is_terminal(saga.state)
     money = money_back.read(saga, now=timezone.now(), offer=offer)
     status = display.status_of(saga.state, refunded=refunded, seat_count=len(seats))
-    live_seats = seats if money.live_seats is None else money.live_seats
     if money.money is not None:
+        live_seats = seats if money.live_seats is None else money.live_seats
         status = display.money_back_status(money.money, live_seats=len(live_seats)) or status
     return {
         "saga": saga,
@@ -382,9 +389,10 @@ def _purchase_context(saga, *, offer: bool = False) -> dict:
         "history": buyer_history(saga),
         "holding": display.is_holding(saga.state),
         "hold_expires_at": saga.reservation.hold_expires_at,
-        "tickets": (
-            display.tickets(saga.reservation.ref, live_seats) if saga.state == "CONFIRMED" else []
-        ),
+        # The seats still the buyer's (a released seat's ticket is gone):
+        # door/tickets.py reads them with their codes and statuses.
+        "tickets": display.tickets(ticket_views),
+        "reissued": reissued or {},
         "reservation": saga.reservation.ref,
         "terminal": terminal,
         # A settled purchase polls on while a refund of it is pending: the
@@ -393,8 +401,8 @@ def _purchase_context(saga, *, offer: bool = False) -> dict:
         "money_back": money,
         "refund_state": money.money.state if money.money is not None else "none",
         "poll_every": POLL_EVERY,
-        "etag": display.purchase_etag(saga.version, money.mark),
-        "poll_headers": display.poll_headers(saga.version, money.mark),
+        "etag": display.purchase_etag(saga.version, money.mark + marks),
+        "poll_headers": display.poll_headers(saga.version, money.mark + marks),
         "live_url": reverse("shop-purchase-live", args=[saga.pk]),
         "authentication": _authentication(saga),
     }
@@ -419,7 +427,8 @@ def purchase_detail(request, saga_id):
     saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
     if saga is None:
         raise Http404("no such purchase")  # another user's too, exactly alike
-    context = _purchase_context(saga, offer=True)
+    replaced = request.GET.get("replaced")
+    context = _purchase_context(saga, offer=True, reissued={"seat": replaced} if replaced else None)
     context["event_name"] = _event_names().get(saga.event_id, f"event {saga.event_id}")
     # A purchase that may still move may come to wait on the buyer's bank
     # (REQUIRES_ACTION, while the page follows it live): its page loads
@@ -434,7 +443,8 @@ def purchase_live(request, saga_id):
     as ``If-None-Match``: ``304`` (htmx leaves the page alone) after one
     indexed query while the purchase has not moved, else the part anew with
     its ETag. A terminal purchase's part polls no more, unless a refund of
-    it is pending: its ETag then carries the refunds' mark too."""
+    it is pending: its ETag then carries the marks of its refunds and its
+    tickets too (both move without moving the saga)."""
     if not request.user.is_authenticated:
         # Logged out meanwhile: reload the page, which goes to the login
         # page and back (a redirect would swap the login form into the page).
@@ -462,7 +472,8 @@ def purchase_live(request, saga_id):
 def _live_etag(user, saga_id):
     """The live part's ETag as it stands, and the purchase when it had to be
     read for it: one indexed query (the version) while the saga may move; a
-    confirmed one, whose refunds move without it, is read with its refunds."""
+    confirmed one, whose refunds and tickets move without it, is read with
+    them."""
     found = selectors.purchase_version(user=user, saga_id=saga_id)
     if found is None:
         raise Http404("no such purchase")
@@ -472,7 +483,63 @@ def _live_etag(user, saga_id):
     saga = selectors.purchase_get(user=user, saga_id=saga_id)
     if saga is None:
         raise Http404("no such purchase")
-    return display.purchase_etag(saga.version, display.refunds_mark(purchase_refunds(saga))), saga
+    # Its refunds and its tickets (replaced, used at the door) move without it.
+    marks = display.refunds_mark(purchase_refunds(saga)) + display.tickets_mark(tickets_of(saga))
+    return display.purchase_etag(saga.version, marks), saga
+
+
+# --- replacing a ticket ----------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def purchase_ticket_reissue(request, saga_id, seat: str):
+    """The ticket's "Replace this ticket" (docs/api.md, "Replace a ticket"):
+    ``door.services.ticket_reissue``, the API's service, gives the seat a
+    new code and revokes the old one. With htmx the answer is the purchase's
+    live part anew, the new code drawn; without, a 303 to the purchase page,
+    which draws it. A refusal (the ticket was used at the door meanwhile) is
+    said in words beside the ticket, never a 500."""
+    if not 0 < len(seat) <= SEAT_REF_MAX or "\x00" in seat:
+        raise Http404("no such ticket")  # no seat has such a ref
+    saga = selectors.purchase_get(user=request.user, saga_id=saga_id)
+    if saga is None:
+        raise Http404("no such purchase")  # another user's too, exactly alike
+    status = 200
+    try:
+        ticket_reissue(saga_id=saga.pk, seat_ref=seat, user=request.user)
+        reissued = {"seat": seat}
+    except TicketNotFound as exc:
+        raise Http404("no such ticket") from exc
+    except TicketRefused as exc:
+        reissued = {"seat": seat, "problem": _REISSUE_REFUSALS.get(exc.code, str(exc))}
+        status = 409
+    if not request.htmx and status == 200:
+        # The page says which ticket is new (?replaced=, a word on the page, no more).
+        where = reverse("shop-purchase", args=[saga.pk])
+        response = HttpResponseRedirect(f"{where}?{urlencode({'replaced': seat})}")
+        # 303: the browser GETs the purchase; a reload there cannot POST again.
+        response.status_code = 303
+        return response
+    saga = selectors.purchase_get(user=request.user, saga_id=saga.pk)  # its new code
+    if saga is None:  # pragma: no cover - the buyer's a moment ago; never deleted
+        raise Http404("no such purchase")
+    if request.htmx:
+        # 200 even for a refusal: the page's htmx swaps 2xx answers only
+        # (shop/templates/shop/base.html), and the refusal is in the part.
+        return render(
+            request, "shop/_purchase_live.html", _purchase_context(saga, reissued=reissued)
+        )
+    context = _purchase_context(saga, offer=True, reissued=reissued)
+    context["event_name"] = _event_names().get(saga.event_id, f"event {saga.event_id}")
+    return render(request, "shop/purchase_detail.html", context, status=status)
+
+
+# A ticket that cannot be replaced, in words (the API's 409 codes).
+_REISSUE_REFUSALS = {
+    TICKET_CHECKED_IN: "This ticket was already used at the door: it cannot be replaced.",
+    TICKET_REVOKED: "This ticket no longer lets anyone in: there is nothing to replace.",
+}
 
 
 # --- a buyer's cancellation -----------------------------------------------------------

@@ -5,6 +5,8 @@ import getpass
 import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-not-secret")
+# The Fernet key of the tickets' signing keys (docs/door.md, "Keys and rotation").
+os.environ.setdefault("TICKET_KEY_SECRETS", "dGVzdC1vbmx5LXRpY2tldC1rZXktbm90LXNlY3JldCE=")
 os.environ.setdefault("FAKE_GATEWAY_ENABLED", "true")
 os.environ.setdefault("DATABASE_URL", f"postgres://{getpass.getuser()}@127.0.0.1:5432/boxoffice")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -624,6 +624,13 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/organizers/{slug}/purchases/{saga_id}/refunds/",
         "/api/organizers/{slug}/events/{event_id}/cancel/",
         "/api/organizers/{slug}/events/{event_id}/cancellation/",
+        # The door (tests/test_door_checkin.py): check-in for door staff, and
+        # the buyer's ticket reissue.
+        "/api/organizers/{slug}/events/{event_id}/checkin/",
+        "/api/organizers/{slug}/events/{event_id}/checkin/list/",
+        "/api/organizers/{slug}/events/{event_id}/checkin/upload/",
+        "/api/organizers/{slug}/events/{event_id}/checkin/progress/",
+        "/api/purchases/{saga_id}/tickets/{seat}/reissue/",
     }
     assert set(schema["paths"]["/api/purchases/"]) >= {"get", "post"}
     assert {"202", "400", "401", "409", "422"} <= set(

@@ -29,6 +29,7 @@ PACKAGES = (
     "accounts",
     "seller",
     "stripe_events",
+    "door",
 )
 
 

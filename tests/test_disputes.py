@@ -510,3 +510,28 @@ def test_the_auditor_takes_a_disputed_purchase_as_it_is(alice, event, gateway):
     dispute_record(saga_id=saga.pk, facts=_facts("lost"), why="test")
 
     assert audit_run().violations == []
+
+
+@pytest.mark.django_db
+def test_a_lost_dispute_revokes_the_purchases_tickets_once(confirmed):
+    """The bank took the money back: the seats stay sold, but no ticket of
+    the purchase lets anyone in any more (docs/door.md, "Revocations"), and a
+    second record of the same loss writes nothing more."""
+    from door.keys import ticket_code  # test-local: only this test reads codes
+    from door.models import TicketRevocation
+    from door.services import checkin
+    from purchases.models import ReservationSeat
+
+    link = ReservationSeat.objects.get(reservation_id=confirmed.reservation_id)
+    code = ticket_code(
+        event_id=confirmed.event_id, seat_id=link.seat_id, ticket_id=link.pk, ticket_version=0
+    )
+    dispute_record(saga_id=confirmed.pk, facts=_facts("needs_response"), why="test")
+    assert not TicketRevocation.objects.filter(ticket_id=link.pk).exists()
+
+    dispute_record(saga_id=confirmed.pk, facts=_facts("lost"), why="test")
+    dispute_record(saga_id=confirmed.pk, facts=_facts("lost"), why="test again")
+
+    revocations = TicketRevocation.objects.filter(ticket_id=link.pk)
+    assert [(r.version, r.reason) for r in revocations] == [(0, "dispute")]
+    assert checkin(confirmed.event, code, gate="North")["result"] == "revoked"

@@ -576,9 +576,11 @@ def test_a_confirmed_purchase_shows_the_apis_history_and_its_tickets(
     tickets = re.findall(r'<li class="ticket" data-ticket="([^"]+)">(.*?)</li>', text, re.S)
     assert [seat for seat, _ in tickets] == ["A1", "A2"]
     assert all("<svg" in body and saga.reservation.ref in body for _, body in tickets)
-    # each code a full QR code (not a Micro QR) of "<reservation ref>/<seat ref>"
+    # each code a full QR code (not a Micro QR) of the ticket's signed code,
+    # the API's (tests/test_tickets_buyer.py verifies its signature)
+    signed = {t["seat"]: t["code"] for t in api["tickets"]}
     for seat, body in tickets:
-        code = f"{saga.reservation.ref}/{seat}"
+        code = signed[seat]
         drawn = segno.make_qr(code, error="m").svg_inline(
             scale=5, border=2, title=code, svgclass="qr", lineclass=None
         )

@@ -217,7 +217,9 @@ def test_a_door_member_sees_the_events_but_no_sales(live_server, pages):
 
     row = page.locator(f'[data-event="{event.pk}"]')
     expect(row).to_contain_text("Harbour lights")
-    expect(row.get_by_role("link")).to_have_count(0)  # no dashboard, no edit
+    # no dashboard, no edit: the door scanner only
+    expect(row.get_by_role("link")).to_have_count(1)
+    expect(row.get_by_role("link", name="Scanner")).to_have_attribute("href", f"/door/{event.pk}/")
     expect(page.get_by_role("link", name="New event")).to_have_count(0)
     nav = page.get_by_role("navigation", name="Harbour Hall")
     expect(nav.get_by_role("link", name="Members")).to_have_count(0)

@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
+from door.models import RevocationReason
+from door.revocations import revoke_links
 from outbox.services import outbox_publish, timer_schedule
 
 from .. import lock_objects
@@ -262,6 +264,9 @@ def _release(event_id: int, links: list[SeatLink], *, at: datetime) -> None:
     ReservationSeat.objects.filter(
         event_id=event_id, id__in=[link.id for link in links], released_at__isnull=True
     ).update(released_at=at)
+    # The tickets void in this commit, as rows the door's offline list
+    # carries (docs/door.md, "Revocations").
+    revoke_links([link.id for link in links], RevocationReason.REFUND, at, event_id=event_id)
 
 
 def _oblige(refund: Refund, *, at: datetime) -> None:

@@ -3,7 +3,9 @@ status drawn on the seat map, the money (gross, refunded, net, and by price
 category: ``seller.reports.event_report``, which equals the ledger), the 20
 newest purchases (``seller.reports.event_purchases``), each linked to its
 page with its refunds (seller/pages/refunds.py), the link to the CSV export
-of them all, and the event's cancellation: the owner's form, then its
+of them all, the check-in at the door (admitted of expected, and by gate:
+``door.services.checkin_progress``) with the link to the scanner for the
+roles that check in, and the event's cancellation: the owner's form, then its
 progress, polled while it runs (seller/pages/cancellation.py). Its live part is polled by htmx
 (``/seller/<slug>/events/<id>/live/``) and replaced as a whole."""
 
@@ -17,6 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from common.money import format_money
+from door import services as door_services
 from organizers.roles import Action
 from purchases.models import Event, EventStatus, PurchaseSaga
 from purchases.selectors import saga_seat_refs
@@ -97,6 +100,10 @@ def live_context(access: SellerAccess, event: Event) -> dict[str, Any]:
             {**row, "gross_text": _money(row["gross"])} for row in report["by_category"]
         ],
         "purchases": _purchases(event),
+        "checkin": door_services.checkin_progress(event),
+        "scanner_url": (
+            reverse("door-scanner", args=[event.pk]) if access.may(Action.CHECK_IN) else None
+        ),
         "as_of": timezone.now(),
         "poll_every": POLL_EVERY if total <= LARGE_HALL else POLL_EVERY_LARGE,
         "live_url": reverse("seller-event-live", args=[access.organizer.slug, event.pk]),
