@@ -46,6 +46,9 @@ bench/figures/:
    at the configured pace vs min(pace, the machine's limit, measured at a
    pace far above it), time to done, double refunds (must be 0), and the
    reserve p99 of another event during the run vs without.
+16. door: check-in scans/s at 16 clients vs pgbench running the admitting
+   insert (bench/checkin.sql) on distinct tickets, every code admitted
+   exactly once; offline verification per code in Python and in Chromium.
 
 ``--profile PHASE[,PHASE]`` records the stack's processes with py-spy during
 those figures (bench/profile.py): flame graphs in the log directory.
@@ -440,7 +443,7 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,cancellation,sweeps "
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,cancellation,door,sweeps "
         "(default: all)",
     )
     parser.add_argument(

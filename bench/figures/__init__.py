@@ -21,6 +21,7 @@ from bench.figures import (
     cancellation,
     catalog,
     celery_baseline,
+    door,
     e2e,
     gateway_latency,
     hot_seat,
@@ -50,5 +51,6 @@ WITH_STACK = (
     seller,
     stripe,
     cancellation,
+    door,
 )
 WITHOUT_STACK = (sweeps,)
