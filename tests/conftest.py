@@ -7,6 +7,7 @@ import threading
 import uuid
 from typing import Any
 
+import freezegun
 import pytest
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
@@ -33,6 +34,10 @@ from purchases.models import (
 )
 
 from .factories import EventFactory, UserFactory
+
+# pytest's own clock (``--durations``, the junit times) is never frozen: a
+# test under freeze_time would otherwise be timed by the frozen clock.
+freezegun.configure(extend_ignore_list=["_pytest"])
 
 
 @pytest.fixture(autouse=True, scope="session")
