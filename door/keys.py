@@ -39,6 +39,15 @@ from .models import EventKey
 _private: dict[tuple[int, int, bytes], Ed25519PrivateKey] = {}
 _private_lock = threading.Lock()
 
+# Public keys by (event id, version), as a scan verifies with them: the row
+# of a version never changes once written, so neither does this; whether
+# the key is still accepted (not retired) is asked of the database by the
+# admitting statement itself (door/services.py, _ADMIT_FAST), in the scan's
+# one round trip. Bounded: past _PUBLIC_MAX entries it starts again empty.
+_public: dict[tuple[int, int], tuple[bytes, Ed25519PublicKey]] = {}
+_public_lock = threading.Lock()
+_PUBLIC_MAX = 10_000
+
 
 @functools.lru_cache(maxsize=4)
 def _fernet(secrets: tuple[str, ...]) -> MultiFernet:
@@ -124,6 +133,29 @@ def public_keys(event_id: int) -> dict[int, Ed25519PublicKey]:
         key.version: Ed25519PublicKey.from_public_bytes(bytes(key.public_key))
         for key in _accepted(event_id)
     }
+
+
+def public_key_of(event_id: int, version: int) -> tuple[bytes, Ed25519PublicKey] | None:
+    """The event's key of ``version``, retired or not, as (its 32 raw bytes,
+    the key): read once per process; None when the event has no such key
+    (not remembered: it may be made later)."""
+    named = (event_id, version)
+    cached = _public.get(named)
+    if cached is not None:
+        return cached
+    raw = (
+        EventKey.objects.filter(event_id=event_id, version=version)
+        .values_list("public_key", flat=True)
+        .first()
+    )
+    if raw is None:
+        return None
+    found = (bytes(raw), Ed25519PublicKey.from_public_bytes(bytes(raw)))
+    with _public_lock:
+        if len(_public) >= _PUBLIC_MAX:
+            _public.clear()
+        _public[named] = found
+    return found
 
 
 def public_key_bytes(event_id: int) -> dict[int, bytes]:

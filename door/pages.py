@@ -142,7 +142,7 @@ def _verdict(request: HttpRequest, event: Event) -> dict[str, Any] | None:
     gate = (request.POST.get("gate") or "").strip()[:GATE_MAX_CHARS]
     if not code:
         return None
-    answer = services.checkin(event=event, code=code, gate=gate, user=request.user)
+    answer = services.checkin(event_id=event.pk, code=code, gate=gate, user=request.user)
     return {**answer, **VERDICTS[answer["result"]]}
 
 

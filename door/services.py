@@ -63,7 +63,8 @@ __all__ = [
 
 # The admitting insert (see the module's docstring). FOR SHARE of the link:
 # a reissue of the same ticket (FOR UPDATE, door/lock_objects.py) and this
-# take turns, and the one that waited reads the other's commit.
+# take turns, and the one that waited reads the other's commit. {key} is
+# the fast path's condition on the code's key (below), or nothing.
 _ADMIT = """
 INSERT INTO {checkin} (event_id, ticket_id, version, gate, checked_in_at, by_id)
 SELECT rs.event_id, rs.id, rs.ticket_version, %(gate)s, %(at)s, %(by)s
@@ -72,12 +73,40 @@ SELECT rs.event_id, rs.id, rs.ticket_version, %(gate)s, %(at)s, %(by)s
  WHERE rs.event_id = %(event)s AND rs.id = %(ticket)s AND rs.seat_id = %(seat)s
    AND rs.released_at IS NULL AND rs.ticket_version = %(version)s AND sg.state = %(confirmed)s
    AND NOT EXISTS (SELECT 1 FROM {revocation} r WHERE r.event_id = rs.event_id
-                      AND r.ticket_id = rs.id AND r.version = rs.ticket_version)
+                      AND r.ticket_id = rs.id AND r.version = rs.ticket_version){key}
    FOR SHARE OF rs
 ON CONFLICT (event_id, ticket_id) DO NOTHING
-RETURNING checked_in_at
+RETURNING {returning}
 """
-_ADMIT_SQL = _ADMIT.format(**TABLES)
+_ADMIT_SQL = _ADMIT.format(**TABLES, key="", returning="checked_in_at")
+
+# A scan online, fast (:func:`checkin`): the admitting insert, only while
+# the key the signature was checked with (its public bytes, read once per
+# process: door/keys.py, public_key_of) is the event's and not retired; the
+# scan's ``ok`` row written from what it inserted; the seat's ref read back.
+# ONE statement in autocommit: both rows commit together or neither does.
+# When it writes nothing (in already, revoked, replaced, the key retired),
+# the scan takes the full path (_scan), which finds out why.
+_KEY_ACCEPTED = """
+   AND EXISTS (SELECT 1 FROM {key_table} k WHERE k.event_id = rs.event_id
+                  AND k.version = %(key_version)s AND k.public_key = %(public_key)s
+                  AND k.retired_at IS NULL)"""
+_ADMIT_IF_KEY_ACCEPTED = _ADMIT.format(
+    **TABLES,
+    key=_KEY_ACCEPTED.format(key_table=EventKey._meta.db_table),
+    returning="ticket_id, checked_in_at",
+).strip()
+_ADMIT_FAST_SQL = f"""
+WITH admitted AS ({_ADMIT_IF_KEY_ACCEPTED}
+), scanned AS (
+INSERT INTO {Scan._meta.db_table}
+       (event_id, ticket_id, gate, at, result, by_id, offline, conflict, code, recorded_at)
+SELECT %(event)s, ticket_id, %(gate)s, %(at)s, %(ok)s, %(by)s, false, false, %(code)s, %(at)s
+  FROM admitted
+)
+SELECT a.checked_in_at, s.ref FROM admitted a
+  LEFT JOIN {TABLES["seat"]} s ON s.id = %(seat)s AND s.event_id = %(event)s
+"""
 
 
 @dataclass
@@ -114,9 +143,10 @@ def _read(event_id: int, code: str) -> tuple[codes.Payload | None, str | None]:
     return payload, None
 
 
-def _admit(payload: codes.Payload, *, gate: str, at: datetime, by_id: int | None) -> Verdict:
-    """The conditional insert, then (when it wrote nothing) why not."""
-    params: dict[str, Any] = {
+def _admit_params(
+    payload: codes.Payload, *, gate: str, at: datetime, by_id: int | None
+) -> dict[str, Any]:
+    return {
         "gate": gate,
         "at": at,
         "by": by_id,
@@ -126,8 +156,12 @@ def _admit(payload: codes.Payload, *, gate: str, at: datetime, by_id: int | None
         "version": payload.ticket_version,
         "confirmed": SagaState.CONFIRMED,
     }
+
+
+def _admit(payload: codes.Payload, *, gate: str, at: datetime, by_id: int | None) -> Verdict:
+    """The conditional insert, then (when it wrote nothing) why not."""
     with connection.cursor() as cursor:
-        cursor.execute(_ADMIT_SQL, params)
+        cursor.execute(_ADMIT_SQL, _admit_params(payload, gate=gate, at=at, by_id=by_id))
         admitted = cursor.fetchone()
     state = ticket_state(payload)
     if state is None:
@@ -150,18 +184,46 @@ def _scan(event_id: int, code: str, *, gate: str, at: datetime, by_id: int | Non
     return _admit(payload, gate=gate, at=at, by_id=by_id)
 
 
+def _admitted_fast(
+    event_id: int, code: str, *, gate: str, at: datetime, by_id: int | None
+) -> dict[str, Any] | None:
+    """A scan let in by the one fast statement (_ADMIT_FAST_SQL), its answer;
+    None when it wrote nothing (or the code is not this event's, or fails
+    its key as this process knows it): the full path decides."""
+    payload = codes.parse(code)
+    if payload is None or payload.event_id != event_id:
+        return None
+    known = keys.public_key_of(event_id, payload.key_version)
+    if known is None or codes.verify(code, {payload.key_version: known[1]}) is None:
+        return None
+    params = _admit_params(payload, gate=gate, at=at, by_id=by_id)
+    params.update(key_version=payload.key_version, public_key=known[0])
+    params.update(ok=ScanResult.OK, code=code)
+    with connection.cursor() as cursor:
+        cursor.execute(_ADMIT_FAST_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return Verdict(ScanResult.OK, seat=row[1], checked_in_at=row[0], gate=gate).answer()
+
+
 def checkin(
-    event: Event, code: str, gate: str = "", user=None, now: datetime | None = None
+    event_id: int, code: str, gate: str = "", user=None, now: datetime | None = None
 ) -> dict[str, Any]:
-    """Scan ``code`` in at ``gate`` of ``event`` (door staff ``user``):
-    ``{"result", "seat"?, "checked_in_at"?, "gate"?}`` (docs/door.md, "The
-    door API"). The scan is kept whatever its result."""
+    """Scan ``code`` in at ``gate`` of the event ``event_id`` (door staff
+    ``user``): ``{"result", "seat"?, "checked_in_at"?, "gate"?}``
+    (docs/door.md, "The door API"). The scan is kept whatever its result:
+    one statement when it lets the ticket in, else one commit that reads
+    why not and records the refusal."""
     at = now or timezone.now()
     by_id = getattr(user, "pk", None)
+    admitted = _admitted_fast(event_id, code, gate=gate, at=at, by_id=by_id)
+    if admitted is not None:
+        return admitted
     with transaction.atomic(durable=True):
-        verdict = _scan(event.pk, code, gate=gate, at=at, by_id=by_id)
+        verdict = _scan(event_id, code, gate=gate, at=at, by_id=by_id)
         Scan.objects.create(
-            event_id=event.pk,
+            event_id=event_id,
             ticket_id=verdict.ticket_id,
             gate=gate,
             at=at,

@@ -5,10 +5,32 @@ that a stranger and a missing organizer get the same answer."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.db.models import Model, QuerySet
 
 from .errors import OrganizerNotFound
 from .models import SLUG, Membership, Organizer
+
+
+def _columns(model: type[Model], alias: str) -> tuple[list[str], str]:
+    """A model's concrete fields: their attribute names, and their columns
+    as a select list under ``alias``."""
+    fields = model._meta.concrete_fields
+    return [f.attname for f in fields], ", ".join(f'{alias}."{f.column}"' for f in fields)
+
+
+_MEMBERSHIP_FIELDS, _MEMBERSHIP_COLUMNS = _columns(Membership, "m")
+_ORGANIZER_FIELDS, _ORGANIZER_COLUMNS = _columns(Organizer, "o")
+# membership_for's one query, written once: it runs on every request under
+# /api/organizers/, where compiling the same ORM query again each time cost
+# a fifth of a door scan's CPU (docs/performance.md, figure 16). The rows
+# become models through Model.from_db, as the ORM's own would.
+_MEMBERSHIP_SQL = f"""
+SELECT {_MEMBERSHIP_COLUMNS}, {_ORGANIZER_COLUMNS}
+  FROM {Membership._meta.db_table} m
+  JOIN {Organizer._meta.db_table} o ON o.id = m.organizer_id
+ WHERE m.user_id = %s AND o.slug = %s
+"""
 
 
 def membership_for(*, user, slug: str) -> Membership:
@@ -18,13 +40,14 @@ def membership_for(*, user, slug: str) -> Membership:
     (a NUL byte, which PostgreSQL cannot even compare) names none."""
     if not SLUG.fullmatch(slug):
         raise OrganizerNotFound(f"no organizer {slug!r}")
-    found = (
-        Membership.objects.select_related("organizer")
-        .filter(user_id=user.pk, organizer__slug=slug)
-        .first()
-    )
-    if found is None:
+    with connection.cursor() as cursor:
+        cursor.execute(_MEMBERSHIP_SQL, [user.pk, slug])
+        row = cursor.fetchone()  # (user, organizer) is unique: one row at most
+    if row is None:
         raise OrganizerNotFound(f"no organizer {slug!r} of this user")
+    cut = len(_MEMBERSHIP_FIELDS)
+    found = Membership.from_db(DEFAULT_DB_ALIAS, _MEMBERSHIP_FIELDS, row[:cut])
+    found.organizer = Organizer.from_db(DEFAULT_DB_ALIAS, _ORGANIZER_FIELDS, row[cut:])
     return found
 
 

@@ -534,4 +534,4 @@ def test_a_lost_dispute_revokes_the_purchases_tickets_once(confirmed):
 
     revocations = TicketRevocation.objects.filter(ticket_id=link.pk)
     assert [(r.version, r.reason) for r in revocations] == [(0, "dispute")]
-    assert checkin(confirmed.event, code, gate="North")["result"] == "revoked"
+    assert checkin(confirmed.event_id, code, gate="North")["result"] == "revoked"

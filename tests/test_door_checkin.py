@@ -221,3 +221,24 @@ def test_only_door_staff_managers_and_owners_scan_and_only_their_organizers_even
     assert (empty.status_code, empty.json()["field"]) == (400, "code")
     assert not Scan.objects.exists()
     assert _scan(venue, code, role=Role.OWNER)["result"] == "ok"
+
+
+def test_an_event_the_process_remembers_is_still_refused_to_another_organizer(gateway, venue):
+    # given the venue's event scanned once (the process remembers whose it is)
+    code = code_of(venue["saga"], "A1")
+    assert _scan(venue, code)["result"] == "ok"
+    other = OrganizerFactory(slug="elsewhere")
+    outsider = UserFactory(username="outsider")
+    MembershipFactory(organizer=other, user=outsider, role=Role.DOOR)
+
+    # when door staff of another organizer scan it under their own organizer
+    answer = _client(outsider).post(
+        f"/api/organizers/elsewhere/events/{venue['event'].pk}/checkin/",
+        {"code": code_of(venue["saga"], "A2")},
+        format="json",
+    )
+
+    # then it is no event of theirs, and nothing is kept
+    assert (answer.status_code, answer.json()["code"]) == (404, "not_found")
+    assert Scan.objects.filter(event_id=venue["event"].pk).count() == 1
+    assert _scan(venue, code_of(venue["saga"], "A2"))["result"] == "ok"

@@ -19,8 +19,8 @@ from django.db.migrations.executor import MigrationExecutor
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from organizers import services
-from organizers.errors import OrganizerConflict
+from organizers import selectors, services
+from organizers.errors import OrganizerConflict, OrganizerNotFound
 from organizers.models import Membership, Organizer
 from organizers.roles import MAY, Action, Role
 from purchases.models import Event
@@ -613,3 +613,26 @@ def test_the_admin_refuses_to_leave_an_organizer_without_an_owner(admin_client, 
 
     assert answer.status_code == 200 and "keeps at least one owner" in answer.content.decode()
     assert _roles(venue) == {"alice": "owner"}
+
+
+@pytest.mark.django_db
+def test_membership_for_reads_the_membership_and_its_organizer_as_the_orm_does():
+    # given two organizers, the user a member of one of them
+    user, stranger = UserFactory(), UserFactory()
+    ours = OrganizerFactory(slug="ours-to-read", name="Ours")
+    OrganizerFactory(slug="not-ours")
+    MembershipFactory(organizer=ours, user=user, role=Role.FINANCE)
+
+    # when the scoping reads it (one statement of its own, not the ORM's)
+    found = selectors.membership_for(user=user, slug="ours-to-read")
+
+    # then it is the ORM's row, field for field, its organizer loaded with it
+    expected = Membership.objects.select_related("organizer").get(user=user, organizer=ours)
+    fields = [f.attname for f in Membership._meta.concrete_fields]
+    assert [getattr(found, f) for f in fields] == [getattr(expected, f) for f in fields]
+    assert found.organizer == ours and found.organizer.name == "Ours"
+    assert found.role == Role.FINANCE and not found._state.adding  # a saved row, as loaded
+    # and a stranger, another organizer or a slug of another form find none
+    for who, slug in [(stranger, "ours-to-read"), (user, "not-ours"), (user, "ours\x00")]:
+        with pytest.raises(OrganizerNotFound):
+            selectors.membership_for(user=who, slug=slug)

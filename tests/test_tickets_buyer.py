@@ -78,7 +78,7 @@ def payload_of(event, code: str) -> codes.Payload:
 
 
 def at_the_door(event, code: str) -> str:
-    return checkin(event, code, gate="north")["result"]
+    return checkin(event.pk, code, gate="north")["result"]
 
 
 def tickets_on(page: str) -> dict[str, str]:
