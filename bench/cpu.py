@@ -39,6 +39,7 @@ LABELS = {
     "web": "web (gunicorn master + workers)",
     "worker": "worker (celery + pool)",
     "webhooks": "webhooks worker (celery + pool)",
+    "refunds": "refunds worker (celery + pool)",
     "relay": "relay",
     "beat": "beat",
     "gateway": "fake gateway",

@@ -15,6 +15,7 @@ import httpx
 from bench.common import PhaseFailed, log
 from bench.db import BenchDB
 from devtools.processes import (
+    NICE_REFUNDS,
     ProcessGroup,
     background_env,
     celery_worker_argv,
@@ -122,6 +123,23 @@ class Stack(ProcessGroup):
             background_env(self.base_env),
         )
 
+    def start_refund_worker(self) -> None:
+        """Money back's own pool, one process at the lowest CPU priority, on
+        its own queue (the settings derive it from the stack's:
+        ``<queue>-refunds``), as the Procfile runs it."""
+        self._start(
+            "refunds",
+            [
+                *NICE_REFUNDS,
+                *celery_worker_argv(
+                    queue=f"{self.queue}-refunds",
+                    concurrency=1,
+                    hostname=f"refunds-{self.hostname}",
+                ),
+            ],
+            background_env(self.base_env),
+        )
+
     def start_relay(self) -> None:
         self._start("relay", relay_argv(), background_env(self.base_env))
 
@@ -158,6 +176,7 @@ class Stack(ProcessGroup):
         self.start_web()
         self.start_worker()
         self.start_webhook_worker()
+        self.start_refund_worker()
         self.start_relay()
         self.wait_web()
         self.wait_worker(app)
@@ -170,6 +189,7 @@ class Stack(ProcessGroup):
             "web": self.start_web,
             "worker": self.start_worker,
             "webhooks": self.start_webhook_worker,
+            "refunds": self.start_refund_worker,
             "relay": self.start_relay,
             "worker2": self.start_worker2,
             "relay2": self.start_relay2,
@@ -221,13 +241,20 @@ class Broker:
         self.queue = queue
         self.hostname = hostname
 
+    @property
+    def queues(self) -> tuple[str, str]:
+        """The saga's queue and money back's (``<queue>-refunds``, its own
+        pool's): a figure waits for both to drain."""
+        return self.queue, f"{self.queue}-refunds"
+
     def depth(self) -> tuple[int, int]:
         """(tasks queued, tasks taken and not acknowledged)."""
-        return self.redis.llen(self.queue), self.redis.hlen("unacked")
+        queued = sum(self.redis.llen(q) for q in self.queues)
+        return queued, self.redis.hlen("unacked")
 
     def purge(self) -> int:
-        n = self.redis.llen(self.queue)
-        self.redis.delete(self.queue)
+        n = sum(self.redis.llen(q) for q in self.queues)
+        self.redis.delete(*self.queues)
         if n:
             log(f"   purged {n} queued tasks")
         return n

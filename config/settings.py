@@ -12,7 +12,7 @@ from typing import Any
 
 import environ
 
-from purchases.saga.topics import ROUTING
+from purchases.saga.topics import REFUND_QUEUE_TOPICS, ROUTING
 from webhooks.topics import DELIVERY as WEBHOOK_DELIVERY
 from webhooks.topics import ROUTING as WEBHOOK_ROUTING
 
@@ -462,6 +462,12 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="boxoff
 CELERY_WEBHOOK_QUEUE = env.str(
     "CELERY_WEBHOOK_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-webhooks"
 )
+# Money back has a queue of its own too, consumed by a pool of one process by
+# default (the Procfile's and Compose's "refunds"): asking the processor for
+# refunds and driving a cancellation's ticks, so that an event's thousands
+# of refunds take at most that pool's share of the CPU from the sales path
+# (docs/refunds.md, "Where refunds run"; docs/performance.md, figure 15).
+CELERY_REFUND_QUEUE = env.str("CELERY_REFUND_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-refunds")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -566,7 +572,10 @@ OUTBOX_CONSUMERS = {
     str(topic): list(consumers) for topic, consumers in {**ROUTING, **WEBHOOK_ROUTING}.items()
 }
 # Topics whose rows the relay hands to a queue other than the default one.
-OUTBOX_TOPIC_QUEUES = {WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE}
+OUTBOX_TOPIC_QUEUES = {
+    WEBHOOK_DELIVERY: CELERY_WEBHOOK_QUEUE,
+    **{str(topic): CELERY_REFUND_QUEUE for topic in REFUND_QUEUE_TOPICS},
+}
 # Topics whose rows handed over on commit wake one sweep for the rows that
 # gather meanwhile instead of a Celery message each (outbox/sweeping.py,
 # docs/performance.md). The wake flag is in the cache: it must be shared by

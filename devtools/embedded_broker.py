@@ -26,7 +26,11 @@ from config.celery import app
 
 def queues() -> list[str]:
     """The queues of make run's workers (the Procfile's ``--queues``)."""
-    return [settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_WEBHOOK_QUEUE]
+    return [
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        settings.CELERY_WEBHOOK_QUEUE,
+        settings.CELERY_REFUND_QUEUE,
+    ]
 
 
 def declare() -> list[str]:

@@ -185,6 +185,13 @@ def background_env(env: dict[str, str]) -> dict[str, str]:
     return {**BACKGROUND_ENV, **env}
 
 
+# Money back's pool runs at the lowest CPU priority on a machine it shares
+# with the web: an event cancellation's refunds take the CPU the sales leave
+# (docs/refunds.md, "Where refunds run"; the Procfile's "refunds" says the
+# same; Compose gives its container a small cpu_shares instead).
+NICE_REFUNDS = ("nice", "-n", "19")
+
+
 def celery_worker_argv(
     *, queue: str, concurrency: int, hostname: str, extra: Iterable[str] = ()
 ) -> list[str]:

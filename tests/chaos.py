@@ -533,6 +533,7 @@ class ChaosStack(ProcessGroup):
         self.web_port = free_port()
         self.queue = f"boxoffice-chaos-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.webhook_queue = f"{self.queue}-webhooks"
+        self.refund_queue = f"{self.queue}-refunds"
         self.base_url = f"http://127.0.0.1:{self.web_port}"
         env = {
             k: v
@@ -552,6 +553,7 @@ class ChaosStack(ProcessGroup):
                 "REDIS_URL": redis.url,
                 "CELERY_TASK_DEFAULT_QUEUE": self.queue,
                 "CELERY_WEBHOOK_QUEUE": self.webhook_queue,
+                "CELERY_REFUND_QUEUE": self.refund_queue,
                 "PAYMENT_GATEWAY_URL": f"{self.base_url}/fake-gateway/v1",
                 "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
                 "EMAIL_FILE_PATH": str(self.mail_dir),
@@ -601,9 +603,15 @@ class ChaosStack(ProcessGroup):
         )
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
+        """A saga pool that consumes money back's queue too (its own pool in
+        production): every pool the chaos kills may hold a refund."""
         self.start(
             name,
-            celery_worker_argv(queue=self.queue, concurrency=concurrency, hostname=f"{name}@%h"),
+            celery_worker_argv(
+                queue=f"{self.queue},{self.refund_queue}",
+                concurrency=concurrency,
+                hostname=f"{name}@%h",
+            ),
             env=background_env(self.env),
         )
 

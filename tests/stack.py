@@ -34,6 +34,7 @@ class Stack(ProcessGroup):
                 "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
                 "CELERY_TASK_DEFAULT_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
                 "CELERY_WEBHOOK_QUEUE": settings.CELERY_WEBHOOK_QUEUE,
+                "CELERY_REFUND_QUEUE": settings.CELERY_REFUND_QUEUE,
                 "PAYMENT_GATEWAY_URL": gateway_url,
                 "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
                 "EMAIL_FILE_PATH": str(self.mail_dir),
@@ -74,10 +75,12 @@ class Stack(ProcessGroup):
             stack.stop()
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+        """The saga's pool; here it consumes money back's queue too
+        (settings.CELERY_REFUND_QUEUE: its own pool in production)."""
         self.start(
             name,
             celery_worker_argv(
-                queue=settings.CELERY_TASK_DEFAULT_QUEUE,
+                queue=f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_REFUND_QUEUE}",
                 concurrency=concurrency,
                 hostname=f"{name}@%h",
             ),

@@ -210,6 +210,32 @@ def test_webhook_attempts_have_their_own_worker_on_their_own_queue():
     assert queues != [_env("webhooks")["CELERY_TASK_DEFAULT_QUEUE"]]
 
 
+def test_money_back_has_its_own_worker_of_one_process_on_its_own_queue():
+    """The relay sends refunds asked, chased, settled and a cancellation's ticks to
+    CELERY_REFUND_QUEUE (OUTBOX_TOPIC_QUEUES): a service must consume it,
+    and only it, one process by default (docs/refunds.md)."""
+    words = _words("refunds")
+    assert words[:4] == ["celery", "-A", "config", "worker"]
+    queues = [w.split("=", 1)[1] for w in words if w.startswith("--queues=")]
+    assert queues == [_env("refunds")["CELERY_REFUND_QUEUE"]]
+    assert queues != [_env("refunds")["CELERY_TASK_DEFAULT_QUEUE"]]
+    assert "--concurrency=${REFUND_WORKER_CONCURRENCY:-1}" in words
+    # a small CPU weight: contended, the sales' containers get the cores first
+    assert SERVICES["refunds"]["cpu_shares"] < SERVICES["worker"].get("cpu_shares", 1024)
+
+
+def test_the_relay_routes_money_back_to_its_queue_and_the_rest_to_the_default(settings):
+    from outbox.handover import queue_of  # the relay's own routing
+
+    refund_queue = settings.CELERY_REFUND_QUEUE
+    assert refund_queue == f"{settings.CELERY_TASK_DEFAULT_QUEUE}-refunds"
+    for topic in ("refund.execute", "refund.chase", "refund.settled", "event.cancellation_tick"):
+        assert queue_of(topic) == refund_queue, topic
+    # the compensation's retry drives a saga that never confirmed: the saga's pool
+    for topic in ("purchase.refund_retry", "purchase.confirmed", "purchase.hold_expired"):
+        assert queue_of(topic) is None, topic
+
+
 def test_make_run_starts_a_webhook_worker_on_the_default_webhook_queue():
     procfile = dict(
         line.split(": ", 1)
@@ -219,6 +245,8 @@ def test_make_run_starts_a_webhook_worker_on_the_default_webhook_queue():
     default_queue = "boxoffice"  # config/settings.py's CELERY_TASK_DEFAULT_QUEUE default
     assert f"--queues={default_queue} " in procfile["worker"]
     assert f"--queues={default_queue}-webhooks " in procfile["webhooks"]
+    assert f"--queues={default_queue}-refunds " in procfile["refunds"]
+    assert procfile["refunds"].startswith("exec nice -n 19 celery ")  # the lowest CPU priority
 
 
 SETTINGS_TEXT = (ROOT / "config" / "settings.py").read_text()

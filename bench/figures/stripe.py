@@ -49,7 +49,7 @@ FIGURE = Figure(
 )
 # The processes whose behaviour PAYMENT_GATEWAY decides (the web writes the
 # saga's processor, the workers call it), restarted for each run.
-PRODUCT = ("relay", "webhooks", "worker", "web")
+PRODUCT = ("relay", "webhooks", "refunds", "worker", "web")
 # Purchases on the fresh processes before each window: their first
 # connections, caches and the Stripe client's first request are not the
 # steady state.
@@ -63,7 +63,7 @@ STRIPE_ENV = {
     "STRIPE_WEBHOOK_SECRET": "whsec_boxofficebench",
 }
 # Per-purchase CPU keys (bench/cpu.py's, and the processor's root) summed.
-OURS = ("web", "worker", "webhooks", "relay", "pg_product", "redis")
+OURS = ("web", "worker", "webhooks", "refunds", "relay", "pg_product", "redis")
 PROCESSOR = ("localstripe", "gateway", "pg_gateway")
 
 
@@ -211,7 +211,10 @@ def _serve(ctx: Context, how: str | None, api_base: str | None = None) -> None:
     restarted as the stack starts them. The fake gateway is left running."""
     stack = ctx.stack
     env = _mode_env(how, api_base)
-    log(f"   restarting web, worker, webhooks worker and relay: {how or 'as the stack runs'}")
+    log(
+        f"   restarting web, worker, webhooks and refunds workers and relay:"
+        f" {how or 'as the stack runs'}"
+    )
     for name in PRODUCT:
         stack.stop(name)
     stack.extra_env = (lambda name: env if name in PRODUCT else {}) if env else None
@@ -219,6 +222,7 @@ def _serve(ctx: Context, how: str | None, api_base: str | None = None) -> None:
     stack.start_web()
     stack.start_worker()
     stack.start_webhook_worker()
+    stack.start_refund_worker()
     stack.start_relay()
     stack.wait_web()
     stack.wait_worker(ctx.broker.app)

@@ -65,6 +65,15 @@ ROUTING: dict[str, list[str]] = {
     Topic.CANCELLATION_TICK: ["purchases.consumers.cancellation_tick_due"],
 }
 
+# Money back's work that runs on its own queue and pool (settings'
+# CELERY_REFUND_QUEUE): asking the processor (and looking a refund up),
+# chasing one past its deadline, telling the buyer and counting the day's
+# figures once one settled, an event cancellation's ticks. Not the
+# compensation's REFUND_RETRY: it drives a saga that never confirmed.
+REFUND_QUEUE_TOPICS = frozenset(
+    {Topic.REFUND_EXECUTE, Topic.REFUND_CHASE, Topic.REFUND_SETTLED, Topic.CANCELLATION_TICK}
+)
+
 # The Celery task that charges a new purchase (enqueued on the start's commit
 # by name, so that the saga does not import the task module).
 CHARGE_TASK = "purchases.charge"
