@@ -80,24 +80,28 @@ ON CONFLICT (event_id, version) DO NOTHING
 
 
 def _ensure_key(event_id: int) -> None:
+    if EventKey.objects.filter(event_id=event_id).exists():
+        return  # every key retired: none is made again (the insert would not)
     public, encrypted = new_key_material()
     with connection.cursor() as cursor:
         cursor.execute(_FIRST_KEY_SQL, [event_id, public, encrypted, timezone.now(), event_id])
 
 
-def _accepted(event_id: int) -> list[EventKey]:
-    """The event's keys not retired, newest first; made on first need."""
-    keys = list(
+def _not_retired(event_id: int) -> list[EventKey]:
+    return list(
         EventKey.objects.filter(event_id=event_id, retired_at__isnull=True).order_by("-version")
     )
-    if not keys:
-        # Read again after the insert whatever it did: a key another process
-        # committed since the read above is the one to use.
-        _ensure_key(event_id)
-        keys = list(
-            EventKey.objects.filter(event_id=event_id, retired_at__isnull=True).order_by("-version")
-        )
-    return keys
+
+
+def _accepted(event_id: int) -> list[EventKey]:
+    """The event's keys not retired, newest first; made on first need."""
+    keys = _not_retired(event_id)
+    if keys:
+        return keys
+    # Read again after the insert whatever it did: a key another process
+    # committed since the read above is the one to use.
+    _ensure_key(event_id)
+    return _not_retired(event_id)
 
 
 def _decrypted(key: EventKey) -> Ed25519PrivateKey:
