@@ -10,16 +10,14 @@ answer.
 
 from __future__ import annotations
 
-import re
-
-from django.urls.converters import IntConverter
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from common.api import NOT_AUTHENTICATED, NOT_JSON, PAYLOAD_TOO_LARGE, error, error_response
+from common.api import NOT_AUTHENTICATED, NOT_JSON, PAYLOAD_TOO_LARGE, error_response
 from common.parsers import JSONParser
+from common.paths import event_pk, no_event
 from organizers.permissions import OrganizerScopedApi
 from organizers.roles import MAY, Action
 from purchases.models import Event
@@ -47,8 +45,6 @@ _NOT_FOUND = error_response(
     "`not_found`: no such organizer, or one you are not a member of; or no such event of it "
     "(another organizer's event answers the same)"
 )
-NO_EVENT = "no such event"
-_MAX_ID = 2**63 - 1  # bigint: a longer run of digits names no row
 
 
 def _scoped(what: str) -> str:
@@ -58,31 +54,20 @@ def _scoped(what: str) -> str:
     )
 
 
-def _path_id(segment: str) -> int | None:
-    """The event id of the path segment; None for one that names no row."""
-    if not re.fullmatch(IntConverter.regex, segment) or int(segment) > _MAX_ID:
-        return None
-    return int(segment)
-
-
 def _event(view: OrganizerScopedApi, segment: str) -> Event | None:
     """The organizer's event of the path segment, or None (missing,
     malformed, or another organizer's: the same 404)."""
-    found = _path_id(segment)
+    found = event_pk(segment)
     return None if found is None else selectors.event_of(organizer=view.organizer, event_id=found)
 
 
 def _event_id(view: OrganizerScopedApi, segment: str) -> int | None:
     """:func:`_event` as the id alone, remembered by the process: a scan
     does not read the event."""
-    found = _path_id(segment)
+    found = event_pk(segment)
     if found is None:
         return None
     return selectors.event_id_of(organizer=view.organizer, event_id=found)
-
-
-def _no_event() -> Response:
-    return error(404, "not_found", NO_EVENT)
 
 
 # --- the views -----------------------------------------------------------------------------
@@ -121,7 +106,7 @@ class CheckinApi(OrganizerScopedApi):
     def post(self, request, slug: str, event_id: str):
         event = _event_id(self, event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         payload = CheckinRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         body = payload.validated_data
@@ -156,7 +141,7 @@ class CheckinListApi(OrganizerScopedApi):
     def get(self, request, slug: str, event_id: str):
         event = _event(self, event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         return Response(CheckinListSerializer(services.checkin_list(event)).data)
 
 
@@ -194,7 +179,7 @@ class CheckinUploadApi(OrganizerScopedApi):
     def post(self, request, slug: str, event_id: str):
         event = _event(self, event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         payload = UploadRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         results = services.checkin_upload(event, payload.validated_data["scans"], request.user)
@@ -221,5 +206,5 @@ class CheckinProgressApi(OrganizerScopedApi):
     def get(self, request, slug: str, event_id: str):
         event = _event(self, event_id)
         if event is None:
-            return _no_event()
+            return no_event()
         return Response(CheckinProgressSerializer(services.checkin_progress(event)).data)
