@@ -10,7 +10,8 @@ tickets in; with door/static/door/scanner.js the same form asks the API
 codes itself when the network is gone, uploading those scans later
 (``…/checkin/upload/``).
 
-Who may open it is decided as for the seller pages (seller/page_access.py),
+Who may open it is decided as for the seller pages (seller/page_access.py,
+with organizers/page_access.py's access and 403 page),
 from the event's organizer since the URL names no slug: not signed in → the
 login page and back; no such event, or an event of an organizer the user is
 not a member of → the same 404; a role that may not check in → the 403 page
@@ -21,17 +22,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.urls import reverse
 
 from organizers.errors import OrganizerNotFound
-from organizers.models import Membership, Organizer
-from organizers.roles import Action, may
+from organizers.page_access import MemberAccess, forbidden, not_signed_in
+from organizers.roles import Action
 from organizers.selectors import membership_for
 from purchases.models import Event, Seat
 
@@ -60,33 +59,13 @@ VERDICTS: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class DoorAccess:
-    """The signed-in member of the event's organizer (what the seller
-    pages' templates read as ``access``)."""
-
-    membership: Membership
-
-    @property
-    def organizer(self) -> Organizer:
-        return self.membership.organizer
-
-    @property
-    def role(self) -> str:
-        return self.membership.role
-
-    @property
-    def can(self) -> dict[str, bool]:
-        return {action.name: may(self.role, action) for action in Action}
-
-
 def door_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Call ``view(request, access, event)`` for a member who may check in."""
 
     @functools.wraps(view)
     def page(request: HttpRequest, event_id: int) -> HttpResponse:
         if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
+            return not_signed_in(request)
         if request.method not in ("GET", "HEAD", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         event = Event.objects.select_related("organizer").filter(pk=event_id).first()
@@ -97,19 +76,9 @@ def door_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         except OrganizerNotFound:
             # Another organizer's event is as missing as a missing one.
             raise Http404("no such event") from None
-        access = DoorAccess(membership)
-        if not may(access.role, Action.CHECK_IN):
-            return render(
-                request,
-                "seller/forbidden.html",
-                {
-                    "access": access,
-                    "organizer": access.organizer,
-                    "action": Action.CHECK_IN,
-                    "nav": "seller",
-                },
-                status=403,
-            )
+        access = MemberAccess(membership)
+        if not access.may(Action.CHECK_IN):
+            return forbidden(request, access, Action.CHECK_IN)
         return view(request, access, event)
 
     # Read by tests that walk the routes: what each method takes.
@@ -147,7 +116,7 @@ def _verdict(request: HttpRequest, event: Event) -> dict[str, Any] | None:
 
 
 @door_page
-def scanner(request: HttpRequest, access: DoorAccess, event: Event) -> HttpResponse:
+def scanner(request: HttpRequest, access: MemberAccess, event: Event) -> HttpResponse:
     verdict = _verdict(request, event) if request.method == "POST" else None
     progress = services.checkin_progress(event=event)
     config = {

@@ -27,61 +27,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
-from django.shortcuts import render
-from django_htmx.http import HttpResponseClientRefresh
 
 from organizers.errors import OrganizerNotFound
-from organizers.models import Membership, Organizer
-from organizers.roles import Action, may
+from organizers.page_access import MemberAccess, forbidden, not_signed_in
+from organizers.roles import Action
 from organizers.selectors import membership_for
 
-FORBIDDEN_TEMPLATE = "seller/forbidden.html"
-
-
-@dataclass(frozen=True)
-class SellerAccess:
-    """The signed-in member of the page's organizer."""
-
-    membership: Membership
-
-    @property
-    def organizer(self) -> Organizer:
-        return self.membership.organizer
-
-    @property
-    def role(self) -> str:
-        return self.membership.role
-
-    def may(self, action: Action) -> bool:
-        return may(self.role, action)
-
-    @property
-    def can(self) -> dict[str, bool]:
-        """What the role may do, by the action's name (``can.READ_SALES`` in
-        a template): the pages show only what the role may use."""
-        return {action.name: may(self.role, action) for action in Action}
-
-
-def _not_signed_in(request: HttpRequest) -> HttpResponse:
-    if getattr(request, "htmx", False):
-        # A poll of a page whose session ended: reload the page, which then
-        # goes to the login page (a redirect would swap the login form in).
-        return HttpResponseClientRefresh()
-    return redirect_to_login(request.get_full_path())
-
-
-def forbidden(request: HttpRequest, access: SellerAccess, action: Action) -> HttpResponse:
-    """The 403 page: this member's role may not take ``action``."""
-    return render(
-        request,
-        FORBIDDEN_TEMPLATE,
-        {"access": access, "organizer": access.organizer, "action": action, "nav": "seller"},
-        status=403,
-    )
+# The signed-in member of the page's organizer (organizers/page_access.py).
+SellerAccess = MemberAccess
 
 
 def _action_of(actions: Mapping[str, Action], method: str) -> Action | None:
@@ -104,7 +59,7 @@ def seller_page(
         @functools.wraps(view)
         def page(request: HttpRequest, slug: str, **kwargs) -> HttpResponse:
             if not request.user.is_authenticated:
-                return _not_signed_in(request)
+                return not_signed_in(request)
             try:
                 membership = membership_for(user=request.user, slug=slug)
             except OrganizerNotFound:
@@ -132,7 +87,7 @@ def signed_in_page(methods: tuple[str, ...] = ("GET",)) -> Callable:
         @functools.wraps(view)
         def page(request: HttpRequest, **kwargs) -> HttpResponse:
             if not request.user.is_authenticated:
-                return _not_signed_in(request)
+                return not_signed_in(request)
             if request.method not in allowed:
                 return HttpResponseNotAllowed(sorted(methods))
             return view(request, **kwargs)
