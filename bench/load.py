@@ -75,45 +75,44 @@ def start_purchase(
     raise AssertionError("unreachable")
 
 
-class _Clients:
-    """``len(buyers)`` threads, each its own connection and buyers, each
-    sending the next request as soon as the previous answered; every request
-    a new Idempotency-Key, the next free seat (S1, S2...) of the event, and
-    the client's next buyer in turn."""
+class ClosedLoop:
+    """``n`` threads, each its own connection, each sending the next request
+    as soon as the previous one answered, until stopped or out of work
+    (``total`` requests in all): what :func:`_measure` drives. A load says
+    how a thread connects (``client``) and what its ``i``-th request is
+    (``send``, which records it)."""
 
-    def __init__(self, base_url: str, buyers: list[list[int]], event_id: int, nseats: int):
-        self.base_url, self.buyers, self.event_id, self.nseats = base_url, buyers, event_id, nseats
+    def __init__(self, base_url: str, n: int, total: int):
+        self.base_url, self.total = base_url, total
         self.stop = threading.Event()
         self.exhausted = threading.Event()
-        self.counter = itertools.count(1)
-        self.records: list[list[tuple]] = [[] for _ in buyers]  # (sent, answered, secs, status)
+        self.counter = itertools.count()
+        self.records: list[list[tuple]] = [[] for _ in range(n)]
         self.errors: list[str] = []
-        self.barrier = threading.Barrier(len(buyers) + 1, timeout=60)
+        self.barrier = threading.Barrier(n + 1, timeout=60)
         self.threads = [
-            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(len(buyers))
+            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(n)
         ]
+
+    def client(self, k: int) -> wire.Client:
+        raise NotImplementedError
+
+    def send(self, client: wire.Client, k: int, i: int) -> None:
+        raise NotImplementedError
 
     def _loop(self, k: int) -> None:
         try:
-            mine = self.buyers[k]
-            turns = itertools.cycle([auth_headers(u) for u in mine] if len(mine) > 1 else [{}])
-            with http_client(self.base_url, mine[0]) as client:
+            with self.client(k) as client:
                 self.barrier.wait()
                 while not self.stop.is_set():
-                    n = next(self.counter)
-                    if n > self.nseats:
+                    i = next(self.counter)
+                    if i >= self.total:
                         self.exhausted.set()
                         return
-                    t = time.monotonic()
-                    status, secs, head = post_purchase(
-                        client, event_id=self.event_id, ref=f"S{n}", headers=next(turns)
-                    )
-                    self.records[k].append((t, time.monotonic(), secs, status))
-                    if status != 202 and len(self.errors) < 5:
-                        self.errors.append(f"{status} {head}")
+                    self.send(client, k, i)
         except threading.BrokenBarrierError:
             pass
-        except Exception as exc:  # noqa: BLE001 - reported by closed_loop
+        except Exception as exc:  # noqa: BLE001 - reported by the figure
             self.errors.append(f"client {k}: {type(exc).__name__}: {exc}")
 
     def done(self) -> int:
@@ -126,8 +125,35 @@ class _Clients:
             th.join(60)
 
 
+class _Clients(ClosedLoop):
+    """One thread per list of ``buyers``, each its own connection; every
+    request a new Idempotency-Key, the next free seat (S1, S2...) of the
+    event, and the client's next buyer in turn. Records (sent, answered,
+    secs, status)."""
+
+    def __init__(self, base_url: str, buyers: list[list[int]], event_id: int, nseats: int):
+        super().__init__(base_url, len(buyers), nseats)
+        self.buyers, self.event_id = buyers, event_id
+        self.turns = [
+            itertools.cycle([auth_headers(u) for u in mine] if len(mine) > 1 else [{}])
+            for mine in buyers
+        ]
+
+    def client(self, k: int) -> wire.Client:
+        return http_client(self.base_url, self.buyers[k][0])
+
+    def send(self, client: wire.Client, k: int, i: int) -> None:
+        t = time.monotonic()
+        status, secs, head = post_purchase(
+            client, event_id=self.event_id, ref=f"S{i + 1}", headers=next(self.turns[k])
+        )
+        self.records[k].append((t, time.monotonic(), secs, status))
+        if status != 202 and len(self.errors) < 5:
+            self.errors.append(f"{status} {head}")
+
+
 def _measure(
-    run: _Clients, roots: dict[str, int], label: str, warmup: float, duration: float
+    run: ClosedLoop, roots: dict[str, int], label: str, warmup: float, duration: float
 ) -> tuple[float, dict]:
     """Release the clients, sample the CPU after the warm-up and at the end;
     returns (start, {"before": ..., "after": ...})."""

@@ -27,13 +27,11 @@ Measured in one run:
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import math
 import os
 import re
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -41,7 +39,7 @@ from bench import wire
 from bench.common import BENCH, BENCH_DB, Context, Figure, PhaseFailed, lat_summary, log, ratio
 from bench.db import BENCH_ORGANIZER_SLUG, BenchDB, token
 from bench.figures.cancellation import confirmed_event
-from bench.load import _cpu_per_request, _measure, http_client
+from bench.load import ClosedLoop, _cpu_per_request, _measure, http_client
 from door import codes
 
 CHECKIN_SQL = BENCH / "checkin.sql"
@@ -236,51 +234,24 @@ def scan(client: wire.Client, path: str, code: str) -> tuple[int, float, str]:
     raise AssertionError("unreachable")
 
 
-class _Scanners:
+class _Scanners(ClosedLoop):
     """One thread per door user, each its own connection, each scanning the
-    next unscanned code as soon as the previous answered (the attributes
-    ``bench.load._measure`` drives)."""
+    next unscanned code of ``todo``. Records (sent, answered: monotonic;
+    seconds; status; result; the code's index)."""
 
     def __init__(self, base_url: str, users: list[int], path: str, todo: list[str]):
-        self.base_url, self.users, self.path, self.todo = base_url, users, path, todo
-        self.stop = threading.Event()
-        self.exhausted = threading.Event()
-        self.counter = itertools.count()
-        # (sent, answered: monotonic; seconds; status; result; the code's index)
-        self.records: list[list[tuple[float, float, float, int, str, int]]] = [[] for _ in users]
-        self.errors: list[str] = []
-        self.barrier = threading.Barrier(len(users) + 1, timeout=60)
-        self.threads = [
-            threading.Thread(target=self._loop, args=(k,), daemon=True) for k in range(len(users))
-        ]
+        super().__init__(base_url, len(users), len(todo))
+        self.users, self.path, self.todo = users, path, todo
 
-    def _loop(self, k: int) -> None:
-        try:
-            with http_client(self.base_url, self.users[k]) as client:
-                self.barrier.wait()
-                while not self.stop.is_set():
-                    n = next(self.counter)
-                    if n >= len(self.todo):
-                        self.exhausted.set()
-                        return
-                    t = time.monotonic()
-                    status, secs, result = scan(client, self.path, self.todo[n])
-                    self.records[k].append((t, time.monotonic(), secs, status, result, n))
-                    if not result.startswith("ok") and len(self.errors) < 5:
-                        self.errors.append(f"{status} {result}")
-        except threading.BrokenBarrierError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - reported by http_scans
-            self.errors.append(f"client {k}: {type(exc).__name__}: {exc}")
+    def client(self, k: int) -> wire.Client:
+        return http_client(self.base_url, self.users[k])
 
-    def done(self) -> int:
-        return sum(len(r) for r in self.records)
-
-    def end(self) -> None:
-        self.stop.set()
-        self.barrier.abort()
-        for th in self.threads:
-            th.join(60)
+    def send(self, client: wire.Client, k: int, i: int) -> None:
+        t = time.monotonic()
+        status, secs, result = scan(client, self.path, self.todo[i])
+        self.records[k].append((t, time.monotonic(), secs, status, result, i))
+        if not result.startswith("ok") and len(self.errors) < 5:
+            self.errors.append(f"{status} {result}")
 
 
 def http_scans(ctx: Context, users: list[int], event: int, todo: list[str]) -> dict:
@@ -293,9 +264,7 @@ def http_scans(ctx: Context, users: list[int], event: int, todo: list[str]) -> d
     roots = {**{n: p.pid for n, p in ctx.stack.procs.items()}, "bench_client": os.getpid()}
     label = f"door c={len(users)}"
     try:
-        # Typed for the purchases' clients; it drives only what both have
-        # (barrier, exhausted, done()).
-        start, cpu = _measure(run, roots, label, ctx.warmup, ctx.dur)  # type: ignore[arg-type]
+        start, cpu = _measure(run, roots, label, ctx.warmup, ctx.dur)
     finally:
         run.end()
     if run.exhausted.is_set():
