@@ -88,15 +88,9 @@ class CheckinListSerializer(serializers.Serializer):
     )
 
 
-class ScanSerializer(serializers.Serializer):
-    code = serializers.CharField(max_length=CODE_MAX_CHARS, allow_blank=True, help_text=_CODE_HELP)
-    gate = serializers.CharField(
-        max_length=GATE_MAX_CHARS,
-        required=False,
-        allow_blank=True,
-        default="",
-        help_text=_GATE_HELP,
-    )
+class ScanSerializer(CheckinRequestSerializer):
+    """A scan an offline gate made: a scan's ``code`` and ``gate``, and when."""
+
     at = serializers.DateTimeField(help_text="When the gate scanned it (its clock)")
 
 

@@ -77,6 +77,18 @@ def payload_of(event, code: str) -> codes.Payload:
     return payload
 
 
+def give_back(show, bought, seats: list[str], *, reason: str) -> None:
+    """The organizer refunds ``seats`` of the purchase and puts them back on sale."""
+    organizer_refund(
+        organizer=show.organizer,
+        saga_id=bought.pk,
+        user=UserFactory(),
+        reason=reason,
+        seats=seats,
+        release_seats=True,
+    )
+
+
 def at_the_door(event, code: str) -> str:
     return checkin(event.pk, code, gate="north")["result"]
 
@@ -158,14 +170,7 @@ def test_a_code_does_not_verify_with_another_events_key(alice, alice_api, bought
 def test_a_seat_given_back_has_no_ticket_and_its_code_is_revoked(alice, alice_api, show, bought):
     before = codes_of(alice_api, bought)
 
-    organizer_refund(
-        organizer=show.organizer,
-        saga_id=bought.pk,
-        user=UserFactory(),
-        reason="broken seat",
-        seats=["A2"],
-        release_seats=True,
-    )
+    give_back(show, bought, ["A2"], reason="broken seat")
     drain_outbox()
 
     assert codes_of(alice_api, bought) == {"A1": before["A1"]}
@@ -461,14 +466,7 @@ def test_a_purchase_taken_back_before_its_email_is_sent_sends_no_code(
     alice, alice_api, show, bought
 ):
     codes_before = codes_of(alice_api, bought)
-    organizer_refund(
-        organizer=show.organizer,
-        saga_id=bought.pk,
-        user=UserFactory(),
-        reason="double booking",
-        seats=["A1", "A2"],
-        release_seats=True,
-    )
+    give_back(show, bought, ["A1", "A2"], reason="double booking")
 
     drain_outbox()
 
