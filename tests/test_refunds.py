@@ -10,18 +10,24 @@ and ``drain_outbox`` delivers what is due as the relay and a worker would.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core import mail
+from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 from freezegun import freeze_time
 
+from common.money import format_money
 from ledger.models import EntryKind, LedgerEntry
 from outbox.delivery import message_deliver
 from outbox.models import InboxEntry, OutboxMessage
 from payments.fake_gateway.models import FakeRefund
+from purchases import lock_objects
+from purchases import selectors as purchase_selectors
 from purchases.errors import BuyerLimitReached
 from purchases.models import (
     GatewayAnswer,
@@ -146,6 +152,52 @@ def _live(clock, seconds: int, step: int = 60) -> None:
 
 def _ledger_total(saga) -> int:
     return LedgerEntry.objects.filter(saga_id=saga.pk).aggregate(n=Sum("amount"))["n"] or 0
+
+
+# --- the refunds' statements written once (docs/performance.md) ------------------------
+
+
+def _fields(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+@pytest.mark.django_db
+def test_the_refunds_reads_written_once_read_what_the_orm_reads(alice, bob, finance, gateway):
+    event = EventFactory(seats=["A1", "A2", "A3"])
+    with freeze_time(T0):
+        saga = _confirmed(alice, event, seats=["A1", "A2"])
+        other = _confirmed(bob, event, seats=["A3"])
+        part = _refund(saga, finance, amount=1200, request_key=new_key())
+        drain_outbox(now=timezone.now())
+        seats = _refund(saga, finance, seats=["A2"], request_key=new_key())
+        _refund(other, finance, request_key=new_key())  # another purchase's: not counted
+        drain_outbox(now=timezone.now())
+    seats.refresh_from_db()
+    for refund in (part, seats):
+        with transaction.atomic():
+            locked = lock_objects.refund_for_update(refund_id=str(refund.pk), event_id=event.pk)
+        assert _fields(locked) == _fields(Refund.objects.get(pk=refund.pk))
+        facts = purchase_selectors.refund_email_facts(refund_id=refund.pk, event_id=event.pk)
+        assert facts == {
+            "refund_id": str(refund.pk),
+            "saga_id": str(saga.pk),
+            "reservation": saga.reservation.ref,
+            "buyer": {"username": alice.username, "email": alice.email},
+            "amount_display": format_money(refund.amount, refund.currency),
+            "seats": refund.seats,
+            "public_reason": refund.public_reason,
+        }
+    assert seats.seats == ["A2"]  # a JSON list, read back as one
+    orm = Refund.objects.filter(saga_id=saga.pk, status="succeeded").aggregate(n=Sum("amount"))
+    assert refunded_amount(saga) == orm["n"] == 1200 + seats.amount
+    # Another event's id, or none: no such refund, as the ORM's get says.
+    for refund_id, event_id in ((part.pk, event.pk + 1), (uuid.uuid4(), event.pk)):
+        with pytest.raises(Refund.DoesNotExist), transaction.atomic():
+            lock_objects.refund_for_update(refund_id=refund_id, event_id=event_id)
+        with pytest.raises(Refund.DoesNotExist):
+            purchase_selectors.refund_email_facts(refund_id=refund_id, event_id=event_id)
+    with pytest.raises(ValidationError), transaction.atomic():
+        lock_objects.refund_for_update(refund_id="not-a-uuid", event_id=event.pk)
 
 
 # --- an organizer's refunds --------------------------------------------------------------
