@@ -16,7 +16,7 @@ the run's lock:
    per confirmed purchase, its seats released, as many as the pace allows:
    ``rate`` per second since the run started, counted from the refund rows
    themselves, and in one tick never more than the time since the previous
-   tick allows (at most two seconds' worth): after a crash or a stall the
+   tick allows (at most five seconds' worth): after a crash or a stall the
    run resumes at its pace, never faster to catch up;
 3. finish when nothing is in flight, no purchase waits for its refund and
    no refund of the event is pending.
@@ -63,8 +63,12 @@ TICK_SECONDS = 1.0
 IDLE_TICK_SECONDS = 5.0
 # A tick opens at most what the time since the previous tick allows at the
 # pace, and never more than this long's worth: a run that fell behind (a
-# crash, a stall) goes on at its pace, never faster to catch up.
-BURST_SECONDS = 2.0
+# crash, a stall) goes on at its pace, never faster to catch up. Longer than
+# a tick's usual lateness: a tick waits in the refunds' queue behind the
+# refunds it opened (2.7 s apart at p90, 4.5 s at p99 in figure 15's run at
+# 10,000), and with 2 s here the rest was lost: 17.6 refunds/s at a pace of
+# 20 (docs/performance.md, "Figure 15 measured again").
+BURST_SECONDS = 5.0
 # And never more than this many in one tick (one transaction holding their
 # sagas and seats): a pace above what a tick opens in a second is the
 # machine's limit anyway (docs/performance.md, "Cancelling an event").
