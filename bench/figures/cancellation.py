@@ -251,10 +251,10 @@ def run(ctx: Context) -> None:
     try:
         _serve(ctx, rate)
         # Not counted: the first minute of load after the set-up was the
-        # slowest window of every run (p50 19-27 ms against 13-18 in the
-        # later quiet ones), and neither fresh statistics nor a checkpoint
-        # changed it (docs/performance.md, figure 15); counted, it would
-        # flatter the cancellation.
+        # slowest window in four runs of five (p50 19-27 ms against 13-18 in
+        # the later quiet ones), and neither fresh statistics nor a
+        # checkpoint changed it; counted, it would flatter the cancellation
+        # (docs/performance.md, "Figure 15 measured again").
         fig["warm_up"] = _buyers_alone(ctx, "warm-up, not counted")
         fig["without"].append(_buyers_alone(ctx, "before"))
         fig["paced"] = _cancellation(ctx, gateway, n, rate, owner, buyers_too=True)
