@@ -154,6 +154,12 @@ def drain_outbox(*, now=None, max_rounds: int = 20) -> list[OutboxMessage]:
     return list(OutboxMessage.objects.filter(pk__in=delivered).order_by("pk"))
 
 
+def model_fields(obj) -> dict:
+    """Every concrete field of a model instance, by attribute name: what a
+    statement written once must read as the ORM reads it."""
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
 def start_purchase(user, event, seats=("A1",), payment_method="pm_card_visa", key=None, now=None):
     """Start a purchase through the service; returns the saga."""
     from purchases.models import PurchaseSaga

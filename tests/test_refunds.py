@@ -57,7 +57,7 @@ from purchases.services import (
 from webhooks.models import WebhookDelivery
 from webhooks.services import webhook_endpoint_create
 
-from .conftest import drain_outbox, new_key, start_purchase
+from .conftest import drain_outbox, model_fields, new_key, start_purchase
 from .factories import EventFactory, OrganizerFactory, UserFactory
 from .webhook_receiver import Receiver
 
@@ -157,10 +157,6 @@ def _ledger_total(saga) -> int:
 # --- the refunds' statements written once (docs/performance.md) ------------------------
 
 
-def _fields(obj) -> dict:
-    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
-
-
 @pytest.mark.django_db
 def test_the_refunds_reads_written_once_read_what_the_orm_reads(alice, bob, finance, gateway):
     event = EventFactory(seats=["A1", "A2", "A3"])
@@ -176,7 +172,7 @@ def test_the_refunds_reads_written_once_read_what_the_orm_reads(alice, bob, fina
     for refund in (part, seats):
         with transaction.atomic():
             locked = lock_objects.refund_for_update(refund_id=str(refund.pk), event_id=event.pk)
-        assert _fields(locked) == _fields(Refund.objects.get(pk=refund.pk))
+        assert model_fields(locked) == model_fields(Refund.objects.get(pk=refund.pk))
         facts = purchase_selectors.refund_email_facts(refund_id=refund.pk, event_id=event.pk)
         assert facts == {
             "refund_id": str(refund.pk),

@@ -31,13 +31,9 @@ from webhooks.attempts import _record_attempts_once
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.services import webhook_endpoint_create, webhook_publish
 
-from .conftest import start_purchase
+from .conftest import model_fields, start_purchase
 
 S = SagaState
-
-
-def _fields(obj) -> dict:
-    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
 
 
 def _other_connection() -> psycopg.Connection:
@@ -61,9 +57,9 @@ def test_the_lock_reads_every_field_of_the_saga_and_its_reservation_as_the_orm_d
     with transaction.atomic():
         locked = lock_objects.saga_for_update(saga_id=str(saga.pk))  # a task's str id
 
-    assert _fields(locked) == _fields(expected)
+    assert model_fields(locked) == model_fields(expected)
     assert locked.compensation_started_at == at
-    assert _fields(locked.reservation) == _fields(expected.reservation)
+    assert model_fields(locked.reservation) == model_fields(expected.reservation)
     assert isinstance(locked.reservation, Reservation)
     assert locked._state.adding is False and locked._state.db == "default"
 
@@ -118,7 +114,7 @@ def test_a_move_writes_the_saga_and_its_history_row_in_one_statement(
     assert (stored.state, stored.version, stored.attempts) == ("CHARGING", 2, 1)
     assert stored.updated_at == at and stored.awaiting_operator_since is None
     assert stored.compensation_started_at is None
-    assert _fields(locked) | {"trace_context": stored.trace_context} == _fields(stored)
+    assert model_fields(locked) | {"trace_context": stored.trace_context} == model_fields(stored)
     [row] = SagaHistory.objects.filter(saga=saga, to_state="CHARGING")
     assert (row.from_state, row.at, row.actor, row.actor_name, row.version) == (
         "PENDING",
@@ -223,8 +219,8 @@ def test_a_deliverys_read_has_every_field_of_it_and_its_endpoint_as_the_orm_does
     assert found is not None
     read, made = found
     assert made is False
-    assert _fields(read) == _fields(expected)
-    assert _fields(read.endpoint) == _fields(expected.endpoint)
+    assert model_fields(read) == model_fields(expected)
+    assert model_fields(read.endpoint) == model_fields(expected.endpoint)
     assert read.endpoint.events == ["purchase.confirmed", "purchase.failed"]  # JSON, decoded
 
     _attempt(delivery, 1)
@@ -239,7 +235,7 @@ def test_a_deliverys_read_has_every_field_of_it_and_its_endpoint_as_the_orm_does
 def test_a_deliverys_lock_holds_it_and_leaves_its_endpoint_free(delivery):
     with _other_connection() as other, transaction.atomic():
         locked = webhook_locks.delivery_for_update(delivery_id=delivery.pk)
-        assert locked is not None and _fields(locked) == _fields(delivery) | {
+        assert locked is not None and model_fields(locked) == model_fields(delivery) | {
             "status": locked.status
         }
         assert locked.endpoint.pk == delivery.endpoint_id
@@ -272,8 +268,8 @@ def test_several_attempts_are_read_in_one_statement_as_each_alone_is(delivery):
         alone = webhook_locks.delivery_with_attempt_made(delivery_id=pk, attempt=attempt)
         assert alone is not None
         assert made is alone[1] and made is (pk == delivery.pk and attempt == 1)
-        assert _fields(found) == _fields(alone[0])
-        assert _fields(found.endpoint) == _fields(alone[0].endpoint)
+        assert model_fields(found) == model_fields(alone[0])
+        assert model_fields(found.endpoint) == model_fields(alone[0].endpoint)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -287,8 +283,8 @@ def test_several_deliveries_are_locked_in_one_statement_as_the_orm_reads_them(de
         )
         assert list(locked) == [delivery.pk, second.pk]  # in the order of their ids
         for pk, read in locked.items():
-            assert _fields(read) == _fields(expected[pk])
-            assert _fields(read.endpoint) == _fields(expected[pk].endpoint)
+            assert model_fields(read) == model_fields(expected[pk])
+            assert model_fields(read.endpoint) == model_fields(expected[pk].endpoint)
         for pk in (delivery.pk, second.pk):
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 other.execute(
@@ -359,7 +355,7 @@ def test_deliveries_are_inserted_once_and_returned_as_the_database_holds_them(de
     [second] = publish()  # the first endpoint has this type for this saga already
 
     assert second.endpoint_id != delivery.endpoint_id and second.pk > delivery.pk
-    assert _fields(second) == _fields(WebhookDelivery.objects.get(pk=second.pk))
+    assert model_fields(second) == model_fields(WebhookDelivery.objects.get(pk=second.pk))
     assert second.next_attempt_at == now and second.armed_attempt == 1
     assert publish() == []
     assert WebhookDelivery.objects.filter(saga_id=delivery.saga_id).count() == 2
@@ -422,7 +418,7 @@ def test_a_row_created_once_holds_what_the_orms_create_holds(alice, event):
 
     assert made.pk is not None and made.pk != by_orm.pk and not made._state.adding
     read, expected = OutboxMessage.objects.get(pk=made.pk), OutboxMessage.objects.get(pk=by_orm.pk)
-    assert _fields(read) | {"id": None} == _fields(expected) | {"id": None}
+    assert model_fields(read) | {"id": None} == model_fields(expected) | {"id": None}
     assert read.payload == {"saga_id": str(saga.pk), "seats": ["A-1"]}  # JSON, not its text
     assert (read.attempts, read.last_error, read.trace_context) == (0, "", "")
 
@@ -499,12 +495,12 @@ def test_a_moves_deliveries_written_in_one_statement_hold_what_row_by_row_writes
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert len(written) == 1, written
     assert at_once.endpoint_id == one_by_one.endpoint_id == listening.pk
-    assert _fields(at_once) == _fields(WebhookDelivery.objects.get(pk=at_once.pk))
+    assert model_fields(at_once) == model_fields(WebhookDelivery.objects.get(pk=at_once.pk))
     assert re.fullmatch(r"msg_[0-9a-f]{32}", at_once.message_id)
     assert at_once.message_id != one_by_one.message_id
 
     def alike(obj) -> dict:
-        return _fields(obj) | {"id": None, "saga_id": None, "message_id": None}
+        return model_fields(obj) | {"id": None, "saga_id": None, "message_id": None}
 
     assert alike(at_once) == alike(WebhookDelivery.objects.get(pk=one_by_one.pk))
     rows_of = {
@@ -514,7 +510,7 @@ def test_a_moves_deliveries_written_in_one_statement_hold_what_row_by_row_writes
     assert first.payload == {"delivery_id": at_once.pk, "attempt": 1}
     assert (first.saga_id, first.event_id) == (at_once.saga_id, event.pk)
     ignored = {"id": None, "key": None, "payload": None, "saga_id": None}
-    assert _fields(first) | ignored == _fields(second) | ignored
+    assert model_fields(first) | ignored == model_fields(second) | ignored
 
     # Each row handed over after the commit, as outbox_publish arranges it.
     def handed(callbacks) -> list:
@@ -570,13 +566,13 @@ def test_insert_or_lock_inserts_a_new_row_and_locks_an_existing_one_as_it_is():
     with _other_connection() as other:
         with transaction.atomic():
             made = attempt("requires_payment", 2500)
-            assert _fields(made) == _fields(FakeIntent.objects.get(pk=intent_id))
+            assert model_fields(made) == model_fields(FakeIntent.objects.get(pk=intent_id))
 
         with transaction.atomic():
             # The row as it is, not as the second attempt would have written it.
             again = attempt("canceled", 9)
             assert (again.status, again.amount) == ("requires_payment", 2500)
-            assert _fields(again) == _fields(made)
+            assert model_fields(again) == model_fields(made)
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 other.execute(
                     "SELECT 1 FROM fake_gateway_fakeintent WHERE intent_id = %s FOR UPDATE NOWAIT",

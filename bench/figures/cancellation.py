@@ -367,16 +367,16 @@ def buyers(ctx: Context, *, label: str) -> dict:
     """The other sales for ``warmup`` + ``BUYERS_WINDOW_S`` seconds on a
     fresh event: what answered within the measured window, summarized, with
     the window's bounds (epoch) to set the refunds against."""
-    dur, warmup = BUYERS_WINDOW_S, ctx.warmup
-    nseats = int(BUYER_RATE * (warmup + dur) * 1.5) + 100
+    dur = BUYERS_WINDOW_S
+    nseats = int(BUYER_RATE * (ctx.warmup + dur) * 1.5) + 100
     event = ctx.db.make_event(f"bench cancellation buyers {label}", nseats)[0]
-    log(f"   {label}: {BUYER_RATE:g} reserves/s from {BUYERS} clients, {warmup + dur:.0f}s")
+    log(f"   {label}: {BUYER_RATE:g} reserves/s from {BUYERS} clients, {ctx.warmup + dur:.0f}s")
     start = time.monotonic() + 0.2
     epoch0 = time.time() + (start - time.monotonic())
-    load = _Buyers(ctx, event, nseats, start, start + warmup + dur)
+    load = _Buyers(ctx, event, nseats, start, start + ctx.warmup + dur)
     load.run()
     ctx.stack.check_alive()
-    w0, w1 = start + warmup, start + warmup + dur
+    w0, w1 = start + ctx.warmup, start + ctx.warmup + dur
     window = [r for rs in load.records for r in rs if w0 <= r[0] <= w1]
     ok = [r[1] for r in window if r[2] == 202]
     late = [r[3] for r in window]
@@ -390,7 +390,7 @@ def buyers(ctx: Context, *, label: str) -> dict:
         "late_sends": sum(1 for x in late if x > 0.01),
         "late_p99_ms": (pct(late, 99) or 0.0) * 1000,
         "errors_sample": load.errors,
-        "window_epoch": [epoch0 + warmup, epoch0 + warmup + dur],
+        "window_epoch": [epoch0 + ctx.warmup, epoch0 + ctx.warmup + dur],
     }
     if len(window) - len(ok) > max(1, 0.01 * len(window)) or not ok:
         bad = len(window) - len(ok)
@@ -676,10 +676,7 @@ def _pooled_p99(windows: list[dict]) -> float:
     """The p99 of the quiet windows' answers taken together (3,600 at the
     defaults): one window's tail does not decide it alone, as the mean of
     two p99s let it."""
-    answers = [x for w in windows for x in w.get("answers_202_ms", [])]
-    if not answers:  # a result written before the answers were kept
-        return statistics.fmean(w["latency_202"]["p99_ms"] for w in windows)
-    return pct(answers, 99) or 0.0
+    return pct([x for w in windows for x in w["answers_202_ms"]], 99) or 0.0
 
 
 def rows(fig: dict) -> list[dict]:
