@@ -4,10 +4,13 @@ adapter against a live server, and the in-process and faulty doubles."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import pytest
 from django.db import connection, transaction
@@ -600,6 +603,45 @@ def test_a_lost_refund_answer_is_unknown_and_the_look_up_finds_the_refund(server
     assert (replayed.state, replayed.processor_ref) == (RefundState.SUCCEEDED, found.processor_ref)
     assert FakeRefund.objects.filter(intent_id=intent_id).count() == 1
     impatient.close()
+
+
+def _send_cut_off(server_url: str, path: str, body: bytes, *, key: str, sent: int) -> bytes:
+    """A POST whose client dies after ``sent`` bytes of its body (a worker
+    SIGKILLed between urllib3's send of the headers and of the body): the
+    headers promise the whole body, then the connection is half-closed."""
+    host, port = urlsplit(server_url).hostname, urlsplit(server_url).port
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nIdempotency-Key: {key}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, port), timeout=NORMAL_TIMEOUT) as conn:
+        conn.sendall(head + body[:sent])
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("sent", [0, 10])
+def test_a_body_cut_off_is_refused_unstored_and_the_retry_refunds(server_url, client, sent):
+    # Seen in the cancellation's chaos run: the body cut off at 0 bytes was
+    # read as {}, refused invalid_amount, and that refusal stored for the
+    # key, so the refund's retry under its key was refused forever.
+    intent_id = charged(new_intent_id())
+    refund_id = new_refund_id()
+    body = json.dumps({"amount": 700, "refund_id": refund_id}).encode()
+    path = f"{BASE}/payment_intents/{intent_id}/refunds"
+
+    answer = _send_cut_off(server_url, path, body, key=f"refund:{refund_id}", sent=sent)
+
+    assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"400", answer
+    assert b'"incomplete_body"' in answer
+    assert not FakeIdempotentAnswer.objects.filter(idempotency_key=f"refund:{refund_id}").exists()
+    retried = refund(client, intent_id, 700, refund_id)
+    assert retried.status_code == 200, retried.json()
+    assert FakeRefund.objects.get(intent_id=intent_id).amount == 700
 
 
 @pytest.mark.django_db(transaction=True)

@@ -86,12 +86,27 @@ def _json_object(request: HttpRequest) -> dict | None:
     return payload if isinstance(payload, dict) else None
 
 
+def _cut_off(request: HttpRequest) -> bool:
+    """Whether fewer bytes came than the headers promised. Django hands the
+    view what arrived before the connection closed, and an empty body would
+    read as ``{}``."""
+    try:
+        promised = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return len(request.body) < promised
+
+
 def _keyed_body(request: HttpRequest, what: str) -> tuple[str, dict] | Answer:
     """The ``Idempotency-Key`` and the JSON object body that ``what`` (say,
     "Charges") need, or the 400 for the first of them missing."""
     key = request.headers.get("Idempotency-Key", "")
     if not key:
         return error(400, "idempotency_key_missing", f"{what} need an Idempotency-Key header.")
+    if _cut_off(request):
+        # Not an answer to store: the client died sending (its retry brings the
+        # whole body under the same key), and a processor acts on no half request.
+        return error(400, "incomplete_body", "The body is shorter than its Content-Length.")
     payload = _json_object(request)
     if payload is None:
         return error(400, "invalid_json", "The body must be a JSON object.")
