@@ -51,7 +51,13 @@ ALERTS = Counter("boxoffice_alerts_total", "Alerts raised for operators", ["kind
 # Every kind a counter is raised for, created at 0: a series that first
 # appears at 1 is a rise that PromQL's increase() cannot see, and an alert
 # rule over it would miss the first alert (deploy/monitoring/prometheus).
-ALERT_KINDS = ("saga_needs_operator", "sweep_stalled", "outbox_dead_letter", "webhook_failed")
+ALERT_KINDS = (
+    "saga_needs_operator",
+    "sweep_stalled",
+    "outbox_dead_letter",
+    "webhook_failed",
+    "payments_paused",
+)
 for _kind in ALERT_KINDS:
     ALERTS.labels(kind=_kind)
 SWEEP_RUNS = Counter("boxoffice_sweep_runs_total", "Sweep runs by result", ["sweep", "result"])

@@ -315,6 +315,19 @@ PAYMENT_GATEWAY_URL = env.str(
 # Short on purpose: a timeout is UNKNOWN, which is reconciled safely, while a
 # worker blocked on a slow processor holds up every purchase behind it.
 PAYMENT_GATEWAY_TIMEOUT_SECONDS = env.float("PAYMENT_GATEWAY_TIMEOUT_SECONDS", default=2.0)
+# The circuit breaker on the processor (purchases/breaker.py, docs/operations.md,
+# "Payments paused"): this many unknown answers in a row (timeouts, connection
+# errors, 5xx; never declines) open it, and new purchases are refused with
+# 503 payments_paused for the reset time; the first answer after it is the trial.
+PAYMENT_BREAKER_ENABLED = env.bool("PAYMENT_BREAKER_ENABLED", default=True)
+PAYMENT_BREAKER_FAILURES = env.int("PAYMENT_BREAKER_FAILURES", default=10)
+PAYMENT_BREAKER_RESET_SECONDS = env.float("PAYMENT_BREAKER_RESET_SECONDS", default=30.0)
+if PAYMENT_BREAKER_FAILURES < 1 or PAYMENT_BREAKER_RESET_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured  # only for this refusal
+
+    raise ImproperlyConfigured(
+        "PAYMENT_BREAKER_FAILURES must be at least 1 and PAYMENT_BREAKER_RESET_SECONDS above 0"
+    )
 # The fake gateway: on by default outside production (DEBUG), or when asked.
 FAKE_GATEWAY_ENABLED = env.bool("FAKE_GATEWAY_ENABLED", default=DEBUG)
 # How long the fake sleeps to make the adapter time out; must exceed the

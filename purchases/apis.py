@@ -36,6 +36,7 @@ from .errors import (
     DomainError,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    PaymentsPaused,
     SalesClosed,
     SalesNotOpen,
     SeatUnavailable,
@@ -52,6 +53,7 @@ from .serializers import (
     PurchaseCancelRequestSerializer,
     PurchaseConflictSerializer,
     PurchaseDetailSerializer,
+    PurchasePausedSerializer,
     PurchaseRequestSerializer,
     PurchaseSummarySerializer,
     RefundConflictSerializer,
@@ -169,6 +171,17 @@ _ETAG = OpenApiParameter(
     description="Changes exactly when the availability shown changes; send it back in "
     "`If-None-Match`. Absent only when the cache cannot be reached",
 )
+# Retry-After on the start's 429 (the throttle) and 503 (payments paused).
+_RETRY_AFTER_429_503 = OpenApiParameter(
+    "Retry-After",
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[429, 503],
+    description="Seconds to wait before trying again",
+)
+
+
 _NOT_MODIFIED = OpenApiResponse(
     description="The availability is still the one `If-None-Match` names: no body"
 )
@@ -258,7 +271,7 @@ class PurchaseListCreateApi(APIView):
 
     @extend_schema(
         request=PurchaseRequestSerializer,
-        parameters=[_IDEMPOTENCY_KEY, _LOCATION, _RETRY_AFTER],
+        parameters=[_IDEMPOTENCY_KEY, _LOCATION, _RETRY_AFTER_429_503],
         responses={
             202: OpenApiResponse(
                 PurchaseAcceptedSerializer,
@@ -298,6 +311,13 @@ class PurchaseListCreateApi(APIView):
             429: _errors(
                 "`throttled`: more than `PURCHASE_THROTTLE_RATE` starts by this user; "
                 "`Retry-After` says when to try again"
+            ),
+            503: OpenApiResponse(
+                PurchasePausedSerializer,
+                description="`payments_paused` (with `retry_after`, seconds, also in "
+                "`Retry-After`): the card processor stopped answering and its circuit breaker "
+                "is open; nothing was held or charged. A replay of a key that started a "
+                "purchase still answers",
             ),
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
@@ -366,6 +386,10 @@ def _purchase_refusal(exc: DomainError) -> Response | None:
     is not a refusal of the request (a bug: the 500 it becomes says so)."""
     if isinstance(exc, IdempotencyKeyReused):
         return error(422, exc.code, str(exc))
+    if isinstance(exc, PaymentsPaused):
+        response = error(503, exc.code, str(exc), retry_after=exc.retry_after)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, SeatUnavailable):
         return error(409, exc.code, str(exc), seats=exc.seats)
     if isinstance(exc, NotEnoughSeats):

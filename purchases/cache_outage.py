@@ -62,8 +62,9 @@ def cache_down() -> tuple[type[Exception], ...]:
 
 # What fell back: ``token`` (a token's look-up, its remembering, its
 # forgetting), ``purchase_throttle``, ``token_throttle``, ``catalog`` (a
-# catalog read, or a seat change's version move, lost).
-USES = ("token", "purchase_throttle", "token_throttle", "catalog")
+# catalog read, or a seat change's version move, lost), ``breaker`` (the
+# processor's breaker read as closed, an answer not counted: purchases/breaker.py).
+USES = ("token", "purchase_throttle", "token_throttle", "catalog", "breaker")
 CACHE_UNAVAILABLE = Counter(
     "boxoffice_cache_unavailable_total",
     "Cache calls that could not reach the cache, by what fell back",

@@ -117,3 +117,17 @@ class UnknownCategory(DomainError):
     def __init__(self, category: str):
         super().__init__(f"no such price category for this event: {category}")
         self.category = category
+
+
+class PaymentsPaused(DomainError):
+    """The processor's breaker is open (purchases/breaker.py): no new purchase
+    is started, no seat held, for ``retry_after`` seconds."""
+
+    code = "payments_paused"
+
+    def __init__(self, retry_after: int):
+        super().__init__(
+            "payments are paused: the card processor is not answering; nothing was held or "
+            "charged, try again shortly"
+        )
+        self.retry_after = retry_after

@@ -327,6 +327,16 @@ class PurchaseConflictSerializer(ErrorSerializer):
     )
 
 
+class PurchasePausedSerializer(ErrorSerializer):
+    """The 503 of `POST /api/purchases/` while the processor's breaker is open."""
+
+    retry_after = serializers.IntegerField(
+        min_value=1,
+        help_text="503 payments_paused: seconds until new purchases may be tried again "
+        "(also the Retry-After header)",
+    )
+
+
 class PurchaseLinksSerializer(serializers.Serializer):
     self = serializers.CharField(help_text="The purchase's path, e.g. /api/purchases/{id}/")
 

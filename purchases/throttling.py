@@ -49,7 +49,13 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from . import services
 from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
-from .errors import IdempotencyKeyReused, UnknownCategory, UnknownEvent, UnknownSeats
+from .errors import (
+    IdempotencyKeyReused,
+    PaymentsPaused,
+    UnknownCategory,
+    UnknownEvent,
+    UnknownSeats,
+)
 from .models import IdempotencyRecord
 
 
@@ -196,7 +202,8 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
     ``SalesNotOpen``, ``SalesClosed``, ``BuyerLimitReached``; a real attempt
     at them, what a scalper repeats). A replay of the key and a refusal of
     the input (``IdempotencyKeyReused``, ``UnknownEvent``, ``UnknownSeats``,
-    ``UnknownCategory``) give their step back. Over the rate, the key's
+    ``UnknownCategory``) and a start refused while payments are paused
+    (``PaymentsPaused``: no seat was reached) give their step back. Over the rate, the key's
     first answer is replayed if it has one (it wins over any refusal), from
     one indexed read and without starting anything; else
     ``PurchaseThrottled``.
@@ -209,7 +216,7 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
         return replay
     try:
         started = services.purchase_start(user=request.user, **start)
-    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats, UnknownCategory):
+    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats, UnknownCategory, PaymentsPaused):
         throttle.refund()
         raise
     if not started.created:

@@ -42,6 +42,7 @@ from purchases.errors import (
     BuyerLimitReached,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    PaymentsPaused,
     SalesClosed,
     SalesNotOpen,
     SeatUnavailable,
@@ -217,7 +218,10 @@ def _purchase_post(request, event_id: int):
         return _throttled(request, event_id, wait=exc.wait)
     except _REFUSALS as exc:
         status, problem = _refusal(exc, quantity=data.get("quantity"))
-        return _seat_map(request, event_id, form, status=status, chosen=chosen, problem=problem)
+        page = _seat_map(request, event_id, form, status=status, chosen=chosen, problem=problem)
+        if isinstance(exc, PaymentsPaused):
+            page["Retry-After"] = str(exc.retry_after)
+        return page
     response = HttpResponseRedirect(reverse("shop-purchase", args=[started.saga_id]))
     # 303: the browser GETs the purchase; a reload there cannot POST again.
     response.status_code = 303
@@ -235,6 +239,7 @@ _REFUSALS = (
     SalesClosed,
     BuyerLimitReached,
     UnknownCategory,
+    PaymentsPaused,
 )
 
 
@@ -272,6 +277,13 @@ def _refusal(exc: Exception, *, quantity: int | None) -> tuple[int, dict]:
         }
     if isinstance(exc, SalesNotOpen | SalesClosed | BuyerLimitReached | UnknownCategory):
         return _sellers_rule(exc)
+    if isinstance(exc, PaymentsPaused):
+        return 503, {
+            "code": exc.code,
+            "text": "Card payments are paused for a moment: the card processor is not "
+            "answering. Nothing was held or charged. Please try again in "
+            f"{exc.retry_after} second{'' if exc.retry_after == 1 else 's'}.",
+        }
     if isinstance(exc, NotEnoughSeats):
         return 409, {
             "code": exc.code,

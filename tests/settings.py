@@ -18,6 +18,9 @@ os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"boxoffice-test-{os.getpid()
 os.environ.setdefault("TEST_CACHE_KEY_PREFIX", f"boxoffice-test-{os.getpid()}")
 os.environ.setdefault("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "1.0")
 os.environ.setdefault("FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS", "1.5")
+# Off: many tests make the processor time out on purpose, one after another,
+# and would trip it; tests/test_breaker.py turns it on.
+os.environ.setdefault("PAYMENT_BREAKER_ENABLED", "false")
 os.environ.setdefault("PURCHASE_THROTTLE_RATE", "100000/min")
 os.environ.setdefault("AUTH_TOKEN_THROTTLE_RATE", "100000/min")
 

@@ -33,7 +33,7 @@ from outbox.services import outbox_publish, timer_cancel, timer_schedule
 from payments.interface import PaymentGateway, RefundAnswer, RefundRequest, RefundState
 from webhooks.services import WebhookEvent
 
-from .. import lock_objects
+from .. import breaker, lock_objects
 from ..models import GatewayAnswer, PurchaseSaga, Refund, RefundStatus
 from ..saga.alerts import raise_operator_alert
 from ..saga.confirm import announce
@@ -85,6 +85,7 @@ def refund_execute(
         processor_ref=refund.processor_ref,
     )
     answer = gateway.create_refund(request) if asked == CREATE else gateway.retrieve_refund(request)
+    breaker.observe(asked=asked, label=answer.label, detail=answer.detail)
     with transaction.atomic(durable=True):
         refund = lock_objects.refund_for_update(refund_id=refund_id, event_id=event_id)
         again = _record(refund, asked=asked, answer=answer, at=clock(now))

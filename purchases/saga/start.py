@@ -43,13 +43,14 @@ from config import tracing
 from config.celery import app
 from outbox.services import timer_schedule
 
-from .. import lock_objects
+from .. import breaker, lock_objects
 from ..availability import availability_changed
 from ..errors import (
     BuyerLimitReached,
     DomainError,
     IdempotencyKeyReused,
     NotEnoughSeats,
+    PaymentsPaused,
     SalesClosed,
     SalesNotOpen,
     SeatUnavailable,
@@ -224,6 +225,13 @@ def _purchase_start(
         category=choice.category,
         payment_method=payment_method,
     )
+    paused = breaker.payments_paused(now=now)
+    if paused is not None:
+        # Before any seat is held; a replay of the key still answers.
+        replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay
+        raise PaymentsPaused(paused)
     saga = _new_saga(event_id=event_id, user=user, payment_method=payment_method, now=now)
     try:
         purchase = _start_in_one_transaction(

@@ -30,7 +30,7 @@ from config import metrics, tracing
 from payments.interface import PaymentGateway
 from payments.registry import get_gateway
 
-from .. import lock_objects
+from .. import breaker, lock_objects
 from ..models import GatewayAnswer, PurchaseSaga
 from .transition import clock, log_extra, step_span
 
@@ -110,7 +110,14 @@ def ask_and_record(
 
 def _call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
     """The gateway call, as a CLIENT span with its outcome and latency (the
-    HTTP adapter's request is a span inside it)."""
+    HTTP adapter's request is a span inside it), its answer counted by the
+    processor's breaker (purchases/breaker.py)."""
+    answer = _traced_call(saga, ask, call)
+    breaker.observe(asked=ask.asked, label=answer.label, detail=answer.detail)
+    return answer
+
+
+def _traced_call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
     if not tracing.enabled():
         return call(saga, ask)
     with tracing.span(

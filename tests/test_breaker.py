@@ -1,0 +1,286 @@
+"""The circuit breaker on the processor (purchases/breaker.py): opened by
+answers that say nothing (timeouts), never by declines; while open, a new
+purchase is refused with 503 payments_paused before any seat is held; the
+first answer after the reset time is the trial; shared by every process
+through the cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pybreaker
+import pytest
+from django.core.cache import cache
+from django.test import Client, override_settings
+from freezegun import freeze_time
+
+from config.metrics import ALERTS
+from devtools.processes import free_port
+from purchases import breaker, cache_outage
+from purchases.models import PurchaseSaga
+from purchases.saga.states import SagaState
+from purchases.services import purchase_refund, saga_charge
+
+from .conftest import drain_outbox, new_key, purchase_body, row_counts, start_purchase
+from .factories import EventFactory
+from .test_cache_down import _unavailable
+
+pytestmark = pytest.mark.django_db
+
+FAILURES = 3
+RESET = 30
+TIMEOUT, DECLINED, VISA = "pm_card_timeout_charged", "pm_card_chargeDeclined", "pm_card_visa"
+KEYS = [breaker.STATE, breaker.FAILURES, breaker.SUCCESSES, breaker.OPENED_AT]
+T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def breaker_on(settings, monkeypatch):
+    settings.PAYMENT_BREAKER_ENABLED = True
+    settings.PAYMENT_BREAKER_FAILURES = FAILURES
+    settings.PAYMENT_BREAKER_RESET_SECONDS = RESET
+    # The web's view read at every start, not once a second.
+    monkeypatch.setattr(breaker, "CHECK_SECONDS", 0.0)
+    # Nothing seen by another test (under a frozen clock, perhaps).
+    monkeypatch.setattr(breaker, "_seen", None)
+    cache.delete_many(KEYS)
+    yield
+    cache.delete_many(KEYS)
+
+
+@pytest.fixture
+def big_event(db):
+    return EventFactory(seats=[f"A{n}" for n in range(1, 21)])
+
+
+class Buyer:
+    """Purchases of one seat each, charged at once through the fake."""
+
+    def __init__(self, user, event):
+        self.user, self.event, self.seat = user, event, 0
+
+    def charged(self, method: str) -> PurchaseSaga:
+        self.seat += 1
+        saga = start_purchase(self.user, self.event, seats=[f"A{self.seat}"], payment_method=method)
+        return saga_charge(saga_id=saga.pk)
+
+
+def alerts() -> float:
+    return ALERTS.labels(kind="payments_paused")._value.get()
+
+
+def test_the_webs_name_of_open_is_pybreakers():
+    assert breaker.OPEN == pybreaker.STATE_OPEN
+
+
+def test_declines_never_open_it_and_break_a_run_of_timeouts(breaker_on, alice, big_event, gateway):
+    buyer = Buyer(alice, big_event)
+    for _ in range(FAILURES + 2):
+        assert buyer.charged(DECLINED).state == SagaState.COMPENSATED
+    assert breaker.breaker_state()["state"] == "closed"
+
+    for _ in range(FAILURES - 1):
+        assert buyer.charged(TIMEOUT).state == SagaState.UNKNOWN
+    buyer.charged(DECLINED)  # an answer: the run starts again
+    for _ in range(FAILURES - 1):
+        buyer.charged(TIMEOUT)
+
+    assert breaker.breaker_state() | {"opened_at": None} == {
+        "enabled": True,
+        "state": "closed",
+        "failures": FAILURES - 1,
+        "opened_at": None,
+    }
+    assert breaker.payments_paused() is None
+
+
+def test_timeouts_open_it_and_a_new_purchase_is_refused_before_any_seat_is_held(
+    breaker_on, alice, alice_api, big_event, gateway, caplog
+):
+    buyer = Buyer(alice, big_event)
+    before = alerts()
+    replayed_key = new_key()
+    first = alice_api.post(
+        "/api/purchases/",
+        purchase_body(big_event, seats=["A20"]),
+        format="json",
+        headers={"Idempotency-Key": replayed_key},
+    )
+    assert first.status_code == 202
+    in_flight = start_purchase(alice, big_event, seats=["A18"], payment_method=TIMEOUT)
+
+    with caplog.at_level(logging.ERROR, logger="purchases.breaker"):
+        for _ in range(FAILURES):
+            buyer.charged(TIMEOUT)
+
+    assert breaker.breaker_state()["state"] == "open"
+    assert alerts() - before == 1
+    (line,) = [r for r in caplog.records if getattr(r, "alert", "") == "payments_paused"]
+    assert "payments paused" in line.getMessage() and line.detail == "timeout"
+    counts = row_counts()
+    refused = alice_api.post(
+        "/api/purchases/",
+        purchase_body(big_event, seats=["A19"]),
+        format="json",
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert refused.status_code == 503, refused.json()
+    body = refused.json()
+    assert (body["code"], body["retry_after"]) == ("payments_paused", int(refused["Retry-After"]))
+    assert 1 <= body["retry_after"] <= RESET
+    assert row_counts() == counts  # nothing held, nothing written
+    # A replay of a key that started a purchase still answers, as it did.
+    again = alice_api.post(
+        "/api/purchases/",
+        purchase_body(big_event, seats=["A20"]),
+        format="json",
+        headers={"Idempotency-Key": replayed_key},
+    )
+    assert (again.status_code, again.json()) == (202, first.json())
+    # A purchase started before goes on being charged; while open, its
+    # answer is not judged: no new alert.
+    assert saga_charge(saga_id=in_flight.pk).state == SagaState.UNKNOWN
+    assert alerts() - before == 1
+
+
+def test_a_start_refused_while_paused_spends_nothing_of_the_throttle(
+    breaker_on, tight_throttle, alice_api, big_event
+):
+    for _ in range(FAILURES):
+        breaker.observe(asked="charge", label="unknown", detail="timeout")
+
+    answers = [
+        alice_api.post(
+            "/api/purchases/",
+            purchase_body(big_event, seats=["A1"]),
+            format="json",
+            headers={"Idempotency-Key": new_key()},
+        ).status_code
+        for _ in range(5)  # the throttle allows 3 a minute
+    ]
+
+    assert answers == [503] * 5
+
+
+def test_the_page_says_payments_are_paused_and_when_to_try_again(breaker_on, alice, big_event):
+    with freeze_time(T0):
+        for _ in range(FAILURES):
+            breaker.observe(asked="charge", label="unknown", detail="timeout")
+        page = Client()
+        page.force_login(alice)
+        counts = row_counts()
+
+        response = page.post(
+            f"/events/{big_event.pk}/",
+            {"idempotency_key": f"page-{new_key()}", "seats": ["A1"], "payment_method": VISA},
+        )
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == str(RESET)
+    text = response.content.decode()
+    assert 'data-error="payments_paused"' in text
+    assert f"Nothing was held or charged. Please try again in {RESET} seconds." in text
+    assert row_counts() == counts
+
+
+def test_after_the_reset_time_the_first_answer_is_the_trial(breaker_on, alice, big_event, gateway):
+    buyer = Buyer(alice, big_event)
+    with freeze_time(T0) as clock:
+        for _ in range(FAILURES):
+            buyer.charged(TIMEOUT)
+        before = alerts()
+        assert breaker.payments_paused() == RESET
+        clock.tick(RESET - 1)
+        assert breaker.payments_paused() == 1
+
+        # Past the reset time purchases are let in; the trial fails: open
+        # again for a whole reset time, with an alert of its own.
+        clock.tick(2)
+        assert breaker.payments_paused() is None
+        buyer.charged(TIMEOUT)
+        assert breaker.breaker_state()["state"] == "open"
+        assert breaker.breaker_state()["opened_at"] == T0 + timedelta(seconds=RESET + 1)
+        assert breaker.payments_paused() == RESET
+        assert alerts() - before == 1
+
+        # The next trial is answered (a decline is an answer): closed.
+        clock.tick(RESET)
+        assert buyer.charged(DECLINED).state == SagaState.COMPENSATED
+        assert breaker.breaker_state()["state"] == "closed"
+        assert breaker.payments_paused() is None
+        assert alerts() - before == 1
+
+
+def test_refunds_that_time_out_open_it_too(breaker_on, alice, big_event, faulty_gateway):
+    buyer = Buyer(alice, big_event)
+    sagas = [buyer.charged(VISA) for _ in range(FAILURES)]
+    assert {saga.state for saga in sagas} == {SagaState.CONFIRMED}
+    faulty_gateway.down("create_refund")
+    for saga in sagas:
+        purchase_refund(saga_id=saga.pk, reason="customer asked")
+
+    drain_outbox()
+
+    assert faulty_gateway.calls.count(("create_refund", sagas[0].intent_id)) == 1
+    assert breaker.breaker_state()["state"] == "open"
+
+
+def test_another_process_opens_it_and_this_one_refuses(breaker_on):
+    """The breaker lives in the cache every process shares: a worker's
+    timeouts pause this (web) process's purchases."""
+    code = (
+        "import django; django.setup()\n"
+        "from purchases import breaker\n"
+        f"for _ in range({FAILURES}): "
+        "breaker.observe(asked='charge', label='unknown', detail='timeout')\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PAYMENT_BREAKER_ENABLED": "true",
+        "PAYMENT_BREAKER_FAILURES": str(FAILURES),
+        "PAYMENT_BREAKER_RESET_SECONDS": str(RESET),
+    }
+    assert breaker.payments_paused() is None
+
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+    assert breaker.payments_paused() is not None
+    assert breaker.breaker_state()["state"] == "open"
+
+
+def test_off_it_counts_nothing_and_refuses_nothing(breaker_on, settings):
+    settings.PAYMENT_BREAKER_ENABLED = False
+    for _ in range(FAILURES + 1):
+        breaker.observe(asked="charge", label="unknown", detail="timeout")
+
+    assert breaker.breaker_state()["state"] == "closed"
+    assert breaker.payments_paused() is None
+
+
+def test_with_the_cache_down_it_reads_closed_and_purchases_start(
+    breaker_on, settings, alice_api, big_event
+):
+    before = _unavailable("breaker")
+    config = settings.CACHES["default"]
+    # The cache pointed at a closed port for the block (as tests/test_cache_down.py's).
+    with override_settings(
+        CACHES={"default": {**config, "LOCATION": f"redis://127.0.0.1:{free_port()}/15"}}
+    ):
+        for _ in range(FAILURES + 1):
+            breaker.observe(asked="charge", label="unknown", detail="timeout")
+
+        assert breaker.payments_paused() is None
+        started = alice_api.post(
+            "/api/purchases/",
+            purchase_body(big_event, seats=["A1"]),
+            format="json",
+            headers={"Idempotency-Key": new_key()},
+        )
+        assert started.status_code == 202
+        assert _unavailable("breaker") > before
+        cache_outage.cache_answered()
