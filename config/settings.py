@@ -322,11 +322,18 @@ PAYMENT_GATEWAY_TIMEOUT_SECONDS = env.float("PAYMENT_GATEWAY_TIMEOUT_SECONDS", d
 PAYMENT_BREAKER_ENABLED = env.bool("PAYMENT_BREAKER_ENABLED", default=True)
 PAYMENT_BREAKER_FAILURES = env.int("PAYMENT_BREAKER_FAILURES", default=10)
 PAYMENT_BREAKER_RESET_SECONDS = env.float("PAYMENT_BREAKER_RESET_SECONDS", default=30.0)
-if PAYMENT_BREAKER_FAILURES < 1 or PAYMENT_BREAKER_RESET_SECONDS <= 0:
+# How often beat makes the trial (one look-up) of a breaker open past its reset time.
+PAYMENT_BREAKER_TRIAL_SECONDS = env.float("PAYMENT_BREAKER_TRIAL_SECONDS", default=5.0)
+if (
+    PAYMENT_BREAKER_FAILURES < 1
+    or PAYMENT_BREAKER_RESET_SECONDS <= 0
+    or PAYMENT_BREAKER_TRIAL_SECONDS <= 0
+):
     from django.core.exceptions import ImproperlyConfigured  # only for this refusal
 
     raise ImproperlyConfigured(
-        "PAYMENT_BREAKER_FAILURES must be at least 1 and PAYMENT_BREAKER_RESET_SECONDS above 0"
+        "PAYMENT_BREAKER_FAILURES must be at least 1, PAYMENT_BREAKER_RESET_SECONDS and "
+        "PAYMENT_BREAKER_TRIAL_SECONDS above 0"
     )
 # The fake gateway: on by default outside production (DEBUG), or when asked.
 FAKE_GATEWAY_ENABLED = env.bool("FAKE_GATEWAY_ENABLED", default=DEBUG)
@@ -633,6 +640,13 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": every},
     }
     for name, every in SWEEP_INTERVALS.items()
+}
+# Not a sweep (no heartbeat): a look-up at the processor, only while the
+# breaker is open past its reset time (purchases/breaker.py).
+CELERY_BEAT_SCHEDULE["payments-breaker-trial"] = {
+    "task": "purchases.breaker_trial",
+    "schedule": PAYMENT_BREAKER_TRIAL_SECONDS,
+    "options": {"expires": PAYMENT_BREAKER_TRIAL_SECONDS},
 }
 
 # --- health checks (purchases/ops/health.py; docs/operations.md, "Health checks") ----

@@ -24,9 +24,11 @@ queue a process's concurrent gateway calls behind each other. So
 :func:`observe` hands it the answer already received. The workers' calls are
 never refused: while it is open, charges already started go on and those
 that go UNKNOWN are reconciled as always; only new purchases wait. Once the
-reset time has passed, new purchases are let in again and the first answer
-observed is the trial: an answer closes it, a failure opens it for another
-reset time.
+reset time has passed, the first answer observed is the trial (a
+reconciliation's look-up, or :func:`breaker_trial`'s, which beat runs): an
+answer closes it, a failure opens it for another reset time. New purchases
+wait for that answer: none is let in as the trial, so none is accepted while
+the processor is still down.
 
 A cache that cannot be reached reads as closed (purchases are not refused
 because the cache is down), counted and logged as every cache outage is
@@ -39,13 +41,15 @@ import logging
 import math
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
 
 from config import metrics
+from payments.interface import PaymentGateway
+from payments.registry import get_gateway
 
 from .cache_outage import cache_call
 
@@ -128,6 +132,40 @@ def observe(*, asked: str, label: str, detail: str = "") -> None:
         )
 
 
+# An intent id no purchase has: the trial's look-up of it is answered
+# "not found" by a processor that answers.
+TRIAL_INTENT_ID = "payments-breaker-trial"
+
+
+def breaker_trial(
+    *, gateway: PaymentGateway | None = None, now: datetime | None = None
+) -> str | None:
+    """The half-open trial, when one is due (open, past its reset time): one
+    look-up at the processor of an intent that does not exist, judged as any
+    answer (``not_found`` closes it; no answer opens it for another reset
+    time). Beat runs it every ``PAYMENT_BREAKER_TRIAL_SECONDS``, so that a
+    breaker with nothing in flight still closes once the processor is back,
+    without letting a buyer's purchase in as the trial. The answer's label,
+    or None when no trial was due."""
+    if not settings.PAYMENT_BREAKER_ENABLED:
+        return None
+    state = breaker_state()
+    if state["state"] != OPEN:
+        return None
+    opened_at, at = state["opened_at"], now or datetime.now(UTC)
+    reset = timedelta(seconds=settings.PAYMENT_BREAKER_RESET_SECONDS)
+    if opened_at is not None and at < opened_at + reset:
+        return None
+    answer = (gateway or get_gateway()).retrieve(TRIAL_INTENT_ID)
+    observe(asked="trial", label=answer.label, detail=answer.detail)
+    logger.info(
+        "payments breaker trial: the processor answered %s",
+        answer.label,
+        extra={"detail": answer.detail, "latency_ms": round(answer.latency_ms, 1)},
+    )
+    return answer.label
+
+
 # The web's view of it, read once per CHECK_SECONDS per process (a purchase
 # start pays no cache call for it in between). Module attributes, read at
 # each call, so that tests can move them.
@@ -138,9 +176,9 @@ _seen: tuple[float, float | None] | None = None  # (clock when read, opened_at o
 
 def payments_paused(*, now: datetime | None = None) -> int | None:
     """Whether new purchases are refused now: the seconds until they may be
-    tried again (``Retry-After``, at least 1), or None. Open and within its
-    reset time; closed, half-open, or open past its reset time (the next
-    answer is the trial) are None."""
+    tried again (``Retry-After``, at least 1), or None. Open: refused, until
+    the reset time has passed and then until a trial's answer closes it (the
+    trial's interval is the wait then); closed or half-open: None."""
     global _seen
     if not settings.PAYMENT_BREAKER_ENABLED:
         return None
@@ -155,7 +193,7 @@ def payments_paused(*, now: datetime | None = None) -> int | None:
         return None
     now_stamp = (now or datetime.now(UTC)).timestamp()
     left = seen[1] + settings.PAYMENT_BREAKER_RESET_SECONDS - now_stamp
-    return math.ceil(left) if left > 0 else None
+    return math.ceil(left) if left > 0 else math.ceil(settings.PAYMENT_BREAKER_TRIAL_SECONDS)
 
 
 def breaker_state() -> dict:

@@ -9,7 +9,7 @@ from celery import shared_task
 
 from outbox.handover import delivered_here
 
-from . import services
+from . import breaker, services
 from .ops.audit import audit_run
 from .ops.heartbeats import sweeps_stalled
 from .ops.sweeps import sweep_chase, sweep_resume
@@ -55,3 +55,9 @@ def chase_compensations_task() -> int:
 def audit_sagas_task() -> int:
     # audit_run leaves its own heartbeat ("audit_sagas").
     return len(audit_run().violations)
+
+
+@shared_task(name="purchases.breaker_trial", ignore_result=True)
+def breaker_trial_task() -> str | None:
+    # Nothing to do unless the processor's breaker is open past its reset time.
+    return breaker.breaker_trial()

@@ -187,32 +187,58 @@ def test_the_page_says_payments_are_paused_and_when_to_try_again(breaker_on, ali
     assert row_counts() == counts
 
 
-def test_after_the_reset_time_the_first_answer_is_the_trial(breaker_on, alice, big_event, gateway):
+def test_past_the_reset_time_purchases_wait_for_the_trials_answer(
+    breaker_on, alice, big_event, faulty_gateway, settings
+):
     buyer = Buyer(alice, big_event)
     with freeze_time(T0) as clock:
         for _ in range(FAILURES):
             buyer.charged(TIMEOUT)
         before = alerts()
+        faulty_gateway.calls.clear()
         assert breaker.payments_paused() == RESET
+        assert breaker.breaker_trial() is None  # not due yet: nothing asked
+        assert faulty_gateway.calls == []
         clock.tick(RESET - 1)
         assert breaker.payments_paused() == 1
 
-        # Past the reset time purchases are let in; the trial fails: open
-        # again for a whole reset time, with an alert of its own.
+        # Past the reset time no purchase is let in as the trial: they wait
+        # for the trial's interval, and beat's trial fails: open again for a
+        # whole reset time, with an alert of its own.
         clock.tick(2)
-        assert breaker.payments_paused() is None
-        buyer.charged(TIMEOUT)
+        assert breaker.payments_paused() == settings.PAYMENT_BREAKER_TRIAL_SECONDS
+        faulty_gateway.down("retrieve", times=1)
+        assert breaker.breaker_trial() == "unknown"
+        assert faulty_gateway.calls == [("retrieve", breaker.TRIAL_INTENT_ID)]
         assert breaker.breaker_state()["state"] == "open"
         assert breaker.breaker_state()["opened_at"] == T0 + timedelta(seconds=RESET + 1)
         assert breaker.payments_paused() == RESET
         assert alerts() - before == 1
 
-        # The next trial is answered (a decline is an answer): closed.
+        # The next trial is answered ("not found" is an answer): closed.
         clock.tick(RESET)
-        assert buyer.charged(DECLINED).state == SagaState.COMPENSATED
+        assert breaker.breaker_trial() == "not_found"
         assert breaker.breaker_state()["state"] == "closed"
         assert breaker.payments_paused() is None
+        assert breaker.breaker_trial() is None  # closed: nothing to try
+        assert buyer.charged(VISA).state == SagaState.CONFIRMED
         assert alerts() - before == 1
+
+
+def test_an_answer_in_flight_past_the_reset_time_is_a_trial_too(
+    breaker_on, alice, big_event, gateway
+):
+    buyer = Buyer(alice, big_event)
+    with freeze_time(T0) as clock:
+        in_flight = start_purchase(alice, big_event, seats=["A20"], payment_method=VISA)
+        for _ in range(FAILURES):
+            buyer.charged(TIMEOUT)
+        clock.tick(RESET + 1)
+
+        assert saga_charge(saga_id=in_flight.pk).state == SagaState.CONFIRMED
+
+        assert breaker.breaker_state()["state"] == "closed"
+        assert breaker.payments_paused() is None
 
 
 def test_refunds_that_time_out_open_it_too(breaker_on, alice, big_event, faulty_gateway):
