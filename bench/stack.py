@@ -18,6 +18,7 @@ from devtools.processes import (
     NICE_REFUNDS,
     ProcessGroup,
     background_env,
+    celery_beat_argv,
     celery_worker_argv,
     gunicorn_argv,
     poll,
@@ -139,6 +140,10 @@ class Stack(ProcessGroup):
             ],
             background_env(self.base_env),
         )
+
+    def start_beat(self, schedule: Path) -> None:
+        """Beat, for the figure that needs it (17: the breaker's trial)."""
+        self._start("beat", celery_beat_argv(schedule=str(schedule)), background_env(self.base_env))
 
     def start_relay(self) -> None:
         self._start("relay", relay_argv(), background_env(self.base_env))

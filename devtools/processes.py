@@ -212,6 +212,20 @@ def celery_worker_argv(
     ]
 
 
+def celery_beat_argv(*, schedule: str) -> list[str]:
+    """Beat (the sweeps, the breaker's trial), its schedule in ``schedule``."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "beat",
+        "--loglevel=INFO",
+        f"--schedule={schedule}",
+    ]
+
+
 def relay_argv(poll: float | None = None) -> list[str]:
     """The outbox relay; without ``poll``, OUTBOX_POLL_SECONDS from the settings."""
     return [

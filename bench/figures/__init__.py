@@ -18,6 +18,7 @@ stopped and ``WITHOUT_STACK`` are run.
 """
 
 from bench.figures import (
+    breaker,
     cancellation,
     catalog,
     celery_baseline,
@@ -52,5 +53,6 @@ WITH_STACK = (
     stripe,
     cancellation,
     door,
+    breaker,
 )
 WITHOUT_STACK = (sweeps,)

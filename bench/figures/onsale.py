@@ -409,20 +409,7 @@ def _database(ctx: Context, event: int) -> dict:
         "          AND released_at IS NULL)",
         {"e": event},
     )
-    # Double sales: a seat in more than one CONFIRMED reservation, or a seat
-    # sold that no CONFIRMED reservation holds.
-    in_two, sold_alone = ctx.db.q1(
-        "SELECT (SELECT count(*) FROM (SELECT rs.seat_id FROM purchases_reservationseat rs"
-        "          JOIN purchases_reservation r ON r.id = rs.reservation_id"
-        "         WHERE r.event_id = %(e)s AND r.status = 'CONFIRMED'"
-        "         GROUP BY rs.seat_id HAVING count(*) > 1) AS twice),"
-        "       (SELECT count(*) FROM purchases_seat s WHERE s.event_id = %(e)s"
-        "          AND s.status = 'sold' AND NOT EXISTS (SELECT 1"
-        "            FROM purchases_reservationseat rs"
-        "            JOIN purchases_reservation r ON r.id = rs.reservation_id"
-        "           WHERE rs.seat_id = s.id AND r.status = 'CONFIRMED'))",
-        {"e": event},
-    )
+    in_two, sold_alone = double_sales(ctx.db, event)
     return {
         "seats": SEATS,
         "seats_by_status": seats,
@@ -672,3 +659,20 @@ def rows(fig: dict) -> list[dict]:
             "ratio": "",
         },
     ]
+
+
+def double_sales(db: BenchDB, event: int) -> tuple[int, int]:
+    """The event's double sales: (seats in more than one CONFIRMED
+    reservation, seats sold that no CONFIRMED reservation holds)."""
+    return db.q1(
+        "SELECT (SELECT count(*) FROM (SELECT rs.seat_id FROM purchases_reservationseat rs"
+        "          JOIN purchases_reservation r ON r.id = rs.reservation_id"
+        "         WHERE r.event_id = %(e)s AND r.status = 'CONFIRMED'"
+        "         GROUP BY rs.seat_id HAVING count(*) > 1) AS twice),"
+        "       (SELECT count(*) FROM purchases_seat s WHERE s.event_id = %(e)s"
+        "          AND s.status = 'sold' AND NOT EXISTS (SELECT 1"
+        "            FROM purchases_reservationseat rs"
+        "            JOIN purchases_reservation r ON r.id = rs.reservation_id"
+        "           WHERE rs.seat_id = s.id AND r.status = 'CONFIRMED'))",
+        {"e": event},
+    )
