@@ -86,36 +86,6 @@ def seats_for_update(*, event_id: int, seat_ids: list[int]) -> list[Seat]:
     )
 
 
-_HOLD_SQL = """
-UPDATE {seat} SET status = %s
-  FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[])
-        ORDER BY id FOR UPDATE) AS locked
- WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
-RETURNING {seat}.id, {seat}.price_amount
-"""
-
-
-def seats_lock_and_hold(*, event_id: int, seat_ids: list[int]) -> dict[int, int]:
-    """Lock the seats in id order and hold those still available, in one
-    statement; returns the ids held, each with its price as held. Fewer ids
-    than asked: some were taken (or blocked by the seller), and the caller
-    rolls back (the locks go with it).
-
-    The subquery takes the row locks in the fixed order; the UPDATE re-checks
-    ``status`` on the latest committed version of each row (READ COMMITTED's
-    re-check after a wait), so a seat sold by the transaction we waited for is
-    not held again. The price returned is that latest version's too: a
-    seller's price change committed since the caller read the seat (without a
-    lock) is the price the seat is held at.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _HOLD_SQL.format(seat=Seat._meta.db_table),
-            [SeatStatus.HELD, event_id, list(seat_ids), event_id, SeatStatus.AVAILABLE],
-        )
-        return dict(cursor.fetchall())
-
-
 _HOLD_SKIP_LOCKED_SQL = """
 UPDATE {seat} SET status = %s
   FROM (SELECT id FROM {seat} WHERE event_id = %s AND id = ANY(%s::bigint[]) AND status = %s
@@ -123,6 +93,37 @@ UPDATE {seat} SET status = %s
  WHERE {seat}.id = locked.id AND {seat}.event_id = %s AND {seat}.status = %s
 RETURNING {seat}.id, {seat}.price_amount
 """
+
+
+def seats_hold_skip_locked(*, event_id: int, seat_ids: list[int]) -> dict[int, int]:
+    """Hold those of the seats still available, without waiting for any lock,
+    in one statement; returns the ids held, each with its price as held.
+    Fewer ids than asked: some were taken, blocked by the seller, or locked
+    by another transaction right now (``SKIP LOCKED`` passes over them), and
+    the caller rolls back (the holds and locks go with it). A buyer naming
+    seats never queues behind another's lock: an on-sale's buyers do not
+    wait on each other (issue 36).
+
+    A row that another transaction changed and committed since this
+    statement's snapshot is re-checked on its latest version once locked
+    (READ COMMITTED), so a seat just sold is not held again; the price
+    returned is that latest version's too: a seller's price change committed
+    since the caller read the seat (without a lock) is the price the seat is
+    held at.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
+            [
+                SeatStatus.HELD,
+                event_id,
+                list(seat_ids),
+                SeatStatus.AVAILABLE,
+                event_id,
+                SeatStatus.AVAILABLE,
+            ],
+        )
+        return dict(cursor.fetchall())
 
 
 class HoldAttempt(NamedTuple):
@@ -141,7 +142,7 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> HoldAtt
     or locked by another transaction right now (``SKIP LOCKED`` passes over
     them instead of waiting). Empty: every seat is held, and stays locked
     until the commit; ``prices`` are then the prices they are held at (the
-    latest committed version's, as ``seats_lock_and_hold`` says).
+    latest committed version's, as ``seats_hold_skip_locked`` says).
 
     The statement runs in a savepoint: when it held only some of the seats,
     rolling the savepoint back releases their holds and their row locks at
@@ -151,19 +152,7 @@ def seats_hold_all_skip_locked(*, event_id: int, seat_ids: list[int]) -> HoldAtt
     (READ COMMITTED), so a seat just sold is not held again.
     """
     savepoint = transaction.savepoint()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table),
-            [
-                SeatStatus.HELD,
-                event_id,
-                list(seat_ids),
-                SeatStatus.AVAILABLE,
-                event_id,
-                SeatStatus.AVAILABLE,
-            ],
-        )
-        held = dict(cursor.fetchall())
+    held = seats_hold_skip_locked(event_id=event_id, seat_ids=seat_ids)
     if held.keys() == set(seat_ids):
         transaction.savepoint_commit(savepoint)
         return HoldAttempt(missing=set(), prices=held)

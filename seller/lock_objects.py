@@ -3,9 +3,10 @@ rules"; the purchases' own are purchases/lock_objects.py).
 
 The order is the purchases' (event -> reservation -> saga -> seats, each
 by primary key): a seller's change locks its event first, then the seats it
-touches in id order, as a purchase holds them (``seats_lock_and_hold``).
-Two changes of one event follow one another, and a change that meets a
-purchase's seats waits for it instead of deadlocking with it.
+touches in id order. Two changes of one event follow one another, and a
+change that meets a purchase's seats waits for it; a purchase never waits
+for a seat the change has locked (it passes over it: ``SKIP LOCKED``), so
+the two cannot deadlock.
 
 A price change locks its event, then every price category of the event by
 primary key (``categories_for_update``), then the seats on offer: a seat

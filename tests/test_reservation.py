@@ -1,7 +1,10 @@
 """The start transaction: seats locked on real concurrent connections, and a
 failed start leaves nothing behind (no saga, timer, outbox row or task)."""
 
+import threading
+
 import pytest
+from django.db import connection, transaction
 
 from outbox.models import OutboxMessage
 from purchases.errors import SeatUnavailable
@@ -94,6 +97,51 @@ def test_many_buyers_overlapping_seats_never_share_a_seat():
     won = [r for r in results if not isinstance(r, Exception)]
     assert len(live) == 2 * len(won) and PurchaseSaga.objects.count() == len(won)
     assert Seat.objects.filter(event=event, status="held").count() == len(live)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seat_another_buyer_has_locked_is_refused_at_once_not_waited_for():
+    """Seats named fail fast: a buyer does not queue behind another's row lock
+    (an on-sale's named seats waited on each other: issue 36). The refusal
+    names the seat and comes while the other still holds its lock."""
+    event = EventFactory(seats=["A1", "A2"])
+    buyer = UserFactory(username="impatient")
+    a1 = Seat.objects.get(event=event, ref="A1")
+    locked, release = threading.Event(), threading.Event()
+    released_by_us: list[bool] = []
+
+    def another_buyer() -> None:
+        try:
+            with transaction.atomic():
+                Seat.objects.select_for_update().get(pk=a1.pk)
+                locked.set()
+                released_by_us.append(release.wait(30))
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=another_buyer)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        with pytest.raises(SeatUnavailable) as refused:
+            purchase_start(
+                user=buyer,
+                idempotency_key=new_key(),
+                event_id=event.pk,
+                seat_refs=["A1", "A2"],
+                payment_method="pm_card_visa",
+            )
+    finally:
+        release.set()
+        holder.join(30)
+
+    assert released_by_us == [True]  # refused before the other let go
+    assert refused.value.seats == ["A1"]
+    assert list(Seat.objects.filter(event=event).values_list("status", flat=True)) == [
+        "available",
+        "available",
+    ]
+    assert PurchaseSaga.objects.count() == 0
 
 
 def test_a_taken_seat_rolls_back_everything(alice, bob, event, django_capture_on_commit_callbacks):

@@ -552,10 +552,13 @@ def _price(saga: PurchaseSaga, seats: list[Seat]) -> None:
 
 
 def _hold_named(saga: PurchaseSaga, *, seats: list[Seat]) -> list[Seat]:
-    """Lock the seats named, waiting for them in id order, and hold them;
-    returns them, each at the price it is held at. A seat held, sold or
-    blocked by the seller: ``SeatUnavailable``."""
-    held = lock_objects.seats_lock_and_hold(event_id=saga.event_id, seat_ids=[s.id for s in seats])
+    """Hold the seats named, never waiting for a lock; returns them, each at
+    the price it is held at. A seat held, sold, blocked by the seller, or
+    locked by another buyer's start right now: ``SeatUnavailable``, naming
+    it (the buyer chooses again at once instead of queueing)."""
+    held = lock_objects.seats_hold_skip_locked(
+        event_id=saga.event_id, seat_ids=[s.id for s in seats]
+    )
     if len(held) != len(seats):
         raise SeatUnavailable(sorted(s.ref for s in seats if s.id not in held))
     return _at_prices(seats, held)
