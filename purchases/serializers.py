@@ -331,6 +331,7 @@ class PurchasePausedSerializer(ErrorSerializer):
     """The 503 of `POST /api/purchases/` while the processor's breaker is open."""
 
     retry_after = serializers.IntegerField(
+        required=False,
         min_value=1,
         help_text="503 payments_paused: seconds until new purchases may be tried again "
         "(also the Retry-After header)",

@@ -118,6 +118,7 @@ ERROR_CODES = {
         "415": {"unsupported_media_type"},
         "422": {"idempotency_key_reused"},
         "429": {"throttled"},
+        "503": {"payments_paused"},
     },
     ("/api/purchases/", "get"): {
         "401": {"not_authenticated", "authentication_failed"},
@@ -385,8 +386,8 @@ def test_the_headers_and_the_idempotency_key_rules_are_described(served_schema):
 
     location = create["responses"]["202"]["headers"]["Location"]
     assert location["required"] is True and location["schema"]["type"] == "string"
-    for op in (create, token):
-        retry_after = op["responses"]["429"]["headers"]["Retry-After"]
+    for op, status in ((create, "429"), (token, "429"), (create, "503")):
+        retry_after = op["responses"][status]["headers"]["Retry-After"]
         assert retry_after["required"] is True
         assert retry_after["schema"]["type"] == "integer"
 
