@@ -66,7 +66,7 @@ SELECT e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buy
 
 INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-' || :run || '-' || :i, md5('pgb-' || :run || '-' || :client_id || '-' || :i) || md5('h-' || :run || '-' || :client_id || '-' || :i), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
 
-UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) ORDER BY id FOR UPDATE) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.event_id = :ev AND purchases_seat.status = 'available' RETURNING purchases_seat.id, purchases_seat.price_amount;
+UPDATE purchases_seat SET status = 'held' FROM (SELECT id FROM purchases_seat WHERE event_id = :ev AND id = ANY(ARRAY[:seat]::bigint[]) AND status = 'available' ORDER BY id FOR UPDATE SKIP LOCKED) AS locked WHERE purchases_seat.id = locked.id AND purchases_seat.event_id = :ev AND purchases_seat.status = 'available' RETURNING purchases_seat.id, purchases_seat.price_amount;
 
 INSERT INTO "purchases_reservation" ("ref", "event_id", "buyer_id", "status", "hold_expires_at", "total_amount", "currency", "created_at") VALUES ('P' || :run || '-' || :client_id || '-' || :i, :ev, :uid, 'HELD', now() + make_interval(secs => :hold), 5000, 'EUR', now()) RETURNING "purchases_reservation"."id" AS res_id \gset
 

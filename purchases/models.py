@@ -8,7 +8,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.functions import Collate
 
 from .saga.states import NON_TERMINAL, SagaState
 
@@ -131,6 +132,22 @@ class Seat(models.Model):
         ordering = ["row", "number"]
         constraints = [
             models.UniqueConstraint(fields=["event", "ref"], name="seat_ref_unique_per_event"),
+        ]
+        indexes = [
+            # Best available reads the available seats in row order, a chunk
+            # at a time, and stops at the first row with a block
+            # (purchases/saga/start.py, ``_find_best_block``): sold seats leave
+            # this index, so a sold-out front of the hall costs nothing.
+            models.Index(
+                F("event"),
+                Collate(F("section"), "C"),
+                Collate(F("row"), "C"),
+                F("number"),
+                condition=Q(status="available"),
+                name="seat_available_in_row_order",
+            ),
+            # A row's first and last numbers, whatever the seats' status.
+            models.Index(fields=["event", "section", "row", "number"], name="seat_in_row_order"),
         ]
 
     def __str__(self) -> str:

@@ -590,3 +590,54 @@ def test_a_stale_first_read_costs_one_more_attempt_not_one_per_seat_sold_since(m
 
     assert started.purchase["seats"] in (["A19"], ["A20"])
     assert len(attempts) == 2  # the stale pick, then one from a fresh read
+
+
+# --- the search a chunk at a time ----------------------------------------------------
+
+
+def _hall_with_sections(event) -> list[Seat]:
+    """Sections "" and "Balcony", rows A, AA, B (code point order: "A" <
+    "AA" < "B"), rows of 1 to 9 seats, some numbers missing, two currencies
+    in one row: every case the search's order and runs depend on."""
+    seats = []
+    for section in ("", "Balcony"):
+        for row, numbers in (("B", range(1, 10)), ("AA", [1, 2, 4, 5, 6]), ("A", range(3, 9))):
+            for n in numbers:
+                seats.append(
+                    Seat(
+                        event=event,
+                        ref=f"{section[:1]}{row}{n}",
+                        section=section,
+                        row=row,
+                        number=n,
+                        price_amount=2500,
+                        currency="USD" if (row, n) == ("B", 5) else "EUR",
+                    )
+                )
+    return Seat.objects.bulk_create(seats)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8, 512])
+def test_the_search_a_chunk_at_a_time_picks_what_reading_every_seat_picks(monkeypatch, chunk):
+    """Whatever the chunk's size (a row cut short, a row larger than the
+    chunk), the block found is the one ``_best_block`` picks among every
+    available seat of the hall, read at once."""
+    import random
+
+    event = EventFactory(seats=[])
+    seats = _hall_with_sections(event)
+    rng = random.Random(chunk)
+    monkeypatch.setattr(start, "CHUNK_SEATS", chunk)
+    for _ in range(12):
+        sold = {s.ref for s in seats if rng.random() < 0.45}
+        Seat.objects.filter(event=event).update(status="available")
+        set_status(event, sold)
+        every = start._best_available_candidates(event_id=event.pk, limit=10_000)
+        for quantity in (1, 2, 3, 4):
+            expected = start._best_block(every, quantity=quantity)
+            found = start._find_best_block(event_id=event.pk, quantity=quantity)
+            assert [s.ref for s in found or []] == [s.ref for s in expected or []], (
+                sorted(sold),
+                quantity,
+            )

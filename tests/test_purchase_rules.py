@@ -704,7 +704,7 @@ def test_the_reserve_is_the_benchs_script_and_a_limit_costs_two_statements():
     assert best == [
         plain[0],
         "SELECT purchases_event",
-        "SELECT purchases_seat",
+        "WITH purchases_seat",
         plain[2],
         "SAVEPOINT",
         plain[3],

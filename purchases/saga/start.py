@@ -304,7 +304,7 @@ def _start_in_one_transaction(
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     with transaction.atomic(durable=True):
-        rules, seats, candidates = _pick_seats(saga, choice=choice, now=now)
+        rules, seats = _pick_seats(saga, choice=choice, now=now)
         hold_expires_at = now + timedelta(seconds=rules.hold_seconds_or_default)
         purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
         # First write: a concurrent duplicate waits here on the unique
@@ -321,12 +321,10 @@ def _start_in_one_transaction(
         ):
             raise _KeyTaken
         picked = [(s.id, s.price_amount) for s in seats]
-        if candidates is None:
+        if choice.seat_refs is not None:
             seats = _hold_named(saga, seats=seats)
         else:
-            seats = _hold_best_available(
-                event_id=saga.event_id, choice=choice, candidates=candidates, first=seats
-            )
+            seats = _hold_best_available(event_id=saga.event_id, choice=choice, first=seats)
         if [(s.id, s.price_amount) for s in seats] != picked:
             # Another buyer took (or is taking) a seat of the first pick, or
             # the seller changed a price since the seats were read: the
@@ -340,20 +338,17 @@ def _start_in_one_transaction(
     return purchase
 
 
-def _pick_seats(
-    saga: PurchaseSaga, *, choice: _Choice, now: datetime
-) -> tuple[_Rules, list[Seat], list[Seat] | None]:
+def _pick_seats(saga: PurchaseSaga, *, choice: _Choice, now: datetime) -> tuple[_Rules, list[Seat]]:
     """The event's rules, checked; the seats named, or the best block of the
-    quantity asked, priced on the saga, without a lock; and the candidates
-    read for a quantity (None for seats named). ``_Refused`` for a refusal
-    (the event's rules, the seats, the buyer's limit)."""
+    quantity asked, priced on the saga, without a lock. ``_Refused`` for a
+    refusal (the event's rules, the seats, the buyer's limit)."""
     if choice.seat_refs is not None:
         rules, seats = _event_and_seats_by_ref(saga.event_id, choice.seat_refs)
         rules = _check_sales(rules, event_id=saga.event_id, now=now)
         _check_named(seats, seat_refs=choice.seat_refs)
         _check_buyer_limit(saga, rules=rules, asked=choice.asked)
         _price(saga, seats)
-        return rules, seats, None
+        return rules, seats
     assert choice.quantity is not None  # exactly one of the two: checked above
     rules = _check_sales(
         _event_rules(saga.event_id, category=choice.category), event_id=saga.event_id, now=now
@@ -361,12 +356,13 @@ def _pick_seats(
     if choice.category is not None and not rules.category_known:
         raise _Refused(UnknownCategory(choice.category))
     _check_buyer_limit(saga, rules=rules, asked=choice.asked)
-    candidates = _best_available_candidates(event_id=saga.event_id, category=choice.category)
-    block = _best_block(candidates, quantity=choice.quantity)
+    block = _find_best_block(
+        event_id=saga.event_id, category=choice.category, quantity=choice.quantity
+    )
     if block is None:
-        raise _Refused(NotEnoughSeats(len(candidates)))
+        raise _Refused(NotEnoughSeats(_available_count(saga.event_id, choice.category)))
     _price(saga, block)
-    return rules, block, candidates
+    return rules, block
 
 
 def _answer_again(
@@ -573,31 +569,115 @@ def _at_prices(seats: list[Seat], prices: dict[int, int]) -> list[Seat]:
 
 # --- best available (docs/design.md, "Start") -------------------------------------------
 
-# The event's available seats (of one category, when one is asked for: a
-# NULL category is none) with the first and last number of their row (of
-# every seat of the row, whatever its status or category: the row's middle
-# does not move as it sells), in one statement and without a lock. A row is
-# a section's: two sections may both have a row "A".
+# A chunk of the event's available seats (of one category, when one is asked
+# for: a NULL category is none), in row order: sections, then rows, each by
+# code point (COLLATE "C": "A" < "AA" < "B"), then numbers; from the row
+# ``after`` on (inclusive), at most ``limit`` of them; each with the first and
+# last number of its row (of every seat of the row, whatever its status or
+# category: the row's middle does not move as it sells). The chunk is read
+# along the partial index of available seats (seat_available_in_row_order),
+# the rows' ends along seat_in_row_order: a hall whose front rows are sold
+# costs nothing for them, and the read does not grow with the event.
 _CANDIDATES_SQL = """
-SELECT id, ref, section, "row", number, price_amount, currency, row_first, row_last FROM (
-  SELECT id, ref, section, "row", number, price_amount, currency, status, category,
-         MIN(number) OVER (PARTITION BY section, "row") AS row_first,
-         MAX(number) OVER (PARTITION BY section, "row") AS row_last
-    FROM {seat} WHERE event_id = %s) AS seats
- WHERE status = %s AND (%s::text IS NULL OR category = %s)
+WITH chunk AS (
+  SELECT id, ref, section, "row", number, price_amount, currency FROM {seat}
+   WHERE event_id = %(event)s AND status = %(available)s {after}
+     AND (%(category)s::text IS NULL OR category = %(category)s)
+   ORDER BY section COLLATE "C", "row" COLLATE "C", number
+   LIMIT %(limit)s),
+ends AS (
+  SELECT r.section, r."row", e.row_first, e.row_last
+    FROM (SELECT DISTINCT section, "row" FROM chunk) AS r
+    JOIN LATERAL (SELECT MIN(s.number) AS row_first, MAX(s.number) AS row_last FROM {seat} s
+                   WHERE s.event_id = %(event)s AND s.section = r.section
+                     AND s."row" = r."row") AS e ON true)
+SELECT c.id, c.ref, c.section, c."row", c.number, c.price_amount, c.currency,
+       ends.row_first, ends.row_last
+  FROM chunk c JOIN ends ON ends.section = c.section AND ends."row" = c."row"
+ ORDER BY c.section COLLATE "C", c."row" COLLATE "C", c.number
+"""
+_AFTER = (
+    'AND (section COLLATE "C", "row" COLLATE "C")'
+    ' >= (%(section)s::text COLLATE "C", %(row)s::text COLLATE "C")'
+)
+# Seats a chunk reads at first (doubled while one row fills a whole chunk).
+# A module attribute, read at each call, so that tests can make it small.
+CHUNK_SEATS = 512
+
+
+def _best_available_candidates(
+    *,
+    event_id: int,
+    category: str | None = None,
+    after: tuple[str, str] | None = None,
+    limit: int | None = None,
+) -> list[Seat]:
+    """One chunk of the event's seats available now (of ``category``, when
+    given), in row order from the row ``after`` on (``_CANDIDATES_SQL``), as
+    last committed (no lock: what is chosen is locked, and re-checked, by
+    ``_hold_best_available``). A seat the seller blocked is not available."""
+    section, row = after if after is not None else ("", "")
+    sql = _CANDIDATES_SQL.format(seat=Seat._meta.db_table, after=_AFTER if after else "")
+    params = {
+        "event": event_id,
+        "available": SeatStatus.AVAILABLE,
+        "category": category,
+        "section": section,
+        "row": row,
+        "limit": limit or CHUNK_SEATS,
+    }
+    return list(Seat.objects.raw(sql, params))
+
+
+def _find_best_block(
+    *,
+    event_id: int,
+    quantity: int,
+    category: str | None = None,
+    excluded: frozenset[int] | set[int] = frozenset(),
+) -> list[Seat] | None:
+    """The best block of ``quantity`` available seats (``_best_block``'s
+    rules; the ids in ``excluded`` left out), reading the available seats a
+    chunk at a time in row order and stopping at the first row with a
+    block: the cost is that of the rows before it that have seats left, not
+    of the event. A chunk's last row may be cut short: it is read again,
+    whole, at the start of the next chunk (a row that fills a whole chunk
+    doubles the chunk)."""
+    after: tuple[str, str] | None = None
+    limit = CHUNK_SEATS
+    while True:
+        chunk = _best_available_candidates(
+            event_id=event_id, category=category, after=after, limit=limit
+        )
+        if len(chunk) < limit:  # the rest of the hall: every row whole
+            return _best_block(chunk, quantity=quantity, excluded=excluded)
+        last = (chunk[-1].section, chunk[-1].row)
+        whole = [seat for seat in chunk if (seat.section, seat.row) != last]
+        if not whole:  # one row fills the chunk: read more of it at once
+            limit *= 2
+            continue
+        block = _best_block(whole, quantity=quantity, excluded=excluded)
+        if block is not None:
+            return block
+        after, limit = last, CHUNK_SEATS
+
+
+# The event's available seats (of one category, when given) less those left
+# out: the ``available`` of a ``not_enough_seats``.
+_AVAILABLE_COUNT_SQL = """
+SELECT count(*) FROM {seat}
+ WHERE event_id = %s AND status = %s AND (%s::text IS NULL OR category = %s)
+   AND NOT (id = ANY(%s::bigint[]))
 """
 
 
-def _best_available_candidates(*, event_id: int, category: str | None = None) -> list[Seat]:
-    """The event's seats available now (of ``category``, when given), as
-    last committed (no lock: what is chosen is locked, and re-checked, by
-    ``_hold_best_available``). A seat the seller blocked is not available."""
-    return list(
-        Seat.objects.raw(
-            _CANDIDATES_SQL.format(seat=Seat._meta.db_table),
-            [event_id, SeatStatus.AVAILABLE, category, category],
-        )
-    )
+def _available_count(
+    event_id: int, category: str | None, excluded: frozenset[int] | set[int] = frozenset()
+) -> int:
+    sql = _AVAILABLE_COUNT_SQL.format(seat=Seat._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [event_id, SeatStatus.AVAILABLE, category, category, sorted(excluded)])
+        return cursor.fetchone()[0]
 
 
 def _best_block(
@@ -641,27 +721,25 @@ def _best_in_row(seats: list[Seat], quantity: int) -> list[Seat] | None:
     return best
 
 
-def _hold_best_available(
-    *, event_id: int, choice: _Choice, candidates: list[Seat], first: list[Seat]
-) -> list[Seat]:
+def _hold_best_available(*, event_id: int, choice: _Choice, first: list[Seat]) -> list[Seat]:
     """Hold ``first``, or failing that the next best block, never waiting for
     a lock; returns the seats held, each at the price it is held at.
     ``NotEnoughSeats`` when no block is left.
 
     Each attempt holds one whole block or nothing
     (``lock_objects.seats_hold_all_skip_locked``). After a failed one the
-    candidates are read again (in an on-sale, many seats were taken since
-    the last read, not only the ones just tried), and the seats it could not
-    hold (sold, held, or locked by another buyer right now) stay left out of
-    the next pick, so every failed attempt shrinks what is left: at most as
-    many attempts as seats, in practice one or two. When no block is left
-    and some seats were left out, the candidates are read once more with
+    available seats are read again (in an on-sale, many seats were taken
+    since the last read, not only the ones just tried), and the seats it
+    could not hold (sold, held, or locked by another buyer right now) stay
+    left out of the next pick, so every failed attempt shrinks what is left:
+    at most as many attempts as seats, in practice one or two. When no block
+    is left and some seats were left out, the seats are read once more with
     nothing left out: two buyers that each locked one seat of the same block
     at the same instant both gave it up, and it is free again.
     """
     assert choice.quantity is not None  # best available
-    read = functools.partial(
-        _best_available_candidates, event_id=event_id, category=choice.category
+    find = functools.partial(
+        _find_best_block, event_id=event_id, category=choice.category, quantity=choice.quantity
     )
     block: list[Seat] | None = first
     excluded: set[int] = set()
@@ -669,17 +747,17 @@ def _hold_best_available(
     while True:
         if block is None:
             if not (excluded and read_again):
-                raise NotEnoughSeats(len({s.id for s in candidates} - excluded))
-            candidates, excluded, read_again = read(), set(), False
-        else:
-            attempt = lock_objects.seats_hold_all_skip_locked(
-                event_id=event_id, seat_ids=[s.id for s in block]
-            )
-            if not attempt.missing:
-                return _at_prices(block, attempt.prices)
-            excluded |= attempt.missing
-            candidates = read()
-        block = _best_block(candidates, quantity=choice.quantity, excluded=excluded)
+                raise NotEnoughSeats(_available_count(event_id, choice.category, excluded))
+            excluded, read_again = set(), False
+            block = find()
+            continue
+        attempt = lock_objects.seats_hold_all_skip_locked(
+            event_id=event_id, seat_ids=[s.id for s in block]
+        )
+        if not attempt.missing:
+            return _at_prices(block, attempt.prices)
+        excluded |= attempt.missing
+        block = find(excluded=excluded)
 
 
 def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime) -> dict:
