@@ -4,10 +4,10 @@ When the processor stops answering (timeouts, connection errors, 5xx: an
 adapter's ``unknown``), every new purchase would hold seats, be charged, go
 UNKNOWN and wait out the reconciliation's schedule while its buyer waits.
 The breaker counts those answers and, past ``PAYMENT_BREAKER_FAILURES`` in a
-row, opens: for ``PAYMENT_BREAKER_RESET_SECONDS`` new purchases are refused
-with ``503 payments_paused`` before any seat is held (the start asks
-:func:`payments_paused`). A decline, a refusal, a "not found" are answers:
-each closes the run of failures.
+row, opens: new purchases are refused with ``503 payments_paused`` before
+any seat is held (the start asks :func:`payments_paused`) until, past
+``PAYMENT_BREAKER_RESET_SECONDS``, an answer closes it (below). A decline,
+a refusal, a "not found" are answers: each closes the run of failures.
 
 It is pybreaker's ``CircuitBreaker`` (the states, the counting, the
 half-open trial), shared by every process through Django's cache, the store
@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -166,33 +165,26 @@ def breaker_trial(
     return answer.label
 
 
-# The web's view of it, read once per CHECK_SECONDS per process (a purchase
-# start pays no cache call for it in between). Module attributes, read at
-# each call, so that tests can move them.
-CHECK_SECONDS = 1.0
-clock = time.monotonic
-_seen: tuple[float, float | None] | None = None  # (clock when read, opened_at or None)
-
-
 def payments_paused(*, now: datetime | None = None) -> int | None:
     """Whether new purchases are refused now: the seconds until they may be
     tried again (``Retry-After``, at least 1), or None. Open: refused, until
     the reset time has passed and then until a trial's answer closes it (the
     trial's interval is the wait then); closed or half-open: None."""
-    global _seen
     if not settings.PAYMENT_BREAKER_ENABLED:
         return None
-    seen = _seen
-    # (A clock that went back, a test's frozen one, counts as a new read.)
-    if seen is None or not 0 <= clock() - seen[0] < CHECK_SECONDS:
-        reached, found = cache_call("breaker", lambda: cache.get_many([STATE, OPENED_AT]))
-        found = found if reached and found is not None else {}
-        opened = found.get(OPENED_AT) if found.get(STATE) == OPEN else None
-        _seen = seen = (clock(), opened)
-    if seen[1] is None:
+    # Read at every start (one cache round trip), not remembered by the
+    # process: a web process that went on taking purchases for a second
+    # after another saw the breaker open accepted them into a processor that
+    # does not answer (figure 17 counted two).
+    reached, found = cache_call("breaker", lambda: cache.get_many([STATE, OPENED_AT]))
+    found = found if reached and found is not None else {}
+    if found.get(STATE) != OPEN:
         return None
+    opened = found.get(OPENED_AT)
+    if opened is None:  # open with its time lost: a trial is due
+        return math.ceil(settings.PAYMENT_BREAKER_TRIAL_SECONDS)
     now_stamp = (now or datetime.now(UTC)).timestamp()
-    left = seen[1] + settings.PAYMENT_BREAKER_RESET_SECONDS - now_stamp
+    left = opened + settings.PAYMENT_BREAKER_RESET_SECONDS - now_stamp
     return math.ceil(left) if left > 0 else math.ceil(settings.PAYMENT_BREAKER_TRIAL_SECONDS)
 
 
