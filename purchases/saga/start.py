@@ -570,7 +570,7 @@ def _at_prices(seats: list[Seat], prices: dict[int, int]) -> list[Seat]:
 # --- best available (docs/design.md, "Start") -------------------------------------------
 
 # A chunk of the event's available seats (of one category, when one is asked
-# for: a NULL category is none), in row order: sections, then rows, each by
+# for), in row order: sections, then rows, each by
 # code point (COLLATE "C": "A" < "AA" < "B"), then numbers; from the row
 # ``after`` on (inclusive), at most ``limit`` of them; each with the first and
 # last number of its row (of every seat of the row, whatever its status or
@@ -579,30 +579,36 @@ def _at_prices(seats: list[Seat], prices: dict[int, int]) -> list[Seat]:
 # the rows' ends along seat_in_row_order: a hall whose front rows are sold
 # costs nothing for them, and the read does not grow with the event.
 _CANDIDATES_SQL = """
-WITH chunk AS (
+WITH chunk AS MATERIALIZED (
   SELECT id, ref, section, "row", number, price_amount, currency FROM {seat}
-   WHERE event_id = %(event)s AND status = %(available)s {after}
-     AND (%(category)s::text IS NULL OR category = %(category)s)
+   WHERE event_id = %(event)s AND status = '{available}' {after} {category}
    ORDER BY section COLLATE "C", "row" COLLATE "C", number
    LIMIT %(limit)s),
-ends AS (
+ends AS MATERIALIZED (
   SELECT r.section, r."row", e.row_first, e.row_last
     FROM (SELECT DISTINCT section, "row" FROM chunk) AS r
-    JOIN LATERAL (SELECT MIN(s.number) AS row_first, MAX(s.number) AS row_last FROM {seat} s
-                   WHERE s.event_id = %(event)s AND s.section = r.section
-                     AND s."row" = r."row") AS e ON true)
+   CROSS JOIN LATERAL (
+         SELECT MIN(s.number) AS row_first, MAX(s.number) AS row_last FROM {seat} s
+          WHERE s.event_id = %(event)s AND s.section = r.section AND s."row" = r."row") AS e)
 SELECT c.id, c.ref, c.section, c."row", c.number, c.price_amount, c.currency,
        ends.row_first, ends.row_last
   FROM chunk c JOIN ends ON ends.section = c.section AND ends."row" = c."row"
  ORDER BY c.section COLLATE "C", c."row" COLLATE "C", c.number
 """
+# The statement's variable parts. The status is a literal, not a parameter:
+# a partial index serves a statement whose predicate implies its own, which
+# a parameter (a prepared statement's generic plan) does not. The CTEs are
+# MATERIALIZED so that each row's ends are read once, not once per seat.
 _AFTER = (
     'AND (section COLLATE "C", "row" COLLATE "C")'
     ' >= (%(section)s::text COLLATE "C", %(row)s::text COLLATE "C")'
 )
-# Seats a chunk reads at first (doubled while one row fills a whole chunk).
-# A module attribute, read at each call, so that tests can make it small.
-CHUNK_SEATS = 512
+_OF_CATEGORY = "AND category = %(category)s"
+# Seats the first chunk reads (each next one twice the last, up to
+# CHUNK_SEATS_MAX; a row that fills a whole chunk doubles it too). Module
+# attributes, read at each call, so that tests can make them small.
+CHUNK_SEATS = 64
+CHUNK_SEATS_MAX = 1024
 
 
 def _best_available_candidates(
@@ -617,10 +623,14 @@ def _best_available_candidates(
     last committed (no lock: what is chosen is locked, and re-checked, by
     ``_hold_best_available``). A seat the seller blocked is not available."""
     section, row = after if after is not None else ("", "")
-    sql = _CANDIDATES_SQL.format(seat=Seat._meta.db_table, after=_AFTER if after else "")
+    sql = _CANDIDATES_SQL.format(
+        seat=Seat._meta.db_table,
+        available=SeatStatus.AVAILABLE.value,
+        after=_AFTER if after else "",
+        category=_OF_CATEGORY if category is not None else "",
+    )
     params = {
         "event": event_id,
-        "available": SeatStatus.AVAILABLE,
         "category": category,
         "section": section,
         "row": row,
@@ -641,8 +651,8 @@ def _find_best_block(
     chunk at a time in row order and stopping at the first row with a
     block: the cost is that of the rows before it that have seats left, not
     of the event. A chunk's last row may be cut short: it is read again,
-    whole, at the start of the next chunk (a row that fills a whole chunk
-    doubles the chunk)."""
+    whole, at the start of the next chunk, which is twice as large (up to
+    ``CHUNK_SEATS_MAX``; a row that fills a whole chunk doubles it)."""
     after: tuple[str, str] | None = None
     limit = CHUNK_SEATS
     while True:
@@ -659,7 +669,7 @@ def _find_best_block(
         block = _best_block(whole, quantity=quantity, excluded=excluded)
         if block is not None:
             return block
-        after, limit = last, CHUNK_SEATS
+        after, limit = last, max(CHUNK_SEATS, min(limit * 2, CHUNK_SEATS_MAX))
 
 
 # The event's available seats (of one category, when given) less those left
