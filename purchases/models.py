@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Collate
+from django.db.models.lookups import Exact
 
 from .saga.states import NON_TERMINAL, SagaState
 
@@ -143,7 +144,11 @@ class Seat(models.Model):
                 Collate(F("section"), "C"),
                 Collate(F("row"), "C"),
                 F("number"),
-                condition=Q(status="available"),
+                # Written with the status compared byte by byte (COLLATE "C"),
+                # as only the search writes it: a statement that says
+                # status = 'available' (a hold by seat ids) cannot be served
+                # by this index, however stale the planner's statistics.
+                condition=Q(Exact(Collate(F("status"), "C"), "available")),
                 name="seat_available_in_row_order",
             ),
             # A row's first and last numbers, whatever the seats' status.

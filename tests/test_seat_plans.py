@@ -9,6 +9,7 @@ from django.db import connection
 
 from purchases import lock_objects
 from purchases.models import Seat
+from purchases.saga import start
 
 from .factories import EventFactory
 
@@ -36,16 +37,31 @@ def many_seats():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("statement", ["_HOLD_SQL", "_HOLD_SKIP_LOCKED_SQL"])
-def test_holding_seats_reads_them_by_the_key(many_seats, statement):
+def test_holding_seats_reads_them_by_the_key(many_seats):
+    """Not through best available's partial index of the available seats
+    either: with the statistics missing, a hold by ids that said status =
+    'available' was planned as a scan of every available seat of the event
+    along that index (figure 1's reserve, 3.5 times slower). The index's
+    predicate compares the status COLLATE "C", which no hold implies."""
     event, ids = many_seats
-    sql = getattr(lock_objects, statement).format(seat=Seat._meta.db_table)
-    params = (
-        ["held", event.pk, ids, event.pk, "available"]
-        if statement == "_HOLD_SQL"
-        else ["held", event.pk, ids, "available", event.pk, "available"]
-    )
+    sql = lock_objects._HOLD_SKIP_LOCKED_SQL.format(seat=Seat._meta.db_table)
+    params = ["held", event.pk, ids, "available", event.pk, "available"]
 
     plan = _plan(sql, params)
 
     assert "Seq Scan" not in plan, plan
+    assert "seat_available_in_row_order" not in plan, plan
+    assert "purchases_seat_pkey" in plan, plan
+
+
+@pytest.mark.django_db
+def test_best_available_reads_the_available_seats_along_their_index(many_seats):
+    event, _ = many_seats
+    sql = start._CANDIDATES_SQL.format(
+        seat=Seat._meta.db_table, available="available", after="", category=""
+    )
+
+    plan = _plan(sql, {"event": event.pk, "limit": 64})
+
+    assert "Seq Scan" not in plan, plan
+    assert "seat_available_in_row_order" in plan, plan

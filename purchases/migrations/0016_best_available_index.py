@@ -4,6 +4,7 @@
 # for as long as it takes on a deployment with many seats.
 
 import django.db.models.functions.comparison
+import django.db.models.lookups
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
@@ -23,7 +24,13 @@ class Migration(migrations.Migration):
                 django.db.models.functions.comparison.Collate(models.F("section"), "C"),
                 django.db.models.functions.comparison.Collate(models.F("row"), "C"),
                 models.F("number"),
-                condition=models.Q(("status", "available")),
+                # The status compared byte by byte: see purchases/models.py.
+                condition=models.Q(
+                    django.db.models.lookups.Exact(
+                        django.db.models.functions.comparison.Collate(models.F("status"), "C"),
+                        "available",
+                    )
+                ),
                 name="seat_available_in_row_order",
             ),
         ),

@@ -581,7 +581,7 @@ def _at_prices(seats: list[Seat], prices: dict[int, int]) -> list[Seat]:
 _CANDIDATES_SQL = """
 WITH chunk AS MATERIALIZED (
   SELECT id, ref, section, "row", number, price_amount, currency FROM {seat}
-   WHERE event_id = %(event)s AND status = '{available}' {after} {category}
+   WHERE event_id = %(event)s AND (status COLLATE "C") = '{available}' {after} {category}
    ORDER BY section COLLATE "C", "row" COLLATE "C", number
    LIMIT %(limit)s),
 ends AS MATERIALIZED (
@@ -595,9 +595,11 @@ SELECT c.id, c.ref, c.section, c."row", c.number, c.price_amount, c.currency,
   FROM chunk c JOIN ends ON ends.section = c.section AND ends."row" = c."row"
  ORDER BY c.section COLLATE "C", c."row" COLLATE "C", c.number
 """
-# The statement's variable parts. The status is a literal, not a parameter:
-# a partial index serves a statement whose predicate implies its own, which
-# a parameter (a prepared statement's generic plan) does not. The CTEs are
+# The statement's variable parts. The status is a literal, not a parameter,
+# compared as the partial index's predicate says (COLLATE "C"): a partial
+# index serves a statement whose condition implies its predicate, which a
+# parameter (a prepared statement's generic plan) does not, and which no
+# other statement's status = 'available' does. The CTEs are
 # MATERIALIZED so that each row's ends are read once, not once per seat.
 _AFTER = (
     'AND (section COLLATE "C", "row" COLLATE "C")'
