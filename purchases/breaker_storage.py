@@ -3,8 +3,11 @@
 
 pybreaker stores a breaker's state, its two counters and its opening time
 behind ``CircuitBreakerStorage``, the base its own memory and Redis storages
-implement; :class:`CacheStorage` implements it on Django's cache (no
-expiry), so every process that shares the cache shares the breaker.
+implement (its docstring asks a storage to subclass it; it is not in the
+package's ``__all__``, so tests/test_breaker.py checks that every method of
+it is implemented here); :class:`CacheStorage` implements it on Django's
+cache (no expiry), so every process that shares the cache shares the
+breaker.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pybreaker import CircuitBreakerError
 
 from .cache_outage import cache_call
 
-__all__ = ["CacheStorage", "CircuitBreakerError", "build"]
+__all__ = ["CacheStorage", "CircuitBreakerError", "Keys", "build"]
 
 
 def build(*, fail_max: int, reset_seconds: float, keys: Keys) -> pybreaker.CircuitBreaker:

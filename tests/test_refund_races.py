@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -22,6 +23,7 @@ from purchases.errors import SalesClosed
 from purchases.models import (
     CancellationStatus,
     EventCancellation,
+    IdempotencyRecord,
     PurchaseSaga,
     Refund,
     Seat,
@@ -212,7 +214,8 @@ def test_a_buyers_cancel_racing_the_events_cancellation_is_one_refund(gateway):
 
 
 def _waiting_on_a_lock(timeout: float = 10.0) -> None:
-    """Until some other connection of this database waits on a row lock."""
+    """Until some other connection of this database waits on a lock (a row's,
+    or another transaction's insert of the same unique key)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
@@ -223,7 +226,7 @@ def _waiting_on_a_lock(timeout: float = 10.0) -> None:
             if cursor.fetchone()[0]:
                 return
         time.sleep(0.01)
-    raise AssertionError("no connection ever waited on the seat's lock")
+    raise AssertionError("no connection ever waited on a lock")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -234,33 +237,45 @@ def test_a_purchase_started_as_the_event_is_cancelled_is_never_charged_and_kept(
     for purchases in flight, must still end with no money kept."""
     buyer, owner = UserFactory(username="buyer"), UserFactory(username="owner")
     event = EventFactory(seats=["A1"])
-    seat = Seat.objects.get(event=event, ref="A1")
+    key = "key-the-double-click"
     locked, release = threading.Event(), threading.Event()
     started: list = []
 
-    def hold_the_seat():  # another buyer's start, holding the seat's row lock
+    def claim_the_key():
+        # The buyer's double click, its key claimed and not committed: the
+        # start (which reads the event's status first) waits on the key's
+        # unique index, the one place it waits (a seat another start holds is
+        # passed over, not waited for). Rolled back, it lets the start on.
         try:
             with transaction.atomic():
-                Seat.objects.select_for_update().get(pk=seat.pk)
+                IdempotencyRecord.objects.create(
+                    user=buyer,
+                    key=key,
+                    request_hash="the other click",
+                    response_body={},
+                    saga_id=uuid.uuid4(),
+                    created_at=datetime.now(UTC),
+                )
                 locked.set()
                 release.wait(20)
+                transaction.set_rollback(True)
         finally:
             connection.close()
 
     def start():
         try:
-            started.append(start_purchase(buyer, event, seats=["A1"]))
+            started.append(start_purchase(buyer, event, seats=["A1"], key=key))
         except Exception as exc:  # noqa: BLE001 - the verdict is the result
             started.append(exc)
         finally:
             connection.close()
 
-    holder = threading.Thread(target=hold_the_seat)
+    holder = threading.Thread(target=claim_the_key)
     holder.start()
     assert locked.wait(10)
     starter = threading.Thread(target=start)
     starter.start()
-    _waiting_on_a_lock()  # the start read "on sale" and waits for the seat
+    _waiting_on_a_lock()  # the start read "on sale" and waits for the key
 
     event_cancel(organizer=event.organizer, event_id=event.pk, reason="storm", user=owner)
     assert cancellation_tick(event_id=event.pk) == "done"  # nothing in flight it can see
@@ -270,7 +285,7 @@ def test_a_purchase_started_as_the_event_is_cancelled_is_never_charged_and_kept(
     starter.join(20)
     [saga] = started
     if isinstance(saga, Exception):
-        assert isinstance(saga, SalesClosed), saga  # refused under the seat's lock: fine
+        assert isinstance(saga, SalesClosed), saga  # refused after the wait: fine
         return
     saga_charge(saga_id=saga.pk)  # its charge task, as enqueued on its commit
     for _ in range(10):
