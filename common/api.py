@@ -159,12 +159,19 @@ PAYLOAD_TOO_LARGE = error_response(
     "`payload_too_large`: a body over `MAX_REQUEST_BYTES` (16 KiB by default)"
 )
 NOT_JSON = error_response("`unsupported_media_type`: a body that is not `application/json`")
+
+
+def retry_after(*statuses: int) -> OpenApiParameter:
+    """The ``Retry-After`` header of the answers with ``statuses``."""
+    return OpenApiParameter(
+        "Retry-After",
+        OpenApiTypes.INT,
+        OpenApiParameter.HEADER,
+        required=True,
+        response=list(statuses),
+        description="Seconds to wait before trying again",
+    )
+
+
 # The header of every throttled answer (429).
-RETRY_AFTER = OpenApiParameter(
-    "Retry-After",
-    OpenApiTypes.INT,
-    OpenApiParameter.HEADER,
-    required=True,
-    response=[429],
-    description="Seconds to wait before trying again",
-)
+RETRY_AFTER = retry_after(429)

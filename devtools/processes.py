@@ -192,16 +192,16 @@ def background_env(env: dict[str, str]) -> dict[str, str]:
 NICE_REFUNDS = ("nice", "-n", "19")
 
 
+# Celery for this project, before its command (worker, beat).
+def _celery(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "config", *args]
+
+
 def celery_worker_argv(
     *, queue: str, concurrency: int, hostname: str, extra: Iterable[str] = ()
 ) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "worker",
+        *_celery("worker"),
         f"--queues={queue}",
         f"--concurrency={concurrency}",
         "--without-gossip",
@@ -214,16 +214,7 @@ def celery_worker_argv(
 
 def celery_beat_argv(*, schedule: str) -> list[str]:
     """Beat (the sweeps, the breaker's trial), its schedule in ``schedule``."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "beat",
-        "--loglevel=INFO",
-        f"--schedule={schedule}",
-    ]
+    return _celery("beat", "--loglevel=INFO", f"--schedule={schedule}")
 
 
 def relay_argv(poll: float | None = None) -> list[str]:

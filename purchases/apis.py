@@ -25,7 +25,7 @@ from common.api import NOT_AUTHENTICATED as _NOT_AUTHENTICATED
 from common.api import NOT_JSON as _NOT_JSON
 from common.api import PAYLOAD_TOO_LARGE as _TOO_LARGE
 from common.api import RETRY_AFTER as _RETRY_AFTER
-from common.api import error
+from common.api import error, retry_after
 from common.api import error_response as _errors
 from common.parsers import JSONParser
 from common.time import iso_z
@@ -172,14 +172,7 @@ _ETAG = OpenApiParameter(
     "`If-None-Match`. Absent only when the cache cannot be reached",
 )
 # Retry-After on the start's 429 (the throttle) and 503 (payments paused).
-_RETRY_AFTER_429_503 = OpenApiParameter(
-    "Retry-After",
-    OpenApiTypes.INT,
-    OpenApiParameter.HEADER,
-    required=True,
-    response=[429, 503],
-    description="Seconds to wait before trying again",
-)
+_RETRY_AFTER_429_503 = retry_after(429, 503)
 
 
 _NOT_MODIFIED = OpenApiResponse(

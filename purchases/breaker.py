@@ -89,11 +89,6 @@ def _breaker() -> Any:
     return built[1]
 
 
-def _judge(label: str) -> None:
-    if label == "unknown":
-        raise ProcessorFailing(label)
-
-
 def observe(*, asked: str, label: str, detail: str = "") -> None:
     """Count one gateway answer (``label``, as the evidence stores it; an
     ``unknown`` is a failure, anything else an answer). Opens the breaker
@@ -108,7 +103,8 @@ def observe(*, asked: str, label: str, detail: str = "") -> None:
     def judge() -> None:
         nonlocal judged
         judged = True
-        _judge(label)
+        if label == "unknown":
+            raise ProcessorFailing(label)
 
     breaker = _breaker()
     try:

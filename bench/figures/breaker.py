@@ -31,6 +31,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -164,17 +165,10 @@ def _measure(
         "accepted_while_open_and_down": sum(1 for _, s, _ in between if s == 202),
         "refused_while_open_and_down": sum(1 for _, s, _ in between if s == 503),
         "accepted_after_heal": sum(1 for t, s, _ in answers if s == 202 and t >= healed),
-        "statuses": _count(f"{s} {c}".strip() for _, s, c in answers),
+        "statuses": dict(Counter(f"{s} {c}".strip() for _, s, c in answers)),
         "seconds_to_open": round(first_503 - down, 2) if first_503 is not None else None,
         "seconds_to_recover": round(back - healed, 2) if back is not None and recovered else None,
     }
-
-
-def _count(labels) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
-    return counts
 
 
 def rows(fig: dict) -> list[dict]:
