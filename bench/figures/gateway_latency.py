@@ -26,10 +26,13 @@ def fixtures(db: BenchDB, scale: int, name: str = "bench gateway") -> int:
 
 def _restart_with(ctx: Context, latency: int) -> None:
     """The fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS=latency
-    (the web tier is not restarted)."""
+    (the web tier is not restarted), the worker stopped first."""
     log(f"   restarting the fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS={latency}")
-    ctx.stack.stop("gateway")
+    # The worker first: charges sent to a gateway already stopped go unknown,
+    # and ten of them open the processor's breaker (purchases/breaker.py),
+    # which then refuses every purchase of the measurement (503).
     ctx.stack.stop("worker")
+    ctx.stack.stop("gateway")
     ctx.broker.purge()
     ctx.stack.latency_ms = latency
     ctx.stack.start_gateway()
