@@ -62,7 +62,7 @@
 
 BEGIN;
 
-SELECT e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer, s.id, s.ref, s.price_amount, s.currency FROM purchases_event e LEFT JOIN purchases_seat s ON s.event_id = e.id AND s.ref = ANY(ARRAY['S' || :n]) WHERE e.id = :ev ORDER BY s.id;
+SELECT e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer, w.event_id IS NOT NULL, w.active IS TRUE, s.id, s.ref, s.price_amount, s.currency FROM purchases_event e LEFT JOIN purchases_seat s ON s.event_id = e.id AND s.ref = ANY(ARRAY['S' || :n]) LEFT JOIN purchases_waitingroom w ON w.event_id = e.id AND e.waiting_room WHERE e.id = :ev ORDER BY s.id;
 
 INSERT INTO purchases_idempotencyrecord (user_id, key, request_hash, response_body, saga_id, created_at) VALUES (:uid, 'pgb-' || :run || '-' || :i, md5('pgb-' || :run || '-' || :client_id || '-' || :i) || md5('h-' || :run || '-' || :client_id || '-' || :i), '{"id": "4b7cd96b-711a-4c98-8454-46dc1b1867a5", "status": "PENDING", "event": 1, "seats": ["S1"], "total": {"amount": 5000, "currency": "EUR"}, "hold_expires_at": "2026-12-02T19.12.33.732366Z"}'::jsonb, md5('pgb-' || :run || '-' || :client_id || '-' || :i)::uuid, now()) ON CONFLICT (user_id, key) DO NOTHING RETURNING id;
 

@@ -103,6 +103,12 @@ TABLES: dict[str, Placement] = {
     "purchases_eventcancellation": Distributed(
         "event_id", EVENT, "an event's cancellation run, locked by each of its ticks"
     ),
+    "purchases_waitingroom": Distributed(
+        "event_id", EVENT, "an event's waiting room, locked by its ticks, read by its starts"
+    ),
+    "purchases_waitingroomentry": Distributed(
+        "event_id", EVENT, "a buyer waiting for an event's sale, numbered by its room's row"
+    ),
     "purchases_dailysales": Distributed(
         "event_id", EVENT, "an event's sales per day, counted in the delivery's commit"
     ),

@@ -335,6 +335,36 @@ if (
         "PAYMENT_BREAKER_FAILURES must be at least 1, PAYMENT_BREAKER_RESET_SECONDS and "
         "PAYMENT_BREAKER_TRIAL_SECONDS above 0"
     )
+# The on-sale waiting room (purchases/admission.py, docs/waiting-room.md): an
+# event published with at least this many seats and no setting of its own
+# sells through one.
+WAITING_ROOM_MIN_SEATS = env.int("WAITING_ROOM_MIN_SEATS", default=2000)
+# How often beat ticks every room (the draw, the admissions).
+WAITING_ROOM_TICK_SECONDS = env.float("WAITING_ROOM_TICK_SECONDS", default=1.0)
+# How long a buyer let in may start a purchase (their pass's life).
+WAITING_ROOM_PASS_SECONDS = env.int("WAITING_ROOM_PASS_SECONDS", default=120)
+# The charges waiting are kept within what the measured rate serves in this
+# share of the event's hold.
+WAITING_ROOM_HOLD_SHARE = env.float("WAITING_ROOM_HOLD_SHARE", default=0.5)
+# The charge rate (per second) is measured over this window, and taken to be
+# at least the floor when fewer charges were made (a sale just opening).
+WAITING_ROOM_RATE_WINDOW_SECONDS = env.int("WAITING_ROOM_RATE_WINDOW_SECONDS", default=30)
+WAITING_ROOM_MIN_CHARGE_RATE = env.float("WAITING_ROOM_MIN_CHARGE_RATE", default=5.0)
+if (
+    WAITING_ROOM_MIN_SEATS < 0
+    or WAITING_ROOM_TICK_SECONDS <= 0
+    or WAITING_ROOM_PASS_SECONDS < 1
+    or not 0 < WAITING_ROOM_HOLD_SHARE <= 1
+    or WAITING_ROOM_RATE_WINDOW_SECONDS < 1
+    or WAITING_ROOM_MIN_CHARGE_RATE <= 0
+):
+    from django.core.exceptions import ImproperlyConfigured  # only for this refusal
+
+    raise ImproperlyConfigured(
+        "WAITING_ROOM_MIN_SEATS must be at least 0, WAITING_ROOM_TICK_SECONDS and "
+        "WAITING_ROOM_MIN_CHARGE_RATE above 0, WAITING_ROOM_PASS_SECONDS and "
+        "WAITING_ROOM_RATE_WINDOW_SECONDS at least 1, WAITING_ROOM_HOLD_SHARE in (0, 1]"
+    )
 # The fake gateway: on by default outside production (DEBUG), or when asked.
 FAKE_GATEWAY_ENABLED = env.bool("FAKE_GATEWAY_ENABLED", default=DEBUG)
 # How long the fake sleeps to make the adapter time out; must exceed the
@@ -647,6 +677,13 @@ CELERY_BEAT_SCHEDULE["payments-breaker-trial"] = {
     "task": "purchases.breaker_trial",
     "schedule": PAYMENT_BREAKER_TRIAL_SECONDS,
     "options": {"expires": PAYMENT_BREAKER_TRIAL_SECONDS},
+}
+
+# The waiting rooms' tick (purchases/admission.py).
+CELERY_BEAT_SCHEDULE["waiting-rooms-tick"] = {
+    "task": "purchases.waiting_rooms_tick",
+    "schedule": WAITING_ROOM_TICK_SECONDS,
+    "options": {"expires": WAITING_ROOM_TICK_SECONDS},
 }
 
 # --- health checks (purchases/ops/health.py; docs/operations.md, "Health checks") ----

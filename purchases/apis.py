@@ -35,6 +35,7 @@ from .errors import (
     BuyerLimitReached,
     DomainError,
     IdempotencyKeyReused,
+    InWaitingRoom,
     NotEnoughSeats,
     PaymentsPaused,
     SalesClosed,
@@ -56,6 +57,7 @@ from .serializers import (
     PurchasePausedSerializer,
     PurchaseRequestSerializer,
     PurchaseSummarySerializer,
+    QueuePlaceSerializer,
     RefundConflictSerializer,
     RefundSerializer,
     SeatSerializer,
@@ -243,6 +245,73 @@ class EventSeatsApi(APIView):
         return _catalog_answer(request, catalog)
 
 
+_EVENT_ID = OpenApiParameter("event_id", OpenApiTypes.INT, OpenApiParameter.PATH, required=True)
+_WAITING_ROOM_PASS = OpenApiParameter(
+    "Waiting-Room-Pass",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="The buyer's pass of `GET /api/events/{id}/queue/` (`admitted`): lets this "
+    "buyer in through the event's waiting room until it expires. Without it, a buyer whose "
+    "turn has come is let in too; another buyer's pass lets nobody in",
+)
+
+
+class EventQueueApi(APIView):
+    """``/api/events/{id}/queue/``: the buyer's place in the event's waiting
+    room (docs/waiting-room.md)."""
+
+    def _answer(self, request, event_id: str, *, join_room: bool) -> Response:
+        event_pk = _event_id(event_id)
+        place = (
+            None
+            if event_pk is None
+            else services.waiting_room_place(
+                event_id=event_pk, user_id=request.user.pk, join_room=join_room
+            )
+        )
+        if place is None:
+            return error(404, "not_found", "no such event")
+        answer: dict = {"status": place.status}
+        if place.status == "waiting":
+            answer.update(position=place.position, retry_after=place.retry_after)
+            if place.sales_start is not None:
+                answer["sales_start"] = iso_z(place.sales_start)
+        if place.status == "admitted":
+            assert place.pass_expires_at is not None  # an admitted place has both
+            answer.update(
+                {"pass": place.pass_token, "pass_expires_at": iso_z(place.pass_expires_at)}
+            )
+        return Response(answer)
+
+    _RESPONSES = {
+        200: QueuePlaceSerializer,
+        401: _NOT_AUTHENTICATED,
+        404: _errors("`not_found`: no such event"),
+    }
+
+    @extend_schema(
+        parameters=[_EVENT_ID],
+        responses=_RESPONSES,
+        summary="Your place in the event's waiting room",
+        operation_id="events_queue_retrieve",
+    )
+    def get(self, request, event_id: str):
+        return self._answer(request, event_id, join_room=False)
+
+    @extend_schema(
+        parameters=[_EVENT_ID],
+        request=None,
+        responses=_RESPONSES,
+        summary="Join the event's waiting room (when it lets buyers in in turn)",
+        description="What a purchase refused with `503 waiting_room` does: the buyer joins "
+        "at the back (or keeps their place). While the room lets everyone through: `open`.",
+        operation_id="events_queue_create",
+    )
+    def post(self, request, event_id: str):
+        return self._answer(request, event_id, join_room=True)
+
+
 def _key_problem(key: str | None) -> Response | None:
     problem = idempotency_key_problem(key)
     return None if problem is None else error(400, *problem)
@@ -264,7 +333,7 @@ class PurchaseListCreateApi(APIView):
 
     @extend_schema(
         request=PurchaseRequestSerializer,
-        parameters=[_IDEMPOTENCY_KEY, _LOCATION, _RETRY_AFTER_429_503],
+        parameters=[_IDEMPOTENCY_KEY, _WAITING_ROOM_PASS, _LOCATION, _RETRY_AFTER_429_503],
         responses={
             202: OpenApiResponse(
                 PurchaseAcceptedSerializer,
@@ -309,8 +378,11 @@ class PurchaseListCreateApi(APIView):
                 PurchasePausedSerializer,
                 description="`payments_paused` (with `retry_after`, seconds, also in "
                 "`Retry-After`): the card processor stopped answering and its circuit breaker "
-                "is open; nothing was held or charged. A replay of a key that started a "
-                "purchase still answers",
+                "is open; `waiting_room` (with `position` and `retry_after`, and `sales_start` "
+                "before the sale opens): the event's waiting room lets buyers in in turn and "
+                "this buyer is in it; ask again after `Retry-After` (or send the pass of "
+                "`GET /api/events/{id}/queue/` in `Waiting-Room-Pass`). Nothing was held or "
+                "charged. A replay of a key that started a purchase still answers",
             ),
         },
         summary="Start a purchase (answers at once; the saga charges in the background)",
@@ -343,6 +415,7 @@ class PurchaseListCreateApi(APIView):
                 quantity=data.get("quantity"),
                 category=data.get("category"),
                 payment_method=data["payment_method"],
+                admission_pass=request.headers.get("Waiting-Room-Pass"),
             )
         except PurchaseThrottled as exc:
             raise exceptions.Throttled(wait=exc.wait) from None  # as DRF's check_throttles
@@ -381,6 +454,18 @@ def _purchase_refusal(exc: DomainError) -> Response | None:
         return error(422, exc.code, str(exc))
     if isinstance(exc, PaymentsPaused):
         response = error(503, exc.code, str(exc), retry_after=exc.retry_after)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
+    if isinstance(exc, InWaitingRoom):
+        opens = {} if exc.sales_start is None else {"sales_start": iso_z(exc.sales_start)}
+        response = error(
+            503,
+            exc.code,
+            str(exc),
+            position=exc.position,
+            retry_after=exc.retry_after,
+            **opens,
+        )
         response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, SeatUnavailable):

@@ -131,3 +131,24 @@ class PaymentsPaused(DomainError):
             "charged, try again shortly"
         )
         self.retry_after = retry_after
+
+
+class InWaitingRoom(DomainError):
+    """The event's waiting room is letting buyers in in turn
+    (purchases/admission.py): nothing was held; the buyer is in the room at
+    ``position`` (1 is next; None before the draw at the opening) and asks
+    again in ``retry_after`` seconds."""
+
+    code = "waiting_room"
+
+    def __init__(
+        self, *, position: int | None, retry_after: int, sales_start: datetime | None = None
+    ):
+        if position is None:
+            words = "you are in the waiting room: your place is drawn when the sale opens"
+        else:
+            words = f"you are in the waiting room, number {position} in line"
+        super().__init__(f"{words}; nothing was held or charged, ask again in {retry_after} s")
+        self.position = position
+        self.retry_after = retry_after
+        self.sales_start = sales_start

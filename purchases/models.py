@@ -7,6 +7,7 @@ transaction stays inside one event's rows (the sharding plan in docs/design.md, 
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Collate
@@ -49,6 +50,10 @@ class Event(models.Model):
     buyer_can_cancel_until = models.DateTimeField(null=True, blank=True)
     cancel_fee_percent = models.PositiveSmallIntegerField(default=0)
     published_at = models.DateTimeField(null=True, blank=True)
+    # The on-sale waiting room (purchases/admission.py, docs/waiting-room.md):
+    # on, off, or null: decided when the event is published, on for a seat
+    # map of at least WAITING_ROOM_MIN_SEATS seats.
+    waiting_room = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ["starts_at", "id"]
@@ -506,6 +511,60 @@ class EventCancellation(models.Model):
         return f"cancellation of event {self.event_id} ({self.status})"
 
 
+class WaitingRoom(models.Model):
+    """An event's waiting room (purchases/admission.py, docs/waiting-room.md):
+    what its ticks decided. Buyers are numbered in the order they joined
+    (those who came before the sale opened, in the order of the draw at the
+    opening); everyone up to ``admitted_through`` has been let in."""
+
+    event = models.OneToOneField(
+        Event, on_delete=models.PROTECT, primary_key=True, related_name="+"
+    )
+    # Whether a start must be let in (the last tick's decision): someone
+    # waits, or the charges in flight fill what a hold can serve.
+    active = models.BooleanField(default=False)
+    # The next number to give; numbers start at 1.
+    next_number = models.BigIntegerField(default=1)
+    admitted_through = models.BigIntegerField(default=0)
+    # When the buyers who came before the sale opened were drawn.
+    drawn_at = models.DateTimeField(null=True, blank=True)
+    # What the last tick measured: charges answered per second (all events)
+    # and this event's purchases waiting for their charge.
+    charge_rate = models.FloatField(default=0)
+    backlog = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"waiting room of event {self.event_id}"
+
+
+class WaitingRoomEntry(models.Model):
+    """A buyer in an event's waiting room: one row per buyer and event."""
+
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    # Null until the draw, for a buyer who came before the sale opened.
+    number = models.BigIntegerField(null=True, blank=True)
+    joined_at = models.DateTimeField()
+    # When the tick let the buyer in: a start may use it for
+    # WAITING_ROOM_PASS_SECONDS; ``used_at`` is the first start that did.
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "waiting room entries"
+        constraints = [
+            models.UniqueConstraint(fields=["event", "buyer"], name="waiting_room_once_per_buyer"),
+        ]
+        indexes = [
+            models.Index(fields=["event", "number"], name="waiting_room_order"),
+            models.Index(fields=["event", "admitted_at"], name="waiting_room_admitted"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.buyer_id} in event {self.event_id}'s room (#{self.number})"
+
+
 class Actor(models.TextChoices):
     SYSTEM = "system"
     RESUMER = "resumer"
@@ -558,6 +617,13 @@ class GatewayAnswer(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+        indexes = [
+            # The waiting room measures the charge rate from the last
+            # seconds' answers (purchases/admission.py): rows arrive in time
+            # order, so a block range index finds them for almost nothing
+            # on each insert.
+            BrinIndex(fields=["at"], name="gateway_answer_at_brin"),
+        ]
 
 
 class IdempotencyRecord(models.Model):

@@ -328,13 +328,26 @@ class PurchaseConflictSerializer(ErrorSerializer):
 
 
 class PurchasePausedSerializer(ErrorSerializer):
-    """The 503 of `POST /api/purchases/` while the processor's breaker is open."""
+    """The 503 of `POST /api/purchases/` while the processor's breaker is
+    open, or while the event's waiting room lets buyers in in turn."""
 
     retry_after = serializers.IntegerField(
         required=False,
         min_value=1,
-        help_text="503 payments_paused: seconds until new purchases may be tried again "
-        "(also the Retry-After header)",
+        help_text="503 payments_paused and waiting_room: seconds until new purchases may be "
+        "tried again (also the Retry-After header)",
+    )
+    position = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        help_text="503 waiting_room: the buyer's place in the event's waiting room (1 is "
+        "next; 0: let in just now, ask again at once); null before the sale opens, when "
+        "the places of those who came early are drawn",
+    )
+    sales_start = serializers.DateTimeField(
+        required=False,
+        help_text="503 waiting_room before the sale opens: when it opens",
     )
 
 
@@ -670,3 +683,42 @@ def refund_refusal(exc: RefundError) -> tuple[int, dict[str, Any]]:
     elif isinstance(exc, RefundExceedsPaid):
         body.update(refundable=exc.refundable, currency=exc.currency)
     return exc.status, body
+
+
+class QueuePlaceSerializer(serializers.Serializer):
+    """Where the buyer stands in an event's waiting room
+    (`/api/events/{id}/queue/`)."""
+
+    status = serializers.ChoiceField(
+        choices=["waiting", "admitted", "not_in_room", "open"],
+        help_text="`waiting`: in the room (`position`, `retry_after`); `admitted`: the "
+        "buyer's turn (`pass`, `pass_expires_at`): start a purchase before then; "
+        "`not_in_room`: the room lets buyers in in turn and this buyer has not joined (POST "
+        "joins, as a purchase refused with 503 waiting_room does); `open`: nothing to wait "
+        "for, buy",
+    )
+    position = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="`waiting`: 1 is next; null before the sale opens (places are drawn then)",
+    )
+    retry_after = serializers.IntegerField(
+        required=False, help_text="`waiting`: seconds until asking again is worth it"
+    )
+    sales_start = serializers.DateTimeField(
+        required=False, help_text="`waiting` before the sale opens: when it opens"
+    )
+    pass_ = serializers.CharField(
+        required=False,
+        help_text="`admitted`: the buyer's pass, sent in `Waiting-Room-Pass` with "
+        "`POST /api/purchases/`; it names this buyer and this event only",
+    )
+    pass_expires_at = serializers.DateTimeField(
+        required=False, help_text="`admitted`: when the turn ends"
+    )
+
+    def get_fields(self):
+        # "pass" is a Python keyword: declared as pass_, named pass.
+        fields = super().get_fields()
+        fields["pass"] = fields.pop("pass_")
+        return fields

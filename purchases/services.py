@@ -28,6 +28,8 @@ processor for a refund row or looks it up, ``refund_chase`` alerts on one
 past its deadline.
 """
 
+from .admission import buyer_place as waiting_room_place
+from .admission import rooms_tick as waiting_rooms_tick
 from .catalog import event_create_with_seats
 from .errors import NotEnoughSeats
 from .refunds.cancellation import cancellation_tick, event_cancel
@@ -79,4 +81,6 @@ __all__ = [
     "saga_note",
     "saga_reconcile",
     "saga_transition",
+    "waiting_room_place",
+    "waiting_rooms_tick",
 ]

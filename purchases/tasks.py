@@ -61,3 +61,10 @@ def audit_sagas_task() -> int:
 def breaker_trial_task() -> str | None:
     # Nothing to do unless the processor's breaker is open past its reset time.
     return breaker.breaker_trial()
+
+
+@shared_task(name="purchases.waiting_rooms_tick", ignore_result=True)
+def waiting_rooms_tick_task() -> int:
+    # Every on-sale event's waiting room (purchases/admission.py): the draw,
+    # the admissions, whether starts must be let in.
+    return services.waiting_rooms_tick()

@@ -51,6 +51,7 @@ from . import services
 from .cache_outage import cache_answered, cache_call, cache_down, cache_skipped, cache_unavailable
 from .errors import (
     IdempotencyKeyReused,
+    InWaitingRoom,
     PaymentsPaused,
     UnknownCategory,
     UnknownEvent,
@@ -203,8 +204,10 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
     at them, what a scalper repeats). A replay of the key and a refusal of
     the input (``IdempotencyKeyReused``, ``UnknownEvent``, ``UnknownSeats``,
     ``UnknownCategory``) and a start refused while payments are paused
-    (``PaymentsPaused``: no seat was reached) give their step back. Over the rate, the key's
-    first answer is replayed if it has one (it wins over any refusal), from
+    (``PaymentsPaused``: no seat was reached) or told to wait in the
+    event's waiting room (``InWaitingRoom``: asking again is how a buyer
+    waits) give their step back. Over the rate, the key's first answer is
+    replayed if it has one (it wins over any refusal), from
     one indexed read and without starting anything; else
     ``PurchaseThrottled``.
     """
@@ -216,7 +219,14 @@ def purchase_start_throttled(request, view, **start: Any) -> services.PurchaseSt
         return replay
     try:
         started = services.purchase_start(user=request.user, **start)
-    except (IdempotencyKeyReused, UnknownEvent, UnknownSeats, UnknownCategory, PaymentsPaused):
+    except (
+        IdempotencyKeyReused,
+        UnknownEvent,
+        UnknownSeats,
+        UnknownCategory,
+        PaymentsPaused,
+        InWaitingRoom,
+    ):
         throttle.refund()
         raise
     if not started.created:

@@ -8,6 +8,7 @@ from . import apis
 urlpatterns = [
     path("events/", apis.EventListApi.as_view(), name="event-list"),
     path("events/<str:event_id>/seats/", apis.EventSeatsApi.as_view(), name="event-seats"),
+    path("events/<str:event_id>/queue/", apis.EventQueueApi.as_view(), name="event-queue"),
     path("purchases/", apis.PurchaseListCreateApi.as_view(), name="purchase-list"),
     path("purchases/<str:saga_id>/", apis.PurchaseDetailApi.as_view(), name="purchase-detail"),
     path(

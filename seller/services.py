@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from organizers.models import Organizer
+from purchases.admission import default_for as waiting_room_default
 from purchases.availability import availability_changed
 from purchases.models import Event, EventStatus, PriceCategory, Seat, SeatStatus
 
@@ -314,16 +315,22 @@ def category_prices_set(*, organizer: Organizer, event_id: int, prices: dict[str
 
 
 def event_publish(*, organizer: Organizer, event_id: int) -> Event:
-    """A draft goes on sale: the catalog lists it, its seat map is frozen."""
+    """A draft goes on sale: the catalog lists it, its seat map is frozen,
+    and its waiting room is decided if the seller left it open."""
     with transaction.atomic(durable=True):
         event = _event_locked(organizer, event_id)
         if event.status != EventStatus.DRAFT:
             raise EventNotDraft("only a draft is published")
-        if not Seat.objects.filter(event=event).exists():
+        seats = Seat.objects.filter(event=event).count()
+        if not seats:
             raise EventHasNoSeats()
         event.status = EventStatus.ON_SALE
         event.published_at = timezone.now()
-        event.save(update_fields=["status", "published_at"])
+        if event.waiting_room is None:
+            # No setting of its own: a large seat map sells through a waiting
+            # room (purchases/admission.py), decided once, now it is frozen.
+            event.waiting_room = waiting_room_default(seats)
+        event.save(update_fields=["status", "published_at", "waiting_room"])
         availability_changed(event.pk)
     return event
 

@@ -8,6 +8,8 @@ from . import views
 urlpatterns = [
     path("", views.event_list, name="shop-events"),
     path("events/<int:event_id>/", views.event_seat_map, name="shop-seat-map"),
+    path("events/<int:event_id>/queue/", views.event_queue, name="shop-queue"),
+    path("events/<int:event_id>/queue/live/", views.event_queue_live, name="shop-queue-live"),
     path("purchases/", views.purchase_list, name="shop-purchases"),
     path("purchases/<uuid:saga_id>/", views.purchase_detail, name="shop-purchase"),
     path("purchases/<uuid:saga_id>/live/", views.purchase_live, name="shop-purchase-live"),

@@ -41,6 +41,7 @@ from purchases.buyer_history import buyer_history
 from purchases.errors import (
     BuyerLimitReached,
     IdempotencyKeyReused,
+    InWaitingRoom,
     NotEnoughSeats,
     PaymentsPaused,
     SalesClosed,
@@ -216,6 +217,12 @@ def _purchase_post(request, event_id: int):
         )
     except PurchaseThrottled as exc:
         return _throttled(request, event_id, wait=exc.wait)
+    except InWaitingRoom:
+        # The buyer is in the event's waiting room now (nothing held): its
+        # page shows the place, live, and says when it is their turn.
+        response = HttpResponseRedirect(reverse("shop-queue", args=[event_id]))
+        response.status_code = 303
+        return response
     except _REFUSALS as exc:
         status, problem = _refusal(exc, quantity=data.get("quantity"))
         page = _seat_map(request, event_id, form, status=status, chosen=chosen, problem=problem)
@@ -630,3 +637,52 @@ def _cancel_page(request, saga, *, offer=None, quote=None, problem=None, status=
         },
         status=status,
     )
+
+
+# --- the waiting room (docs/waiting-room.md) ---------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def event_queue(request, event_id: int):
+    """``/events/{id}/queue/``: the buyer's place in the event's waiting room,
+    live (htmx polls its part, :func:`event_queue_live`). POST joins the
+    room (what Buy does when the room lets buyers in in turn) and comes back
+    here with a 303."""
+    if request.method == "POST":
+        if (
+            services.waiting_room_place(event_id=event_id, user_id=request.user.pk, join_room=True)
+            is None
+        ):
+            raise Http404("no such event")
+        response = HttpResponseRedirect(reverse("shop-queue", args=[event_id]))
+        response.status_code = 303
+        return response
+    context = _queue_context(request, event_id)
+    return render(request, "shop/queue.html", context)
+
+
+def event_queue_live(request, event_id: int):
+    """The queue page's live part, polled by htmx."""
+    if not request.user.is_authenticated:
+        if request.htmx:
+            return HttpResponseClientRefresh()
+        return redirect_to_login(request.get_full_path())
+    response = render(request, "shop/_queue_live.html", _queue_context(request, event_id))
+    response["Cache-Control"] = "private, no-cache"
+    return response
+
+
+def _queue_context(request, event_id: int) -> dict:
+    place = services.waiting_room_place(event_id=event_id, user_id=request.user.pk, join_room=False)
+    if place is None:
+        raise Http404("no such event")
+    return {
+        "event_id": event_id,
+        "event_name": _event_names().get(event_id, f"event {event_id}"),
+        "place": place,
+        # Asked again as often as the place may move (at least every 2 s,
+        # at most every 10 s: a position read at arm's length).
+        "poll_every": f"{max(2, min(10, place.retry_after))}s",
+        "nav": "events",
+    }

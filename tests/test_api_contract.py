@@ -591,6 +591,7 @@ def test_schema_is_public_openapi_3_with_every_public_path(anon_api):
         "/api/auth/signup/",
         "/api/events/",
         "/api/events/{event_id}/seats/",
+        "/api/events/{event_id}/queue/",
         "/api/purchases/",
         "/api/purchases/{saga_id}/",
         "/api/purchases/{saga_id}/cancel/",

@@ -391,7 +391,10 @@ def test_the_headers_and_the_idempotency_key_rules_are_described(served_schema):
         assert retry_after["required"] is True
         assert retry_after["schema"]["type"] == "integer"
 
-    [key] = [p for p in create["parameters"] if p["in"] == "header"]
+    headers = {p["name"]: p for p in create["parameters"] if p["in"] == "header"}
+    assert set(headers) == {"Idempotency-Key", "Waiting-Room-Pass"}
+    assert not headers["Waiting-Room-Pass"].get("required", False)
+    key = headers["Idempotency-Key"]
     assert key["name"] == "Idempotency-Key" and key["required"] is True
     assert (key["schema"]["minLength"], key["schema"]["maxLength"]) == (1, 255)
     assert "pattern" in key["schema"]

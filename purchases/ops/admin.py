@@ -57,6 +57,7 @@ from payments.interface import GatewayUnavailable
 from payments.registry import get_gateway
 from webhooks.selectors import deliveries_for_saga
 
+from ..admission import room_summary
 from ..availability import availability_changed
 from ..errors import DomainError, IllegalTransition
 from ..models import (
@@ -671,8 +672,11 @@ def _ledger_written(saga_id, written_before: set) -> list[str]:
 class EventForm(forms.ModelForm):
     class Meta:
         model = Event
-        fields = ["organizer", "name", "starts_at", "currency"]
+        fields = ["organizer", "name", "starts_at", "currency", "waiting_room"]
         help_texts = {
+            "waiting_room": "On: buyers are let in in turn when purchases arrive faster than "
+            "they are charged within a hold (docs/waiting-room.md). Unknown: decided when the "
+            "event is published (on from WAITING_ROOM_MIN_SEATS seats).",
             "currency": "ISO 4217 code (EUR, JPY...): every price of the event is in it. "
             "It cannot change later.",
         }
@@ -732,7 +736,7 @@ class EventAdmin(admin.ModelAdmin):
     inlines = [PriceCategoryInline]
     # The seller's, shown read-only on an event's page (see get_fieldsets).
     # What an operator may change on an event that exists.
-    EDITABLE = ("name", "starts_at")
+    EDITABLE = ("name", "starts_at", "waiting_room")
     SELLER_FIELDS = (
         "status",
         "currency",
@@ -741,6 +745,7 @@ class EventAdmin(admin.ModelAdmin):
         "hold",
         "buyer_limit",
         "refund_policy",
+        "room_state",
     )
 
     def get_fieldsets(self, request, obj=None):
@@ -759,6 +764,7 @@ class EventAdmin(admin.ModelAdmin):
                 "Sales rules (the seller's, changed through the organizer's API)",
                 {"fields": ["sales_window", "hold", "buyer_limit", "refund_policy"]},
             ),
+            ("Waiting room (docs/waiting-room.md)", {"fields": ["waiting_room", "room_state"]}),
         ]
 
     def get_readonly_fields(self, request, obj=None):
@@ -795,6 +801,11 @@ class EventAdmin(admin.ModelAdmin):
         if obj.hold_seconds is None:
             return f"{settings.PURCHASE_HOLD_SECONDS} s (PURCHASE_HOLD_SECONDS)"
         return f"{obj.hold_seconds} s"
+
+    @admin.display(description="the room now")
+    def room_state(self, obj):
+        summary = room_summary(obj.pk)
+        return "no room" if summary is None else str(summary)
 
     @admin.display(description="seats per buyer")
     def buyer_limit(self, obj):

@@ -43,12 +43,13 @@ from config import tracing
 from config.celery import app
 from outbox.services import timer_schedule
 
-from .. import breaker, lock_objects
+from .. import admission, breaker, lock_objects
 from ..availability import availability_changed
 from ..errors import (
     BuyerLimitReached,
     DomainError,
     IdempotencyKeyReused,
+    InWaitingRoom,
     NotEnoughSeats,
     PaymentsPaused,
     SalesClosed,
@@ -71,6 +72,7 @@ from ..models import (
     SagaHistory,
     Seat,
     SeatStatus,
+    WaitingRoom,
 )
 from .states import SagaState
 from .topics import CHARGE_TASK, Topic
@@ -142,6 +144,7 @@ def purchase_start(
     quantity: int | None = None,
     category: str | None = None,
     payment_method: str,
+    admission_pass: str | None = None,
     now: datetime | None = None,
 ) -> PurchaseStarted:
     """Hold the seats and start the saga, or replay the first answer for the key.
@@ -154,7 +157,10 @@ def purchase_start(
     ``UnknownEvent`` (also a draft), ``SalesClosed``, ``SalesNotOpen``,
     ``UnknownSeats``, ``UnknownCategory``, ``BuyerLimitReached``,
     ``SeatUnavailable`` (named seats), ``NotEnoughSeats`` (a quantity),
-    ``IdempotencyKeyReused``.
+    ``IdempotencyKeyReused``; ``PaymentsPaused`` (the breaker) and
+    ``InWaitingRoom`` (the event's waiting room does not let the buyer in
+    yet, with or without ``admission_pass``: purchases/admission.py), both
+    before any seat is held.
     """
     # The purchase's trace: the saga and its rows store this span's context
     # (a shared no-op with tracing off).
@@ -165,6 +171,7 @@ def purchase_start(
             event_id=event_id,
             choice=_Choice(seat_refs=seat_refs, quantity=quantity, category=category),
             payment_method=payment_method,
+            admission_pass=admission_pass,
             now=now,
         )
 
@@ -178,11 +185,14 @@ def purchase_replay(
     quantity: int | None = None,
     category: str | None = None,
     payment_method: str,
+    admission_pass: str | None = None,
 ) -> PurchaseStarted | None:
     """The first answer of the user's key for this body, starting nothing:
     None when the key has none, ``IdempotencyKeyReused`` when it answered
     another body. One indexed read, for a start that may not run (the
-    throttle's: purchases/throttling.py)."""
+    throttle's: purchases/throttling.py). A waiting room's pass is not part
+    of the body: a replay answers whatever it says."""
+    del admission_pass
     fingerprint = request_fingerprint(
         event_id=event_id,
         seat_refs=seat_refs,
@@ -214,6 +224,7 @@ def _purchase_start(
     event_id: int,
     choice: _Choice,
     payment_method: str,
+    admission_pass: str | None,
     now: datetime | None,
 ) -> PurchaseStarted:
     _check_choice(choice)
@@ -240,6 +251,7 @@ def _purchase_start(
             idempotency_key=idempotency_key,
             fingerprint=fingerprint,
             choice=choice,
+            admission_pass=admission_pass,
             now=now,
         )
     except (_KeyTaken, _Refused) as exc:
@@ -248,12 +260,26 @@ def _purchase_start(
         replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
         if replay is not None:
             return replay
+        if isinstance(exc, _Refused) and isinstance(exc.error, _MustWait):
+            raise _waiting(saga, now=now) from None
         if isinstance(exc, _Refused):
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
 
     _announce_started(saga, purchase=purchase, choice=choice)
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
+
+
+def _waiting(saga: PurchaseSaga, *, now: datetime) -> DomainError:
+    """The buyer in the event's waiting room (joined now, or again if their
+    admission lapsed): where they stand. The room's tick may have let them
+    in meanwhile, or closed: then they ask again at once."""
+    place = admission.join(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
+    if place.status != "waiting":
+        return InWaitingRoom(position=0, retry_after=1)
+    return InWaitingRoom(
+        position=place.position, retry_after=place.retry_after, sales_start=place.sales_start
+    )
 
 
 def _check_choice(choice: _Choice) -> None:
@@ -295,6 +321,7 @@ def _start_in_one_transaction(
     idempotency_key: str,
     fingerprint: str,
     choice: _Choice,
+    admission_pass: str | None,
     now: datetime,
 ) -> dict:
     """Check the event's rules, pick, claim the key, hold and record; returns
@@ -304,7 +331,7 @@ def _start_in_one_transaction(
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     with transaction.atomic(durable=True):
-        rules, seats = _pick_seats(saga, choice=choice, now=now)
+        rules, seats = _pick_seats(saga, choice=choice, admission_pass=admission_pass, now=now)
         hold_expires_at = now + timedelta(seconds=rules.hold_seconds_or_default)
         purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
         # First write: a concurrent duplicate waits here on the unique
@@ -338,20 +365,25 @@ def _start_in_one_transaction(
     return purchase
 
 
-def _pick_seats(saga: PurchaseSaga, *, choice: _Choice, now: datetime) -> tuple[_Rules, list[Seat]]:
+def _pick_seats(
+    saga: PurchaseSaga, *, choice: _Choice, admission_pass: str | None, now: datetime
+) -> tuple[_Rules, list[Seat]]:
     """The event's rules, checked; the seats named, or the best block of the
     quantity asked, priced on the saga, without a lock. ``_Refused`` for a
     refusal (the event's rules, the seats, the buyer's limit)."""
     if choice.seat_refs is not None:
         rules, seats = _event_and_seats_by_ref(saga.event_id, choice.seat_refs)
-        rules = _check_sales(rules, event_id=saga.event_id, now=now)
+        rules = _check_sales(rules, saga=saga, admission_pass=admission_pass, now=now)
         _check_named(seats, seat_refs=choice.seat_refs)
         _check_buyer_limit(saga, rules=rules, asked=choice.asked)
         _price(saga, seats)
         return rules, seats
     assert choice.quantity is not None  # exactly one of the two: checked above
     rules = _check_sales(
-        _event_rules(saga.event_id, category=choice.category), event_id=saga.event_id, now=now
+        _event_rules(saga.event_id, category=choice.category),
+        saga=saga,
+        admission_pass=admission_pass,
+        now=now,
     )
     if choice.category is not None and not rules.category_known:
         raise _Refused(UnknownCategory(choice.category))
@@ -394,6 +426,11 @@ class _KeyTaken(Exception):
     """Another request with the same key committed first (or is committing)."""
 
 
+class _MustWait(DomainError):
+    """The waiting room does not let this buyer in now (``_purchase_start``
+    puts them in it)."""
+
+
 class _Refused(Exception):
     """This body is refused, unless its key already has an answer."""
 
@@ -415,6 +452,10 @@ class _Rules:
     sales_end: datetime | None
     hold_seconds: int | None
     max_seats_per_buyer: int | None
+    # The event's waiting room (purchases/admission.py): on, and letting
+    # buyers in in turn now.
+    room: bool
+    room_active: bool
     # Best available by category: whether the event has that category
     # (True when none was asked for).
     category_known: bool = True
@@ -425,36 +466,63 @@ class _Rules:
         return self.hold_seconds or settings.PURCHASE_HOLD_SECONDS
 
 
-_RULE_COLUMNS = "e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer"
+_RULE_COLUMNS = (
+    "e.status, e.sales_start, e.sales_end, e.hold_seconds, e.max_seats_per_buyer,"
+    " w.event_id IS NOT NULL, w.active IS TRUE"
+)
+# The room of an event whose room is on (a room switched off is not read).
+_ROOM_JOIN = " LEFT JOIN {room} w ON w.event_id = e.id AND e.waiting_room"
 
 # Best available: the rules by the event's key, and whether the category
 # asked for is the event's (a NULL category: none asked for; one row at
 # most joined, the code being unique per event).
 _EVENT_RULES_SQL = (
     f"SELECT {_RULE_COLUMNS}, %s::text IS NULL OR c.id IS NOT NULL FROM {{event}} e"
-    " LEFT JOIN {category} c ON c.event_id = e.id AND c.code = %s WHERE e.id = %s"
+    " LEFT JOIN {category} c ON c.event_id = e.id AND c.code = %s"
+    f"{_ROOM_JOIN} WHERE e.id = %s"
 )
 
 
 def _event_rules(event_id: int, *, category: str | None) -> _Rules | None:
     """The event's rules (None: no such event), for best available."""
-    sql = _EVENT_RULES_SQL.format(category=PriceCategory._meta.db_table, event=Event._meta.db_table)
+    sql = _EVENT_RULES_SQL.format(
+        category=PriceCategory._meta.db_table,
+        event=Event._meta.db_table,
+        room=WaitingRoom._meta.db_table,
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [category, category, event_id])
         row = cursor.fetchone()
     return None if row is None else _Rules(*row)
 
 
-def _check_sales(rules: _Rules | None, *, event_id: int, now: datetime) -> _Rules:
-    """The rules of an event on sale now; ``_Refused`` otherwise. A draft is
-    the seller's alone: refused exactly as an event that does not exist."""
+def _check_sales(
+    rules: _Rules | None, *, saga: PurchaseSaga, admission_pass: str | None, now: datetime
+) -> _Rules:
+    """The rules of an event on sale now, and the buyer let in by its waiting
+    room if it is letting buyers in in turn (or has not opened yet);
+    ``_Refused`` otherwise. A draft is the seller's alone: refused exactly as
+    an event that does not exist."""
     if rules is None or rules.status == EventStatus.DRAFT:
-        raise _Refused(UnknownEvent(event_id))
+        raise _Refused(UnknownEvent(saga.event_id))
     if rules.status == EventStatus.CANCELLED or (
         rules.sales_end is not None and now >= rules.sales_end
     ):
         raise _Refused(SalesClosed())
-    if rules.sales_start is not None and now < rules.sales_start:
+    not_open = rules.sales_start is not None and now < rules.sales_start
+    if (
+        rules.room
+        and (rules.room_active or not_open)
+        and not (
+            not not_open
+            and admission.admission_use(
+                event_id=saga.event_id, user_id=saga.buyer_id, token=admission_pass, now=now
+            )
+        )
+    ):
+        raise _Refused(_MustWait())
+    if not_open:
+        assert rules.sales_start is not None  # not_open says so
         raise _Refused(SalesNotOpen(rules.sales_start))
     return rules
 
@@ -503,7 +571,7 @@ def _check_buyer_limit(saga: PurchaseSaga, *, rules: _Rules, asked: int) -> None
 _EVENT_AND_SEATS_BY_REF_SQL = (
     f"SELECT {_RULE_COLUMNS}, s.id, s.ref, s.price_amount, s.currency FROM {{event}} e"
     " LEFT JOIN {seat} s ON s.event_id = e.id AND s.ref = ANY(%s)"
-    " WHERE e.id = %s ORDER BY s.id"
+    f"{_ROOM_JOIN} WHERE e.id = %s ORDER BY s.id"
 )
 _SEAT_FIELDS = ["id", "ref", "price_amount", "currency"]
 _RULES_WIDTH = len(_RULE_COLUMNS.split(","))
@@ -519,7 +587,9 @@ def _event_and_seats_by_ref(
     read here is only what the purchase expects: availability and the price
     held at are decided under the lock (``_hold_named``).
     """
-    sql = _EVENT_AND_SEATS_BY_REF_SQL.format(event=Event._meta.db_table, seat=Seat._meta.db_table)
+    sql = _EVENT_AND_SEATS_BY_REF_SQL.format(
+        event=Event._meta.db_table, seat=Seat._meta.db_table, room=WaitingRoom._meta.db_table
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [seat_refs, event_id])
         rows = cursor.fetchall()

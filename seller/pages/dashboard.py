@@ -21,6 +21,7 @@ from django.utils import timezone
 from common.money import format_money
 from door import services as door_services
 from organizers.roles import Action
+from purchases.admission import room_summary
 from purchases.models import Event, EventStatus, PurchaseSaga
 from purchases.selectors import saga_seat_refs
 
@@ -101,6 +102,8 @@ def live_context(access: SellerAccess, event: Event) -> dict[str, Any]:
         ],
         "purchases": _purchases(event),
         "checkin": door_services.checkin_progress(event),
+        # The on-sale waiting room (docs/waiting-room.md), when the event has one.
+        "room": room_summary(event.pk) if event.waiting_room else None,
         "scanner_url": (
             reverse("door-scanner", args=[event.pk]) if access.may(Action.CHECK_IN) else None
         ),
