@@ -65,6 +65,9 @@ PASS_SALT = "boxoffice.waiting-room.pass"
 # A waiting buyer is told to ask again within this long whatever the
 # position (a place is never lost by asking late: a pass lasts longer).
 MAX_RETRY_AFTER = 30
+# A room opens this long before its sale: buyers who come earlier are told
+# when the sale opens (409 sales_not_open), those within it wait for the draw.
+DOORS_OPEN_BEFORE = timedelta(hours=1)
 # Purchases waiting for their charge (or being charged).
 UNCHARGED = (SagaState.PENDING.value, SagaState.CHARGING.value)
 
@@ -265,12 +268,14 @@ def _place(room: WaitingRoom, entry: WaitingRoomEntry, *, now: datetime) -> Plac
 
 def rooms_tick(*, now: datetime | None = None) -> int:
     """Every room's tick (beat, every ``WAITING_ROOM_TICK_SECONDS``): the
-    rooms of events on sale with the room on and sales not over, made when
-    missing. Returns how many rooms ticked."""
+    rooms of events on sale with the room on, sales not over and opening
+    within ``DOORS_OPEN_BEFORE`` (or open), made when missing. Returns how
+    many rooms ticked."""
     now = clock(now)
     events = list(
         Event.objects.filter(status=EventStatus.ON_SALE, waiting_room=True)
         .exclude(sales_end__lte=now)
+        .exclude(sales_start__gt=now + DOORS_OPEN_BEFORE)
         .values_list("pk", flat=True)
     )
     for event_id in events:

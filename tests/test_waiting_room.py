@@ -336,3 +336,15 @@ def test_the_sellers_dashboard_and_the_admin_show_the_room(onsale, admin_client)
 
     admin_page = admin_client.get(f"/admin/purchases/event/{onsale.pk}/change/").content.decode()
     assert "letting buyers in in turn: 3 waiting, 2 let in" in admin_page
+
+
+def test_a_room_opens_an_hour_before_its_sale(room_settings):
+    later = EventFactory(seats=["A1"], waiting_room=True, sales_start=T0 + timedelta(hours=2))
+    (alice,) = buyers(1)
+    with freeze_time(T0):
+        admission.rooms_tick()
+        assert not WaitingRoom.objects.filter(event=later).exists()
+        assert post(alice, later, "A1").json()["code"] == "sales_not_open"
+    with freeze_time(T0 + timedelta(hours=1, seconds=1)):
+        admission.rooms_tick()
+        assert post(alice, later, "A1").json()["code"] == "waiting_room"
