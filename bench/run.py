@@ -443,7 +443,8 @@ def main() -> int:
         "--phases",
         default="",
         help="comma list of figures to run: reserve,celery,e2e,timers,hot,"
-        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,cancellation,door,sweeps "
+        "gateway,catalog,tracing,webhooks,onsale,scaleout,seller,stripe,cancellation,door,breaker,"
+        "waitingroom,sweeps "
         "(default: all)",
     )
     parser.add_argument(

@@ -22,7 +22,8 @@ An event's room (its :class:`~purchases.models.WaitingRoom` row) is served by
    ``WAITING_ROOM_HOLD_SHARE`` of the event's hold; the next buyers in
    number order are let in while the backlog is under it;
 4. **the decision**: the room is *active* while someone waits, or the
-   backlog fills the budget; an inactive room lets every start through.
+   backlog fills the budget; an inactive room lets every start through. An
+   event with no seat available lets everyone in (to be told so at once).
 
 A start (purchases/saga/start.py) reads the room with the event's rules. An
 active room (or any room before the sale opens) lets in a buyer who holds a
@@ -53,6 +54,7 @@ from .models import (
     EventStatus,
     GatewayAnswer,
     PurchaseSaga,
+    Seat,
     WaitingRoom,
     WaitingRoomEntry,
 )
@@ -125,6 +127,15 @@ def admission_use(*, event_id: int, user_id: int, token: str | None, now: dateti
             [now, event_id, user_id, by_pass, since],
         )
         return cursor.fetchone() is not None
+
+
+def turn_spent(*, event_id: int, user_id: int, now: datetime) -> None:
+    """A start let in and then refused (no seat left, a seat taken): the
+    turn is spent, as if used (its transaction, rolled back, did not mark
+    it), so that the room stops counting it as a purchase to come."""
+    WaitingRoomEntry.objects.filter(
+        event_id=event_id, buyer_id=user_id, used_at__isnull=True
+    ).update(used_at=now)
 
 
 @dataclass(frozen=True)
@@ -289,6 +300,7 @@ class _Measure:
     rate: float
     uncharged: int
     unused: int
+    seats_left: bool
 
     @property
     def backlog(self) -> int:
@@ -300,7 +312,8 @@ class _Measure:
 _BACKLOG_SQL = """
 SELECT (SELECT count(*) FROM {saga} WHERE event_id = %s AND state = ANY(%s)),
        (SELECT count(*) FROM {entry}
-         WHERE event_id = %s AND admitted_at > %s AND used_at IS NULL)
+         WHERE event_id = %s AND admitted_at > %s AND used_at IS NULL),
+       EXISTS (SELECT 1 FROM {seat} WHERE event_id = %s AND status COLLATE "C" = 'available')
 """
 _RATE_SQL = "SELECT count(*) FROM {answer} WHERE at > %s AND asked = 'charge'"
 
@@ -316,12 +329,16 @@ def _measure(event_id: int, *, now: datetime) -> _Measure:
         (charges,) = cursor.fetchone()
         cursor.execute(
             _BACKLOG_SQL.format(
-                saga=PurchaseSaga._meta.db_table, entry=WaitingRoomEntry._meta.db_table
+                saga=PurchaseSaga._meta.db_table,
+                entry=WaitingRoomEntry._meta.db_table,
+                seat=Seat._meta.db_table,
             ),
-            [event_id, list(UNCHARGED), event_id, since],
+            [event_id, list(UNCHARGED), event_id, since, event_id],
         )
-        uncharged, unused = cursor.fetchone()
-    return _Measure(rate=charges / window, uncharged=uncharged, unused=unused)
+        uncharged, unused, seats_left = cursor.fetchone()
+    return _Measure(
+        rate=charges / window, uncharged=uncharged, unused=unused, seats_left=seats_left
+    )
 
 
 # The draw: everyone who came before the opening, numbered from the room's
@@ -365,6 +382,10 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
         budget = math.floor(rate * hold * settings.WAITING_ROOM_HOLD_SHARE)
         waiting = room.next_number - 1 - room.admitted_through
         admit = max(0, min(waiting, budget - measure.backlog))
+        if not measure.seats_left:
+            # Sold out (or every seat held): nothing to protect; everyone
+            # waiting is let in to be told so at once, not after their turn.
+            admit = waiting
         if admit:
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -372,7 +393,7 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
                     [now, event_id, room.admitted_through, room.admitted_through + admit],
                 )
             room.admitted_through += admit
-        room.active = waiting > admit or measure.backlog + admit >= budget
+        room.active = measure.seats_left and (waiting > admit or measure.backlog + admit >= budget)
         room.charge_rate, room.backlog = measure.rate, measure.backlog + admit
         room.updated_at = now
         room.save(

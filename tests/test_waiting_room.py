@@ -348,3 +348,29 @@ def test_a_room_opens_an_hour_before_its_sale(room_settings):
     with freeze_time(T0 + timedelta(hours=1, seconds=1)):
         admission.rooms_tick()
         assert post(alice, later, "A1").json()["code"] == "waiting_room"
+
+
+def test_a_buyer_let_in_and_refused_for_seats_spends_the_turn(onsale):
+    alice, bob, carol = _admitted(onsale, 3)  # alice and bob let in
+    Seat.objects.filter(event=onsale).exclude(ref="A1").update(status=SeatStatus.SOLD)
+    Seat.objects.filter(event=onsale, ref="A1").update(status=SeatStatus.HELD)
+    with freeze_time(OPENS):
+        answer = post(alice, onsale, "A1")
+    assert answer.json()["code"] == "seat_unavailable"
+    assert WaitingRoomEntry.objects.get(event=onsale, buyer=alice).used_at is not None
+    assert WaitingRoomEntry.objects.get(event=onsale, buyer=bob).used_at is None
+
+
+def test_a_sold_out_event_lets_everyone_waiting_in_to_be_told_so(onsale):
+    people = _admitted(onsale, 6)  # 2 let in, 4 waiting
+    Seat.objects.filter(event=onsale).update(status=SeatStatus.SOLD)
+    assert tick(onsale, OPENS + timedelta(seconds=1)) is False
+    assert WaitingRoom.objects.get(event=onsale).admitted_through == 6
+    with freeze_time(OPENS + timedelta(seconds=1)):
+        answer = _client_for(people[-1]).post(
+            "/api/purchases/",
+            {"event": onsale.pk, "quantity": 1, "payment_method": "pm_card_visa"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=new_key(),
+        )
+    assert answer.json()["code"] == "not_enough_seats"

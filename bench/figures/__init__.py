@@ -34,6 +34,7 @@ from bench.figures import (
     sweeps,
     timers,
     tracing,
+    waiting_room,
     webhooks,
 )
 
@@ -54,5 +55,6 @@ WITH_STACK = (
     cancellation,
     door,
     breaker,
+    waiting_room,
 )
 WITHOUT_STACK = (sweeps,)

@@ -24,7 +24,7 @@ def fixtures(db: BenchDB, scale: int, name: str = "bench gateway") -> int:
     return db.make_event(name, scale)[0]
 
 
-def _restart_with(ctx: Context, latency: int) -> None:
+def restart_with(ctx: Context, latency: int) -> None:
     """The fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS=latency
     (the web tier is not restarted), the worker stopped first."""
     log(f"   restarting the fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS={latency}")
@@ -47,7 +47,7 @@ def run(ctx: Context) -> None:
     ctx.results["figures"][FIGURE.key] = fig
     for latency in LATENCIES_MS:
         if ctx.stack.latency_ms != latency:
-            _restart_with(ctx, latency)
+            restart_with(ctx, latency)
         for c in clients_list:
             ctx.broker.purge()
             nseats = int(1000 * (ctx.warmup + ctx.dur)) + 1000

@@ -143,7 +143,7 @@ def run(ctx: Context) -> None:
     }
     ctx.results["figures"][FIGURE.key] = fig
     if ctx.stack.latency_ms != 0:
-        gateway_latency._restart_with(ctx, 0)  # figure 3 leaves the gateway at 300 ms
+        gateway_latency.restart_with(ctx, 0)  # figure 3 leaves the gateway at 300 ms
     processor = Localstripe(ctx.logdir)
     try:
         for how in ORDER:

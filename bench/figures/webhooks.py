@@ -301,7 +301,7 @@ def run(ctx: Context) -> None:
     ctx.results["figures"][FIGURE.key] = fig
     if ctx.stack.latency_ms != 0:
         # Figure 3 leaves the gateway at 300 ms; figure 2's load is at 0 ms.
-        gateway_latency._restart_with(ctx, 0)
+        gateway_latency.restart_with(ctx, 0)
     receiver = Receiver(hang_s=timeout_s + HANG_BEYOND_TIMEOUT_S)
     endpoints: list[int] = []
     try:

@@ -244,6 +244,7 @@ def _purchase_start(
             return replay
         raise PaymentsPaused(paused)
     saga = _new_saga(event_id=event_id, user=user, payment_method=payment_method, now=now)
+    turn = _Turn(admission_pass)
     try:
         purchase = _start_in_one_transaction(
             saga,
@@ -251,7 +252,7 @@ def _purchase_start(
             idempotency_key=idempotency_key,
             fingerprint=fingerprint,
             choice=choice,
-            admission_pass=admission_pass,
+            turn=turn,
             now=now,
         )
     except (_KeyTaken, _Refused) as exc:
@@ -263,8 +264,18 @@ def _purchase_start(
         if isinstance(exc, _Refused) and isinstance(exc.error, _MustWait):
             raise _waiting(saga, now=now) from None
         if isinstance(exc, _Refused):
+            if turn.admitted:
+                # Let in, and refused (sold out, a seat taken): the turn was
+                # spent, it holds no place in the room's count any more.
+                admission.turn_spent(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
             raise exc.error from None
         raise  # pragma: no cover - the unique index said the key exists
+    except DomainError:
+        # A seat taken under the lock, or no block left (the hold's own
+        # refusals): as above.
+        if turn.admitted:
+            admission.turn_spent(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
+        raise
 
     _announce_started(saga, purchase=purchase, choice=choice)
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
@@ -321,7 +332,7 @@ def _start_in_one_transaction(
     idempotency_key: str,
     fingerprint: str,
     choice: _Choice,
-    admission_pass: str | None,
+    turn: _Turn,
     now: datetime,
 ) -> dict:
     """Check the event's rules, pick, claim the key, hold and record; returns
@@ -331,7 +342,7 @@ def _start_in_one_transaction(
     # One transaction and one commit; a replay (the key is taken) and every
     # refusal roll it back.
     with transaction.atomic(durable=True):
-        rules, seats = _pick_seats(saga, choice=choice, admission_pass=admission_pass, now=now)
+        rules, seats = _pick_seats(saga, choice=choice, turn=turn, now=now)
         hold_expires_at = now + timedelta(seconds=rules.hold_seconds_or_default)
         purchase = _purchase(saga, seats=seats, hold_expires_at=hold_expires_at)
         # First write: a concurrent duplicate waits here on the unique
@@ -366,14 +377,14 @@ def _start_in_one_transaction(
 
 
 def _pick_seats(
-    saga: PurchaseSaga, *, choice: _Choice, admission_pass: str | None, now: datetime
+    saga: PurchaseSaga, *, choice: _Choice, turn: _Turn, now: datetime
 ) -> tuple[_Rules, list[Seat]]:
     """The event's rules, checked; the seats named, or the best block of the
     quantity asked, priced on the saga, without a lock. ``_Refused`` for a
     refusal (the event's rules, the seats, the buyer's limit)."""
     if choice.seat_refs is not None:
         rules, seats = _event_and_seats_by_ref(saga.event_id, choice.seat_refs)
-        rules = _check_sales(rules, saga=saga, admission_pass=admission_pass, now=now)
+        rules = _check_sales(rules, saga=saga, turn=turn, now=now)
         _check_named(seats, seat_refs=choice.seat_refs)
         _check_buyer_limit(saga, rules=rules, asked=choice.asked)
         _price(saga, seats)
@@ -382,7 +393,7 @@ def _pick_seats(
     rules = _check_sales(
         _event_rules(saga.event_id, category=choice.category),
         saga=saga,
-        admission_pass=admission_pass,
+        turn=turn,
         now=now,
     )
     if choice.category is not None and not rules.category_known:
@@ -424,6 +435,15 @@ def _announce_started(saga: PurchaseSaga, *, purchase: dict, choice: _Choice) ->
 
 class _KeyTaken(Exception):
     """Another request with the same key committed first (or is committing)."""
+
+
+@dataclass
+class _Turn:
+    """The buyer's turn in the event's waiting room, for one start: the pass
+    they sent, and whether the room let them in (the start's check sets it)."""
+
+    pass_token: str | None
+    admitted: bool = False
 
 
 class _MustWait(DomainError):
@@ -496,9 +516,7 @@ def _event_rules(event_id: int, *, category: str | None) -> _Rules | None:
     return None if row is None else _Rules(*row)
 
 
-def _check_sales(
-    rules: _Rules | None, *, saga: PurchaseSaga, admission_pass: str | None, now: datetime
-) -> _Rules:
+def _check_sales(rules: _Rules | None, *, saga: PurchaseSaga, turn: _Turn, now: datetime) -> _Rules:
     """The rules of an event on sale now, and the buyer let in by its waiting
     room if it is letting buyers in in turn (or has not opened yet);
     ``_Refused`` otherwise. A draft is the seller's alone: refused exactly as
@@ -510,17 +528,12 @@ def _check_sales(
     ):
         raise _Refused(SalesClosed())
     not_open = rules.sales_start is not None and now < rules.sales_start
-    if (
-        rules.room
-        and (rules.room_active or not_open)
-        and not (
-            not not_open
-            and admission.admission_use(
-                event_id=saga.event_id, user_id=saga.buyer_id, token=admission_pass, now=now
-            )
+    if rules.room and (rules.room_active or not_open):
+        turn.admitted = not not_open and admission.admission_use(
+            event_id=saga.event_id, user_id=saga.buyer_id, token=turn.pass_token, now=now
         )
-    ):
-        raise _Refused(_MustWait())
+        if not turn.admitted:
+            raise _Refused(_MustWait())
     if not_open:
         assert rules.sales_start is not None  # not_open says so
         raise _Refused(SalesNotOpen(rules.sales_start))
