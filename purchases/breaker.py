@@ -61,6 +61,11 @@ STATE, FAILURES, SUCCESSES, OPENED_AT = (
 # pybreaker.STATE_OPEN, named here so that the web's check needs no import of
 # pybreaker (tests/test_breaker.py holds them equal).
 OPEN = "open"
+# pybreaker.STATE_HALF_OPEN: written for the length of a trial's call (then
+# open or closed); read as paused, so that no purchase is let in as the
+# trial nor alongside it.
+HALF_OPEN = "half-open"
+PAUSED = frozenset({OPEN, HALF_OPEN})
 
 
 class ProcessorFailing(Exception):
@@ -145,8 +150,8 @@ def breaker_trial(
     if not settings.PAYMENT_BREAKER_ENABLED:
         return None
     state = breaker_state()
-    if state["state"] != OPEN:
-        return None
+    if state["state"] not in PAUSED:
+        return None  # closed; half-open (a trial running, or one whose process died) is tried
     opened_at, at = state["opened_at"], now or datetime.now(UTC)
     reset = timedelta(seconds=settings.PAYMENT_BREAKER_RESET_SECONDS)
     if opened_at is not None and at < opened_at + reset:
@@ -165,7 +170,8 @@ def payments_paused(*, now: datetime | None = None) -> int | None:
     """Whether new purchases are refused now: the seconds until they may be
     tried again (``Retry-After``, at least 1), or None. Open: refused, until
     the reset time has passed and then until a trial's answer closes it (the
-    trial's interval is the wait then); closed or half-open: None."""
+    trial's interval is the wait then); half-open (a trial's call under way)
+    too; closed: None."""
     if not settings.PAYMENT_BREAKER_ENABLED:
         return None
     # Read at every start (one cache round trip), not remembered by the
@@ -174,7 +180,7 @@ def payments_paused(*, now: datetime | None = None) -> int | None:
     # does not answer (figure 17 counted two).
     reached, found = cache_call("breaker", lambda: cache.get_many([STATE, OPENED_AT]))
     found = found if reached and found is not None else {}
-    if found.get(STATE) != OPEN:
+    if found.get(STATE) not in PAUSED:
         return None
     opened = found.get(OPENED_AT)
     if opened is None:  # open with its time lost: a trial is due
