@@ -19,8 +19,11 @@ An event's room (its :class:`~purchases.models.WaitingRoom` row) is served by
    and the event's backlog (its purchases not charged yet, and the buyers
    let in who have not started one);
 3. **the admission**: the budget is what the rate serves in
-   ``WAITING_ROOM_HOLD_SHARE`` of the event's hold; the next buyers in
-   number order are let in while the backlog is under it;
+   ``WAITING_ROOM_HOLD_SHARE`` of the event's hold (before any charge is
+   measured, a probe of one second at the floor's rate); the next buyers in
+   number order are let in while the backlog is under it, and nobody while
+   the event's oldest purchase not charged yet has waited half that time
+   (charging is slower than measured);
 4. **the decision**: the room is *active* while someone waits, or the
    backlog fills the budget; an inactive room lets every start through. An
    event with no seat available lets everyone in (to be told so at once).
@@ -301,6 +304,8 @@ class _Measure:
     uncharged: int
     unused: int
     seats_left: bool
+    # How long the event's oldest purchase not charged yet has waited (0: none).
+    oldest_s: float
 
     @property
     def backlog(self) -> int:
@@ -311,6 +316,8 @@ class _Measure:
 # sagas' index; and the buyers let in who have not started yet.
 _BACKLOG_SQL = """
 SELECT (SELECT count(*) FROM {saga} WHERE event_id = %s AND state = ANY(%s)),
+       (SELECT COALESCE(EXTRACT(EPOCH FROM %s - min(created_at)), 0) FROM {saga}
+         WHERE event_id = %s AND state = ANY(%s)),
        (SELECT count(*) FROM {entry}
          WHERE event_id = %s AND admitted_at > %s AND used_at IS NULL),
        EXISTS (SELECT 1 FROM {seat} WHERE event_id = %s AND status COLLATE "C" = 'available')
@@ -318,8 +325,12 @@ SELECT (SELECT count(*) FROM {saga} WHERE event_id = %s AND state = ANY(%s)),
 _RATE_SQL = "SELECT count(*) FROM {answer} WHERE at > %s AND asked = 'charge'"
 
 
-def _measure(event_id: int, *, now: datetime) -> _Measure:
-    window = settings.WAITING_ROOM_RATE_WINDOW_SECONDS
+def _measure(event_id: int, *, now: datetime, opened_at: datetime) -> _Measure:
+    # The window, and never longer than the time since the sale opened: a
+    # sale's first seconds are not averaged with the quiet before them.
+    window = max(
+        1.0, min(settings.WAITING_ROOM_RATE_WINDOW_SECONDS, (now - opened_at).total_seconds())
+    )
     since = now - timedelta(seconds=settings.WAITING_ROOM_PASS_SECONDS)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -333,11 +344,15 @@ def _measure(event_id: int, *, now: datetime) -> _Measure:
                 entry=WaitingRoomEntry._meta.db_table,
                 seat=Seat._meta.db_table,
             ),
-            [event_id, list(UNCHARGED), event_id, since, event_id],
+            [event_id, list(UNCHARGED), now, event_id, list(UNCHARGED), event_id, since, event_id],
         )
-        uncharged, unused, seats_left = cursor.fetchone()
+        uncharged, oldest, unused, seats_left = cursor.fetchone()
     return _Measure(
-        rate=charges / window, uncharged=uncharged, unused=unused, seats_left=seats_left
+        rate=charges / window,
+        uncharged=uncharged,
+        unused=unused,
+        seats_left=seats_left,
+        oldest_s=float(oldest),
     )
 
 
@@ -376,12 +391,18 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
             return "active"
         if room.drawn_at is None:
             _draw(room, now=now)
-        measure = _measure(event_id, now=now)
-        rate = max(measure.rate, settings.WAITING_ROOM_MIN_CHARGE_RATE)
+        assert room.drawn_at is not None  # drawn above
+        measure = _measure(event_id, now=now, opened_at=room.drawn_at)
         hold = event.hold_seconds or settings.PURCHASE_HOLD_SECONDS
-        budget = math.floor(rate * hold * settings.WAITING_ROOM_HOLD_SHARE)
+        serve_s = hold * settings.WAITING_ROOM_HOLD_SHARE
+        budget = _budget(measure, serve_s=serve_s)
         waiting = room.next_number - 1 - room.admitted_through
         admit = max(0, min(waiting, budget - measure.backlog))
+        if measure.oldest_s >= serve_s / 2:
+            # The oldest purchase has waited half of what the budget allows:
+            # charging is slower than measured (the workers busy elsewhere).
+            # Nobody more until it catches up.
+            admit = 0
         if not measure.seats_left:
             # Sold out (or every seat held): nothing to protect; everyone
             # waiting is let in to be told so at once, not after their turn.
@@ -413,6 +434,17 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
             extra={"event_id": event_id, "admitted": admit, "through": room.admitted_through},
         )
     return "active" if room.active else "inactive"
+
+
+def _budget(measure: _Measure, *, serve_s: float) -> int:
+    """How many purchases may wait for their charge: what the measured rate
+    charges in ``serve_s``, the rate taken to be at least the floor; before
+    any charge was measured, a probe of the floor's worth (one second of it),
+    so that a processor slower than the floor cannot expire a whole budget."""
+    floor = settings.WAITING_ROOM_MIN_CHARGE_RATE
+    if measure.rate == 0:
+        return math.ceil(floor)
+    return max(1, math.floor(max(measure.rate, floor) * serve_s))
 
 
 def _draw(room: WaitingRoom, *, now: datetime) -> None:

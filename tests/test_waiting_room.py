@@ -18,7 +18,7 @@ from purchases import admission
 from purchases.models import Seat, SeatStatus, WaitingRoom, WaitingRoomEntry
 from seller.services import event_publish
 
-from .conftest import _client_for, new_key, purchase_body, race
+from .conftest import _client_for, new_key, purchase_body, race, start_purchase
 from .factories import EventFactory, OrganizerFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -30,9 +30,9 @@ SEATS = [f"A{n}" for n in range(1, 41)]
 
 @pytest.fixture
 def room_settings(settings):
-    # A budget of 2 purchases to charge: 1 charge/s (none measured) over
-    # half of a 4 s hold.
-    settings.WAITING_ROOM_MIN_CHARGE_RATE = 1.0
+    # A budget of 2 purchases to charge: before any charge is measured, a
+    # probe of one second at the floor's 2 a second.
+    settings.WAITING_ROOM_MIN_CHARGE_RATE = 2.0
     settings.WAITING_ROOM_HOLD_SHARE = 0.5
     settings.WAITING_ROOM_PASS_SECONDS = 120
     return settings
@@ -374,3 +374,25 @@ def test_a_sold_out_event_lets_everyone_waiting_in_to_be_told_so(onsale):
             HTTP_IDEMPOTENCY_KEY=new_key(),
         )
     assert answer.json()["code"] == "not_enough_seats"
+
+
+def test_nobody_more_is_let_in_while_the_oldest_purchase_waits_too_long(room_settings):
+    """The workers busy elsewhere: the measured rate says there is room, the
+    oldest purchase not charged yet says there is not."""
+    room_settings.WAITING_ROOM_MIN_CHARGE_RATE = 10.0  # a budget of 20 over 2 s
+    event = EventFactory(seats=SEATS, waiting_room=True, hold_seconds=4)
+    tick(event, T0)  # drawn at once, nobody waiting: starts go through
+    start_purchase(UserFactory(username="early"), event, seats=["A40"], now=T0)
+    WaitingRoom.objects.filter(event=event).update(active=True)
+    for u in buyers(4):
+        admission.join(event_id=event.pk, user_id=u.pk, now=T0)
+
+    tick(event, T0 + timedelta(milliseconds=500))  # waited 0.5 s of the 1 s allowed
+    assert WaitingRoom.objects.get(event=event).admitted_through == 4
+    WaitingRoom.objects.filter(event=event).update(active=True)  # a crowd again
+    late = [UserFactory(username=f"late{k}") for k in range(2)]
+    for u in late:
+        assert admission.join(event_id=event.pk, user_id=u.pk, now=T0).status == "waiting"
+    # Waited 1 s: nobody more, though the budget (10, 5 used) has room.
+    assert tick(event, T0 + timedelta(seconds=1)) is True
+    assert WaitingRoom.objects.get(event=event).admitted_through == 4
