@@ -393,20 +393,12 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
             _draw(room, now=now)
         assert room.drawn_at is not None  # drawn above
         measure = _measure(event_id, now=now, opened_at=room.drawn_at)
-        hold = event.hold_seconds or settings.PURCHASE_HOLD_SECONDS
-        serve_s = hold * settings.WAITING_ROOM_HOLD_SHARE
+        serve_s = (event.hold_seconds or settings.PURCHASE_HOLD_SECONDS) * (
+            settings.WAITING_ROOM_HOLD_SHARE
+        )
         budget = _budget(measure, serve_s=serve_s)
         waiting = room.next_number - 1 - room.admitted_through
-        admit = max(0, min(waiting, budget - measure.backlog))
-        if measure.oldest_s >= serve_s / 2:
-            # The oldest purchase has waited half of what the budget allows:
-            # charging is slower than measured (the workers busy elsewhere).
-            # Nobody more until it catches up.
-            admit = 0
-        if not measure.seats_left:
-            # Sold out (or every seat held): nothing to protect; everyone
-            # waiting is let in to be told so at once, not after their turn.
-            admit = waiting
+        admit = _admit(measure, waiting=waiting, budget=budget, serve_s=serve_s)
         if admit:
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -434,6 +426,20 @@ def room_tick(*, event_id: int, now: datetime | None = None) -> str:
             extra={"event_id": event_id, "admitted": admit, "through": room.admitted_through},
         )
     return "active" if room.active else "inactive"
+
+
+def _admit(measure: _Measure, *, waiting: int, budget: int, serve_s: float) -> int:
+    """How many of those waiting to let in now."""
+    if not measure.seats_left:
+        # Sold out (or every seat held): nothing to protect; everyone waiting
+        # is let in to be told so at once, not after their turn.
+        return waiting
+    if measure.oldest_s >= serve_s / 2:
+        # The oldest purchase has waited half of what the budget allows:
+        # charging is slower than measured (the workers busy elsewhere).
+        # Nobody more until it catches up.
+        return 0
+    return max(0, min(waiting, budget - measure.backlog))
 
 
 def _budget(measure: _Measure, *, serve_s: float) -> int:

@@ -261,24 +261,28 @@ def _purchase_start(
         replay = _replay(user=user, idempotency_key=idempotency_key, fingerprint=fingerprint)
         if replay is not None:
             return replay
-        if isinstance(exc, _Refused) and isinstance(exc.error, _MustWait):
-            raise _waiting(saga, now=now) from None
         if isinstance(exc, _Refused):
-            if turn.admitted:
-                # Let in, and refused (sold out, a seat taken): the turn was
-                # spent, it holds no place in the room's count any more.
-                admission.turn_spent(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
-            raise exc.error from None
+            raise _refusal(saga, exc.error, turn=turn, now=now) from None
         raise  # pragma: no cover - the unique index said the key exists
-    except DomainError:
+    except DomainError as exc:
         # A seat taken under the lock, or no block left (the hold's own
-        # refusals): as above.
-        if turn.admitted:
-            admission.turn_spent(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
-        raise
+        # refusals): as the pick's.
+        raise _refusal(saga, exc, turn=turn, now=now) from None
 
     _announce_started(saga, purchase=purchase, choice=choice)
     return PurchaseStarted(saga_id=str(saga.id), purchase=purchase, created=True)
+
+
+def _refusal(saga: PurchaseSaga, error: DomainError, *, turn: _Turn, now: datetime) -> DomainError:
+    """What a refused start raises: the buyer put in the event's waiting room
+    when it did not let them in; else the refusal, the turn spent first if
+    the room let them in (sold out, a seat taken: it holds no place in the
+    room's count any more)."""
+    if isinstance(error, _MustWait):
+        return _waiting(saga, now=now)
+    if turn.admitted:
+        admission.turn_spent(event_id=saga.event_id, user_id=saga.buyer_id, now=now)
+    return error
 
 
 def _waiting(saga: PurchaseSaga, *, now: datetime) -> DomainError:
