@@ -196,14 +196,15 @@ def buyer_place(
     """Where the buyer stands in the event's room (:func:`join` with
     ``join_room``, else :func:`place_of`); ``open`` for an event whose room
     is off; None for no such event (or a draft, the seller's alone)."""
-    event = (
+    # One read: the setting, or no row at all (a null setting is a row too).
+    found = list(
         Event.objects.filter(pk=event_id)
         .exclude(status=EventStatus.DRAFT)
-        .values_list("waiting_room", flat=True)
+        .values_list("waiting_room", flat=True)[:1]
     )
-    if not event.exists():
+    if not found:
         return None
-    if not event.first():
+    if not found[0]:
         return Place(status="open")
     if join_room:
         return join(event_id=event_id, user_id=user_id, now=now)

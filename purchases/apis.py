@@ -452,20 +452,14 @@ def _purchase_refusal(exc: DomainError) -> Response | None:
     is not a refusal of the request (a bug: the 500 it becomes says so)."""
     if isinstance(exc, IdempotencyKeyReused):
         return error(422, exc.code, str(exc))
-    if isinstance(exc, PaymentsPaused):
-        response = error(503, exc.code, str(exc), retry_after=exc.retry_after)
-        response["Retry-After"] = str(exc.retry_after)
-        return response
-    if isinstance(exc, InWaitingRoom):
-        opens = {} if exc.sales_start is None else {"sales_start": iso_z(exc.sales_start)}
-        response = error(
-            503,
-            exc.code,
-            str(exc),
-            position=exc.position,
-            retry_after=exc.retry_after,
-            **opens,
-        )
+    if isinstance(exc, PaymentsPaused | InWaitingRoom):
+        # Both ask again later: the body's retry_after and the header.
+        place: dict = {}
+        if isinstance(exc, InWaitingRoom):
+            place["position"] = exc.position
+            if exc.sales_start is not None:
+                place["sales_start"] = iso_z(exc.sales_start)
+        response = error(503, exc.code, str(exc), retry_after=exc.retry_after, **place)
         response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, SeatUnavailable):

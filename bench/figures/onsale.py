@@ -244,7 +244,7 @@ def _one_run(ctx: Context, users: list[int], r: int) -> dict:
     ctx.stack.check_alive()
     seen = [t for t in (sold_out_polled, sale.sold_out_answered_at) if t is not None]
     sold_out_s = min(seen) - t0 if seen else None
-    terminal_s = _wait_terminal(ctx, event) - t0_epoch
+    terminal_s = wait_terminal(ctx, event) - t0_epoch
     quiet = webhooks._quiet(ctx, 180)
     if not quiet:
         msg = f"on-sale run {r}: the stack did not drain within 180s (queue {ctx.broker.depth()})"
@@ -287,9 +287,9 @@ def _watch(ctx: Context, sale: _OnSale, event: int, t0: float) -> float | None:
         time.sleep(SOLD_OUT_POLL_S)
 
 
-def _wait_terminal(ctx: Context, event: int) -> float:
-    """Until every saga of the event is CONFIRMED or COMPENSATED; the epoch
-    of the last one's move."""
+def wait_terminal(ctx: Context, event: int, label: str = "on-sale") -> float:
+    """Until every saga of the event is CONFIRMED or COMPENSATED (``PhaseFailed``
+    after 300 s, ``label`` naming the figure); the epoch of the last one's move."""
     seen = {"live": None, "last": None}
 
     def terminal() -> bool:
@@ -306,9 +306,9 @@ def _wait_terminal(ctx: Context, event: int) -> float:
         terminal,
         timeout=300,
         every=0.2,
-        progress=lambda: log(f"   on-sale: {seen['live']} sagas not terminal yet"),
+        progress=lambda: log(f"   {label}: {seen['live']} sagas not terminal yet"),
     ):
-        raise PhaseFailed(f"on-sale: {seen['live']} sagas still not terminal after 300s")
+        raise PhaseFailed(f"{label}: {seen['live']} sagas still not terminal after 300s")
     return float(seen["last"]) if seen["last"] is not None else time.time()
 
 

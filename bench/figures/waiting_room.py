@@ -115,7 +115,7 @@ def _capacity(ctx: Context) -> float:
         thread.start()
     for thread in threads:
         thread.join()
-    poll(lambda: _terminal(ctx.db, event), timeout=180, every=0.5)
+    onsale.wait_terminal(ctx, event, "waiting room")
     n, first, last = ctx.db.q1(
         "SELECT count(*), min(updated_at), max(updated_at) FROM purchases_purchasesaga"
         " WHERE event_id = %s AND state = 'CONFIRMED'",
@@ -124,15 +124,6 @@ def _capacity(ctx: Context) -> float:
     if n < 2 or last <= first:
         raise PhaseFailed(f"waiting room: {n} purchases confirmed to measure the capacity")
     return (n - 1) / (last - first).total_seconds()
-
-
-def _terminal(db: BenchDB, event: int) -> bool:
-    (live,) = db.q1(
-        "SELECT count(*) FROM purchases_purchasesaga WHERE event_id = %s"
-        " AND state NOT IN ('CONFIRMED', 'COMPENSATED')",
-        [event],
-    )
-    return live == 0
 
 
 class _Sale:
@@ -236,7 +227,7 @@ def _one_sale(ctx: Context, users: list[int], rate: float, *, room: bool) -> dic
     opened = time.monotonic() + float(opens_in)
     log(f"   sale {'with' if room else 'without'} a room: {len(users)} buyers at {rate:.0f}/s")
     sale.run()
-    poll(lambda: _terminal(ctx.db, event), timeout=HOLD_S * 4 + 120, every=0.5)
+    onsale.wait_terminal(ctx, event, "waiting room")
     opened = max(opened, sale.t0)
     waits = [done[0] - sale.first[k] for k, done in sale.done.items() if done[1] == 202]
     (expired,) = ctx.db.q1(
