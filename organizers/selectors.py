@@ -5,8 +5,16 @@ that a stranger and a missing organizer get the same answer."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.models import Model, QuerySet
+from rest_framework.authtoken.models import Token
+
+from common.users import model_order, user_from_values
 
 from .errors import OrganizerNotFound
 from .models import SLUG, Membership, Organizer
@@ -45,10 +53,69 @@ def membership_for(*, user, slug: str) -> Membership:
         row = cursor.fetchone()  # (user, organizer) is unique: one row at most
     if row is None:
         raise OrganizerNotFound(f"no organizer {slug!r} of this user")
+    return _membership_of_row(row)
+
+
+def _membership_of_row(row) -> Membership:
     cut = len(_MEMBERSHIP_FIELDS)
     found = Membership.from_db(DEFAULT_DB_ALIAS, _MEMBERSHIP_FIELDS, row[:cut])
     found.organizer = Organizer.from_db(DEFAULT_DB_ALIAS, _ORGANIZER_FIELDS, row[cut:])
     return found
+
+
+# --- the token and the membership in one read ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenMembership:
+    """A token's user and the user's membership of the organizer ``slug``
+    (None: not a member, or no such organizer: the same 404)."""
+
+    user: User
+    slug: str
+    membership: Membership | None
+
+
+@functools.cache
+def _token_membership_sql() -> str:
+    """The statement, the user's columns in the model's order (as
+    ``from_db`` takes them); built on first use, the user model being known
+    only once the apps are."""
+    model = get_user_model()
+    names = model_order()
+    column = {f.attname: f.column for f in model._meta.concrete_fields}
+    columns = ", ".join(f'u."{column[name]}"' for name in names)
+    sql = f"""
+SELECT {columns}, {_MEMBERSHIP_COLUMNS}, {_ORGANIZER_COLUMNS}
+  FROM {Token._meta.db_table} t
+  JOIN {model._meta.db_table} u ON u.id = t.user_id
+  LEFT JOIN ({Membership._meta.db_table} m
+             JOIN {Organizer._meta.db_table} o ON o.id = m.organizer_id AND o.slug = %s)
+         ON m.user_id = t.user_id
+ WHERE t.key = %s
+"""
+    return sql
+
+
+def token_membership(*, key: str, slug: str) -> TokenMembership | None:
+    """The token ``key``'s user and their membership of ``slug`` in one
+    query (an organizer-scoped request's authentication and authorization
+    read together: purchases/authentication.py); None when there is no such
+    token or ``slug`` is of no organizer's form (the caller then asks as any
+    other route does)."""
+    if not SLUG.fullmatch(slug):
+        return None
+    sql = _token_membership_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [slug, key])
+        row = cursor.fetchone()  # the token's key is its primary key: one row at most
+    if row is None:
+        return None
+    cut = len(model_order())
+    user = user_from_values(row[:cut])
+    rest = row[cut:]
+    member = None if rest[0] is None else _membership_of_row(rest)  # m.id NULL: no membership
+    return TokenMembership(user=user, slug=slug, membership=member)
 
 
 def organizer_for(*, user, slug: str) -> Organizer:

@@ -15,6 +15,19 @@ What a signal cannot see (a bulk ``UPDATE`` of users, a token deleted by
 SQL) is bounded by ``AUTH_TOKEN_CACHE_SECONDS``. A token that fails is never
 remembered. ``0`` turns the cache off.
 
+Under ``/api/organizers/{slug}/`` the cache is not asked: every such
+request is authenticated, then authorized by the caller's membership of
+that organizer (``organizers.permissions``, the one place that decides), so
+the token, its user and the membership are read in one query
+(``organizers.selectors.token_membership``) instead of a cache look-up and
+a query: a door scan's hot path (docs/performance.md, figure 16). There a
+deleted token, a deactivated user and a changed role take effect at the
+next request in every process. The membership rides on the request's
+``auth`` (the token) as ``organizer_membership``; the permission takes it
+when it is of the URL's organizer and the request's user, and reads the
+membership itself otherwise (a session). An unknown token or an inactive
+user is refused by DRF's own read, in its words, from the database.
+
 The cache down (docs/operations.md, "Cache down"): the token is read from the
 database, as with the cache off, and the request goes on (the token is not
 remembered then); the fallback is counted, the outage logged once, and the
@@ -33,33 +46,38 @@ import hashlib
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
-from .cache_outage import cache_call
+from common.users import USER_FIELDS, model_order, user_from_values
+from organizers.selectors import token_membership
 
-# What a request reads of its user (permissions: is_active, is_staff,
-# is_superuser); never the password.
-USER_FIELDS = ("id", "username", "email", "is_active", "is_staff", "is_superuser")
+from .cache_outage import cache_call
 
 
 def cache_key(token_key: str) -> str:
     return "authtoken:" + hashlib.sha256(token_key.encode()).hexdigest()
 
 
-@functools.cache
-def _model_order() -> tuple[str, ...]:
-    """``USER_FIELDS`` in the user model's field order, which ``from_db``
-    takes: the model's fields do not change while the process runs, so this
-    is computed once, not on every authenticated request."""
-    model = get_user_model()
-    return tuple(f.attname for f in model._meta.concrete_fields if f.attname in USER_FIELDS)
-
-
 class CachedTokenAuthentication(TokenAuthentication):
+    # The URL's organizer when the view is one under /api/organizers/{slug}/
+    # (below), else None. DRF makes the authenticators anew for each request.
+    slug: str | None = None
+
+    def authenticate(self, request):
+        # Here, not at the top: DRF imports this class while rest_framework.views
+        # loads, which organizers.permissions imports.
+        from organizers.permissions import OrganizerScopedApi
+
+        view = request.parser_context.get("view")
+        if isinstance(view, OrganizerScopedApi):
+            self.slug = request.parser_context.get("kwargs", {}).get("slug", "")
+        return super().authenticate(request)
+
     def authenticate_credentials(self, key):
+        if self.slug is not None:
+            return self._with_membership(key, self.slug)
         seconds = settings.AUTH_TOKEN_CACHE_SECONDS
         if seconds <= 0:
             return super().authenticate_credentials(key)
@@ -68,16 +86,26 @@ class CachedTokenAuthentication(TokenAuthentication):
         reached, remembered = cache_call("token", functools.partial(cache.get, cache_key(key)))
         if remembered is not None:
             fields = dict(zip(USER_FIELDS, remembered, strict=True))
-            names = _model_order()
-            user = get_user_model().from_db(
-                DEFAULT_DB_ALIAS, names, [fields[name] for name in names]
-            )
+            user = user_from_values([fields[name] for name in model_order()])
             return user, Token(key=key, user=user)
         user, token = super().authenticate_credentials(key)  # refuses what it must
         if reached:  # read from the database next time too, if this one fails
             remember = [getattr(user, name) for name in USER_FIELDS]
             cache_call("token", functools.partial(cache.set, cache_key(key), remember, seconds))
         return user, token
+
+    def _with_membership(self, key: str, slug: str):
+        """Under an organizer: the token, its user and the user's membership
+        of ``slug`` in one query (the module's docstring), the membership
+        handed to ``organizers.permissions`` on the token."""
+        found = token_membership(key=key, slug=slug)
+        if found is None or not found.user.is_active:
+            # DRF's own read: its refusal in its words, or (a slug of no
+            # organizer's form) the user, whom the permission then refuses.
+            return super().authenticate_credentials(key)
+        token = Token(key=key, user=found.user)
+        token.organizer_membership = found  # type: ignore[attr-defined]
+        return found.user, token
 
 
 # Forgetting while the cache is down is lost: the TTL bounds it (above).

@@ -121,7 +121,8 @@ def test_the_user_served_from_the_cache_has_the_users_own_fields(alice):
     # from the cache had its username as is_superuser (truthy) and
     # is_superuser as is_active: every cached token looked like an inactive
     # superuser to has_perm and to the admin.
-    from purchases.authentication import USER_FIELDS, CachedTokenAuthentication
+    from common.users import USER_FIELDS
+    from purchases.authentication import CachedTokenAuthentication
 
     key = Token.objects.create(user=alice).key
     auth = CachedTokenAuthentication()
