@@ -30,6 +30,13 @@ urlpatterns = [
         name="redoc",
     ),
     path("api/", include("purchases.urls")),
+    # The door (docs/door.md): check-in for door staff under the organizer's
+    # events, and the buyer's ticket reissue. Before the other organizer
+    # routes: Django tries the patterns in order, and a door scan, the
+    # busiest of them on an event's day, then tries about 10 patterns, not 40
+    # (docs/performance.md, figure 16). No other route matches its paths.
+    path("api/", include("door.urls")),
+    path("api/", include("door.buyer_urls")),
     path("api/", include("webhooks.urls")),
     path("api/", include("organizers.urls")),
     # An organizer's webhook endpoints (the staff's are webhooks.urls).
@@ -37,10 +44,6 @@ urlpatterns = [
     # An organizer's events, seat maps, reads and report
     # (docs/api.md, "Events, seat maps and prices").
     path("api/", include("seller.urls")),
-    # The door (docs/door.md): check-in for door staff under the organizer's
-    # events, and the buyer's ticket reissue.
-    path("api/", include("door.urls")),
-    path("api/", include("door.buyer_urls")),
     path("metrics", metrics_view, name="metrics"),
     # Liveness (no I/O) and readiness (database, broker, relay and beat
     # heartbeats): docs/operations.md, "Health checks".

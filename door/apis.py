@@ -31,6 +31,7 @@ from .serializers import (
     CheckinRequestSerializer,
     UploadAnswerSerializer,
     UploadRequestSerializer,
+    checkin_request,
 )
 
 # --- what the schema says (as the seller's routes say it: seller/api_common.py) -----------
@@ -107,10 +108,8 @@ class CheckinApi(OrganizerScopedApi):
         event = _event_id(self, event_id)
         if event is None:
             return no_event()
-        payload = CheckinRequestSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        body = payload.validated_data
-        answer = services.checkin(event, body["code"], body["gate"], request.user)
+        code, gate = checkin_request(request.data)
+        answer = services.checkin(event, code, gate, request.user)
         # The service's answer is already the documented shape (the schema's
         # CheckinAnswerSerializer): rendered as it is, a scan being the
         # door's hot path (docs/performance.md, figure 16).

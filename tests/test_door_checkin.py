@@ -242,3 +242,60 @@ def test_an_event_the_process_remembers_is_still_refused_to_another_organizer(ga
     assert (answer.status_code, answer.json()["code"]) == (404, "not_found")
     assert Scan.objects.filter(event_id=venue["event"].pk).count() == 1
     assert _scan(venue, code_of(venue["saga"], "A2"))["result"] == "ok"
+
+
+# --- the scan's body: the fast path and the serializer agree ---------------------------------
+
+_CODE = "A" * 119
+_BODIES = [
+    {"code": _CODE},
+    {"code": _CODE, "gate": "north"},
+    {"code": f"  {_CODE}\n", "gate": " north\t"},
+    {"code": "", "gate": ""},
+    {"code": "   "},
+    {"code": "x" * 2000, "gate": "g" * 64},
+    {"code": "x" * 2001},
+    {"code": " " + "x" * 2000 + " "},
+    {"code": _CODE, "gate": "g" * 65},
+    {"code": _CODE + "\x00"},
+    {"code": _CODE, "gate": "n\x00rth"},
+    {"code": "Ünïcode"},
+    {"code": _CODE, "gate": "Nord-Süd"},
+    {"code": "\ud800"},
+    {"code": _CODE, "gate": "\udfff"},
+    {"code": 119},
+    {"code": 1.5},
+    {"code": True},
+    {"code": None},
+    {"code": [_CODE]},
+    {"code": {"x": 1}},
+    {"code": _CODE, "gate": None},
+    {"code": _CODE, "gate": 7},
+    {"code": _CODE, "gate": False},
+    {"gate": "north"},
+    {},
+    {"code": _CODE, "extra": "ignored"},
+    [{"code": _CODE}],
+    "code",
+    None,
+]
+
+
+@pytest.mark.parametrize("body", _BODIES, ids=range(len(_BODIES)))
+def test_the_scans_fast_path_answers_every_body_as_the_serializer(body):
+    from rest_framework.exceptions import ValidationError
+
+    from door.serializers import CheckinRequestSerializer, checkin_request
+
+    def answer(parse):
+        try:
+            return "valid", parse()
+        except ValidationError as refused:
+            return "refused", refused.detail
+
+    def by_serializer():
+        payload = CheckinRequestSerializer(data=body)
+        payload.is_valid(raise_exception=True)
+        return payload.validated_data["code"], payload.validated_data["gate"]
+
+    assert answer(lambda: checkin_request(body)) == answer(by_serializer)
