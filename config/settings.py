@@ -227,6 +227,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "common.api.exception_handler",
     # JSON only (docs/api.md), nested at most MAX_JSON_DEPTH deep.
     "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
+    # DRF's, the commonest Accept headers answered without parsing them.
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.negotiation.ContentNegotiation",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

@@ -437,3 +437,69 @@ def test_an_event_that_is_not_a_json_integer_is_refused_as_invalid(clients, even
     data = response.json()
     assert (data["code"], data["field"]) == ("invalid", "event")
     assert PurchaseSaga.objects.count() == 0
+
+
+# --- content negotiation: the fast answers are DRF's -------------------------------------
+
+_ACCEPTS = [
+    None,  # no header: DRF reads */*
+    "",
+    "*/*",
+    "application/json",
+    "application/json; indent=4",
+    "application/json;q=0.5",
+    "text/html",
+    "text/html,application/json;q=0.9",
+    "application/*",
+    "*/*;q=0.1",
+    "text/xml",
+    " */*",
+]
+_QUERIES = ["", "format=json", "format=api", "format=xml", "page=2"]
+
+
+def _renderer_lists():
+    from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer, TemplateHTMLRenderer
+
+    return [
+        [JSONRenderer()],
+        [JSONRenderer(), BrowsableAPIRenderer()],
+        [BrowsableAPIRenderer(), JSONRenderer()],
+        [TemplateHTMLRenderer()],
+    ]
+
+
+@pytest.mark.parametrize("accept", _ACCEPTS)
+@pytest.mark.parametrize("query", _QUERIES)
+def test_the_api_negotiates_every_accept_as_drf_does(rf, accept, query):
+    from rest_framework.negotiation import DefaultContentNegotiation
+    from rest_framework.request import Request
+
+    from common.negotiation import ContentNegotiation
+
+    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+
+    def answer(negotiation, renderers, suffix):
+        request = Request(rf.get(f"/api/x/?{query}" if query else "/api/x/", **headers))
+        try:
+            renderer, media_type = negotiation.select_renderer(request, renderers, suffix)
+        except exceptions.NotAcceptable:
+            return "406"
+        except Http404:  # a format no renderer has
+            return "404"
+        return type(renderer).__name__, media_type
+
+    for renderers in _renderer_lists():
+        for suffix in (None, "json"):
+            assert answer(ContentNegotiation(), renderers, suffix) == answer(
+                DefaultContentNegotiation(), renderers, suffix
+            ), (renderers, suffix)
+
+
+def test_the_api_uses_its_negotiation():
+    from rest_framework.settings import api_settings
+
+    from common.negotiation import ContentNegotiation
+
+    negotiation: object = api_settings.DEFAULT_CONTENT_NEGOTIATION_CLASS
+    assert negotiation is ContentNegotiation
