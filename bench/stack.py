@@ -15,8 +15,8 @@ import httpx
 from bench.common import PhaseFailed, log
 from bench.db import BenchDB
 from devtools.processes import (
-    NICE_REFUNDS,
     ProcessGroup,
+    at_lowest_priority,
     background_env,
     celery_beat_argv,
     celery_worker_argv,
@@ -49,6 +49,8 @@ class Stack(ProcessGroup):
         self.queue = queue
         self.hostname = hostname
         self.latency_ms = 0
+        # The fake processor at the lowest CPU priority (figure 15).
+        self.gateway_lowered = False
         self.web_workers, self.web_threads = web_workers, web_threads
         # The WSGI application gunicorn serves (figure 12 swaps it).
         self.wsgi = "config.wsgi:application"
@@ -95,11 +97,10 @@ class Stack(ProcessGroup):
         )
 
     def start_gateway(self) -> None:
-        self._start(
-            "gateway",
-            gunicorn_argv(port=self.gateway_port, workers=1, threads=16),
-            self.gateway_env,
-        )
+        argv = gunicorn_argv(port=self.gateway_port, workers=1, threads=16)
+        if self.gateway_lowered:
+            argv = at_lowest_priority(argv)
+        self._start("gateway", argv, self.gateway_env)
 
     def start_worker(self) -> None:
         self._start(
@@ -125,19 +126,17 @@ class Stack(ProcessGroup):
         )
 
     def start_refund_worker(self) -> None:
-        """Money back's own pool, one process at the lowest CPU priority, on
-        its own queue (the settings derive it from the stack's:
-        ``<queue>-refunds``), as the Procfile runs it."""
+        """Money back's own pool, one process that lowers its own CPU
+        priority (config/cpu_priority.py), on its own queue (the settings
+        derive it from the stack's: ``<queue>-refunds``), as the Procfile
+        runs it."""
         self._start(
             "refunds",
-            [
-                *NICE_REFUNDS,
-                *celery_worker_argv(
-                    queue=f"{self.queue}-refunds",
-                    concurrency=1,
-                    hostname=f"refunds-{self.hostname}",
-                ),
-            ],
+            celery_worker_argv(
+                queue=f"{self.queue}-refunds",
+                concurrency=1,
+                hostname=f"refunds-{self.hostname}",
+            ),
             background_env(self.base_env),
         )
 

@@ -10,7 +10,7 @@ from celery.exceptions import SecurityWarning
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from config import tracing
+from config import cpu_priority, tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -56,6 +56,15 @@ def _tracing_in_a_pool_process(**kwargs):
 def _spans_out_before_a_pool_process_exits(**kwargs):
     # A pool process leaves with os._exit: no atexit hook exports its last batch.
     tracing.tracing_flush()
+
+
+@signals.worker_init.connect
+def _refunds_take_the_cpu_the_sales_leave(sender=None, **kwargs):
+    # A worker of the refunds' queue alone (its own pool: docs/refunds.md)
+    # lowers its CPU priority before its pool forks (config/cpu_priority.py).
+    consumed = set(sender.app.amqp.queues.consume_from or ()) if sender else set()
+    if consumed and consumed <= {settings.CELERY_REFUND_QUEUE}:
+        cpu_priority.background()
 
 
 @signals.beat_init.connect

@@ -185,11 +185,16 @@ def background_env(env: dict[str, str]) -> dict[str, str]:
     return {**BACKGROUND_ENV, **env}
 
 
-# Money back's pool runs at the lowest CPU priority on a machine it shares
-# with the web: an event cancellation's refunds take the CPU the sales leave
-# (docs/refunds.md, "Where refunds run"; the Procfile's "refunds" says the
-# same; Compose gives its container a small cpu_shares instead).
-NICE_REFUNDS = ("nice", "-n", "19")
+def at_lowest_priority(argv: list[str]) -> list[str]:
+    """``argv`` run at the lowest CPU priority this process can take
+    (``config.cpu_priority.background``: SCHED_IDLE, nice 19, its
+    autogroup's nice 19), inherited by what it forks: the bench's fake
+    processor in figure 15, which stands for a processor on other machines."""
+    launcher = (
+        "import os, sys; from config import cpu_priority; cpu_priority.background();"
+        " os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", launcher, *argv]
 
 
 # Celery for this project, before its command (worker, beat).
