@@ -57,7 +57,7 @@ from typing import Any
 from bench.common import GATEWAY_DB, Context, Figure, PhaseFailed, lat_summary, log, pct, ratio
 from bench.cpu import LABELS, per_purchase
 from bench.db import BENCH_ORGANIZER_SLUG, BenchDB
-from bench.figures import e2e, webhooks
+from bench.figures import e2e, gateway_latency, webhooks
 from bench.load import http_client, post_purchase
 from devtools.processes import ROOT, poll
 
@@ -293,22 +293,13 @@ def _processor_lowered(ctx: Context, lowered: bool) -> None:
     refunds' share (5-7 ms each, a fifth of a refund's machine CPU) would
     compete with the other event's sales at their own priority, which the
     product's refunds no longer do (config/cpu_priority.py). In every window
-    of the figure alike, the quiet ones included. The worker is stopped
-    first, as gateway_latency.restart_with does (a charge sent to a stopped
-    processor goes unknown)."""
-    stack = ctx.stack
-    if stack.gateway_lowered == lowered:
+    of the figure alike, the quiet ones included."""
+    if ctx.stack.gateway_lowered == lowered:
         return
-    how = "at the lowest CPU priority" if lowered else "as usual"
-    log(f"   restarting the fake processor {how}")
-    stack.stop("worker")
-    stack.stop("gateway")
-    ctx.broker.purge()
-    stack.gateway_lowered = lowered
-    stack.start_gateway()
-    stack.start_worker()
-    stack.wait_web()
-    stack.wait_worker(ctx.broker.app)
+    ctx.stack.gateway_lowered = lowered
+    gateway_latency.restart_gateway(
+        ctx, "at the lowest CPU priority" if lowered else "at the usual CPU priority"
+    )
 
 
 def _quiet(ctx: Context, what: str) -> None:

@@ -24,21 +24,27 @@ def fixtures(db: BenchDB, scale: int, name: str = "bench gateway") -> int:
     return db.make_event(name, scale)[0]
 
 
-def restart_with(ctx: Context, latency: int) -> None:
-    """The fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS=latency
-    (the web tier is not restarted), the worker stopped first."""
-    log(f"   restarting the fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS={latency}")
+def restart_gateway(ctx: Context, how: str) -> None:
+    """The fake gateway and the worker restarted as the stack now says
+    (its ``latency_ms``, its ``gateway_lowered``), the web tier not; the
+    worker stopped first."""
+    log(f"   restarting the fake gateway and the worker {how}")
     # The worker first: charges sent to a gateway already stopped go unknown,
     # and ten of them open the processor's breaker (purchases/breaker.py),
     # which then refuses every purchase of the measurement (503).
     ctx.stack.stop("worker")
     ctx.stack.stop("gateway")
     ctx.broker.purge()
-    ctx.stack.latency_ms = latency
     ctx.stack.start_gateway()
     ctx.stack.start_worker()
     ctx.stack.wait_web()
     ctx.stack.wait_worker(ctx.broker.app)
+
+
+def restart_with(ctx: Context, latency: int) -> None:
+    """The fake gateway and the worker with FAKE_GATEWAY_LATENCY_MS=latency."""
+    ctx.stack.latency_ms = latency
+    restart_gateway(ctx, f"with FAKE_GATEWAY_LATENCY_MS={latency}")
 
 
 def run(ctx: Context) -> None:
