@@ -140,6 +140,21 @@ class Stack(ProcessGroup):
             background_env(self.base_env),
         )
 
+    def start_admission_worker(self) -> None:
+        """The waiting rooms' ticks' own process, on their own queue (the
+        settings derive it from the stack's: ``<queue>-admission``), as the
+        Procfile runs it."""
+        self._start(
+            "admission",
+            celery_worker_argv(
+                queue=f"{self.queue}-admission",
+                concurrency=1,
+                hostname=f"admission-{self.hostname}",
+                extra=["--pool=solo"],
+            ),
+            background_env(self.base_env),
+        )
+
     def start_beat(self, schedule: Path) -> None:
         """Beat, for the figure that needs it (17: the breaker's trial)."""
         self._start("beat", celery_beat_argv(schedule=str(schedule)), background_env(self.base_env))

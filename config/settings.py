@@ -520,6 +520,14 @@ CELERY_WEBHOOK_QUEUE = env.str(
 # of refunds take at most that pool's share of the CPU from the sales path
 # (docs/refunds.md, "Where refunds run"; docs/performance.md, figure 15).
 CELERY_REFUND_QUEUE = env.str("CELERY_REFUND_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-refunds")
+# The waiting rooms' ticks have a queue of their own, consumed by a worker of
+# its own (the Procfile's and Compose's "admission"): on the saga's queue a
+# tick waited behind the very charges its room regulates and expired there,
+# so the room stood still when the crowd came (docs/waiting-room.md).
+CELERY_ADMISSION_QUEUE = env.str(
+    "CELERY_ADMISSION_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-admission"
+)
+CELERY_TASK_ROUTES = {"purchases.waiting_rooms_tick": {"queue": CELERY_ADMISSION_QUEUE}}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -681,7 +689,8 @@ CELERY_BEAT_SCHEDULE["payments-breaker-trial"] = {
     "options": {"expires": PAYMENT_BREAKER_TRIAL_SECONDS},
 }
 
-# The waiting rooms' tick (purchases/admission.py).
+# The waiting rooms' tick (purchases/admission.py), on its own queue
+# (CELERY_TASK_ROUTES above).
 CELERY_BEAT_SCHEDULE["waiting-rooms-tick"] = {
     "task": "purchases.waiting_rooms_tick",
     "schedule": WAITING_ROOM_TICK_SECONDS,

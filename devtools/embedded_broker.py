@@ -30,6 +30,7 @@ def queues() -> list[str]:
         settings.CELERY_TASK_DEFAULT_QUEUE,
         settings.CELERY_WEBHOOK_QUEUE,
         settings.CELERY_REFUND_QUEUE,
+        settings.CELERY_ADMISSION_QUEUE,
     ]
 
 

@@ -75,12 +75,18 @@ class Stack(ProcessGroup):
             stack.stop()
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
-        """The saga's pool; here it consumes money back's queue too
-        (settings.CELERY_REFUND_QUEUE: its own pool in production)."""
+        """The saga's pool; here it consumes money back's queue and the
+        rooms' ticks' too (settings.CELERY_REFUND_QUEUE and
+        CELERY_ADMISSION_QUEUE: pools of their own in production)."""
+        queues = (
+            settings.CELERY_TASK_DEFAULT_QUEUE,
+            settings.CELERY_REFUND_QUEUE,
+            settings.CELERY_ADMISSION_QUEUE,
+        )
         self.start(
             name,
             celery_worker_argv(
-                queue=f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_REFUND_QUEUE}",
+                queue=",".join(queues),
                 concurrency=concurrency,
                 hostname=f"{name}@%h",
             ),

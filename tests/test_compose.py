@@ -35,7 +35,7 @@ from purchases.ops.health import CHECKS, readyz_view
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-APP_SERVICES = ("web", "worker", "webhooks", "relay", "beat")
+APP_SERVICES = ("web", "worker", "webhooks", "refunds", "admission", "relay", "beat")
 IMAGE = SERVICES["web"]["image"]
 GATEWAY_PREFIX = "/fake-gateway/v1"
 
@@ -224,6 +224,20 @@ def test_money_back_has_its_own_worker_of_one_process_on_its_own_queue():
     assert SERVICES["refunds"]["cpu_shares"] < SERVICES["worker"].get("cpu_shares", 1024)
 
 
+def test_the_rooms_ticks_have_their_own_worker_on_their_own_queue(settings):
+    """Beat's waiting-room ticks go to CELERY_ADMISSION_QUEUE (CELERY_TASK_ROUTES),
+    never behind the charges on the worker's queue: a service must consume it,
+    and only it (docs/waiting-room.md)."""
+    words = _words("admission")
+    assert words[:4] == ["celery", "-A", "config", "worker"]
+    queues = [w.split("=", 1)[1] for w in words if w.startswith("--queues=")]
+    assert queues == [_env("admission")["CELERY_ADMISSION_QUEUE"]]
+    assert queues != [_env("admission")["CELERY_TASK_DEFAULT_QUEUE"]]
+    assert settings.CELERY_ADMISSION_QUEUE == f"{settings.CELERY_TASK_DEFAULT_QUEUE}-admission"
+    route = settings.CELERY_TASK_ROUTES["purchases.waiting_rooms_tick"]
+    assert route == {"queue": settings.CELERY_ADMISSION_QUEUE}
+
+
 def test_the_relay_routes_money_back_to_its_queue_and_the_rest_to_the_default(settings):
     from outbox.handover import queue_of  # the relay's own routing
 
@@ -246,6 +260,7 @@ def test_make_run_starts_a_webhook_worker_on_the_default_webhook_queue():
     assert f"--queues={default_queue} " in procfile["worker"]
     assert f"--queues={default_queue}-webhooks " in procfile["webhooks"]
     assert f"--queues={default_queue}-refunds " in procfile["refunds"]
+    assert f"--queues={default_queue}-admission " in procfile["admission"]
     # No nice in front: the pool lowers itself (config/cpu_priority.py,
     # tests/test_cpu_priority.py), as honcho's own session would undo nice.
     assert procfile["refunds"].startswith("exec celery ")

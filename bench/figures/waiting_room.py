@@ -19,7 +19,8 @@ threads send each buyer's request at its time, or as soon as one is free),
 each asking for one seat by quantity (best available). A buyer answered
 ``503 waiting_room`` asks again after its ``Retry-After``; ``409
 not_enough_seats`` ends them (sold out); a ``202`` too. Beat runs for the
-figure (the rooms' ticks are beat's).
+figure (the rooms' ticks are beat's), and the ticks' own worker on their own
+queue, as the Procfile runs them.
 
 - **without a room** (``waiting_room`` off): the baseline;
 - **with the room**, its sale opening ``OPENS_IN_S`` after the first
@@ -300,6 +301,7 @@ def run(ctx: Context) -> None:
     latency = ctx.stack.latency_ms
     gateway_latency.restart_with(ctx, GATEWAY_LATENCY_MS)
     ctx.stack.start_beat(Path(ctx.logdir) / "celerybeat-schedule-room")
+    ctx.stack.start_admission_worker()
     try:
         capacity = _capacity(ctx)
         fig["charge_capacity_per_s"] = round(capacity, 1)
@@ -309,6 +311,7 @@ def run(ctx: Context) -> None:
         fig["with"] = _one_sale(ctx, users, rate, room=True)
     finally:
         ctx.stack.stop("beat")
+        ctx.stack.stop("admission")
         gateway_latency.restart_with(ctx, latency)
     ctx.rows += rows(fig)
     _judge(fig)
