@@ -79,6 +79,10 @@ class HttpPaymentGateway:
     share its sockets with the parent, so a child makes its own.
     """
 
+    # One client, made under a lock, and no state of a call kept on the
+    # gateway: a charge burst asks it from several threads at once.
+    concurrent_calls = True
+
     def __init__(self, *, base_url: str | None = None, timeout: float | None = None) -> None:
         self._base_url = base_url
         self._timeout = timeout

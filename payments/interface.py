@@ -259,3 +259,11 @@ class IntentCreatingGateway(PaymentGateway, Protocol):
 def creates_intent(gateway: PaymentGateway) -> bool:
     """Whether the saga must ``create`` the intent before charging it."""
     return bool(getattr(gateway, "creates_intent", False))
+
+
+def calls_concurrently(gateway: PaymentGateway) -> bool:
+    """Whether the gateway may be asked from several threads at once (a
+    charge burst's calls: purchases/saga/burst.py). Only a gateway that says
+    so: the in-process fake, for one, answers on the caller's database
+    connection."""
+    return bool(getattr(gateway, "concurrent_calls", False))

@@ -238,9 +238,9 @@ def saga_for_update(*, saga_id) -> PurchaseSaga:
 
 
 @functools.cache
-def _saga_lock_sql() -> str:
-    """The saga's lock, with its reservation joined by its whole key (id
-    and event) and its event's status."""
+def _saga_read_sql() -> str:
+    """A saga with its reservation joined by its whole key (id and event)
+    and its event's status."""
     return (
         f"SELECT {', '.join(rows.columns(PurchaseSaga, 's') + rows.columns(Reservation, 'r'))},"
         " e.status"
@@ -248,7 +248,37 @@ def _saga_lock_sql() -> str:
         f" JOIN {Reservation._meta.db_table} r"
         " ON r.id = s.reservation_id AND r.event_id = s.event_id"
         f" JOIN {Event._meta.db_table} e ON e.id = s.event_id"
-        " WHERE s.id = %s FOR UPDATE OF s"
+    )
+
+
+@functools.cache
+def _saga_lock_sql() -> str:
+    return _saga_read_sql() + " WHERE s.id = %s FOR UPDATE OF s"
+
+
+def sagas_for_update(*, event_id: int, saga_ids: list) -> dict:
+    """Lock the sagas of one event, each read as :func:`saga_for_update`
+    reads it, in one statement and in the order of their ids (so that two
+    such locks cannot wait on each other); by id. A charge burst's
+    recording starts here (purchases/saga/burst.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_sagas_lock_sql(), [list(saga_ids), event_id])
+        found = cursor.fetchall()
+    sagas = {}
+    for row in found:
+        *columns, event_status = row
+        saga, saga.reservation = rows.split(
+            tuple(columns), PurchaseSaga, Reservation, db=connection.alias
+        )
+        saga.event_cancelled = event_status == EventStatus.CANCELLED
+        sagas[saga.pk] = saga
+    return sagas
+
+
+@functools.cache
+def _sagas_lock_sql() -> str:
+    return (
+        _saga_read_sql() + " WHERE s.id = ANY(%s) AND s.event_id = %s ORDER BY s.id FOR UPDATE OF s"
     )
 
 

@@ -36,6 +36,7 @@ from .refunds.cancellation import cancellation_tick, event_cancel
 from .refunds.requests import organizer_refund, purchase_cancel, purchase_refund
 from .refunds.step import refund_chase, refund_execute
 from .saga.alerts import raise_operator_alert
+from .saga.burst import saga_charge_burst
 from .saga.charge import saga_charge
 from .saga.compensate import saga_compensate
 from .saga.driver import DRIVES, saga_drive
@@ -72,6 +73,7 @@ __all__ = [
     "refund_execute",
     "request_fingerprint",
     "saga_charge",
+    "saga_charge_burst",
     "saga_compensate",
     "saga_compensate_manual",
     "saga_confirm_manual",

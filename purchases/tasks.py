@@ -28,11 +28,13 @@ from .saga.topics import CHARGE_TASK
 )
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
+    # With others of its event PENDING, it charges them too, in one burst
+    # (purchases/saga/burst.py).
     # What the charge announces on this queue (the confirmation's emails and
     # analytics) this task delivers itself, once the step is done
     # (outbox/handover.py, "in place"; docs/performance.md).
     with delivered_here():
-        return services.saga_charge(saga_id=saga_id).state
+        return services.saga_charge_burst(saga_id=saga_id).state
 
 
 # Periodic sweeps (Celery beat). Each run leaves a heartbeat; overlapping runs

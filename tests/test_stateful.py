@@ -97,6 +97,7 @@ from purchases.services import (
     purchase_refund,
     purchase_start,
     saga_charge,
+    saga_charge_burst,
     saga_expire_hold,
 )
 
@@ -490,8 +491,11 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
 
     # --- the charge step ------------------------------------------------------------
 
-    @rule(sub=submissions, twice=st.booleans())
-    def charge(self, sub, twice):
+    @rule(sub=submissions, twice=st.booleans(), burst=st.booleans())
+    def charge(self, sub, twice, burst):
+        """The charge task: the one-saga step, or a burst that charges the
+        event's other PENDING sagas with it (purchases/saga/burst.py)."""
+        step = saga_charge_burst if burst else saga_charge
         saga = PurchaseSaga.objects.get(pk=sub.saga_id)
         was = saga.state
         charge_down = self.gateway.outages.get("charge", 0) != 0
@@ -505,7 +509,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         hold_over = timezone.now() >= saga.reservation.hold_expires_at
         charges_asked = self.gateway.calls.count(("charge", saga.intent_id))
         crash = self._crash_armed()
-        result = self._survive(saga_charge, saga_id=sub.saga_id)
+        result = self._survive(step, saga_id=sub.saga_id)
         if result is None or crash:
             pass  # a worker died somewhere on the way: no expectation
         elif was == S.PENDING and hold_over:
@@ -531,7 +535,7 @@ class PurchaseSagaMachine(RuleBasedStateMachine):
         elif was != S.PENDING:
             assert result.state == was, "the charge step acted on a saga that moved on"
         if twice:  # the task delivered again
-            self._survive(saga_charge, saga_id=sub.saga_id)
+            self._survive(step, saga_id=sub.saga_id)
 
     @rule(method=st.sampled_from(GATEWAY_METHODS), after_the_gateway=st.booleans())
     def worker_dies_at(self, method, after_the_gateway):

@@ -94,8 +94,8 @@ def saga_charge(
         step="charge",
         saga_id=saga_id,
         decide=decide,
-        call=_charge_call(gateway),
-        record=_charge_record(gateway, now=now, by=by),
+        call=charge_call(gateway),
+        record=charge_record(gateway, now=now, by=by),
         now=now,
     )
 
@@ -118,8 +118,8 @@ def charge_again(
     return ask_and_record(
         saga=saga,
         ask=first_ask(saga, gateway),
-        call=_charge_call(gateway),
-        record=_charge_record(gateway, now=now, by=by, probes=probes),
+        call=charge_call(gateway),
+        record=charge_record(gateway, now=now, by=by, probes=probes),
         now=now,
     )
 
@@ -128,7 +128,7 @@ def hold_ran_out(saga: PurchaseSaga, at: datetime) -> bool:
     return at >= saga.reservation.hold_expires_at
 
 
-def _charge_call(gateway: PaymentGateway):
+def charge_call(gateway: PaymentGateway):
     def call(saga: PurchaseSaga, ask: Ask):
         request = ChargeRequest(
             intent_id=saga.intent_id,
@@ -147,7 +147,7 @@ def _charge_call(gateway: PaymentGateway):
     return call
 
 
-def _charge_record(gateway: PaymentGateway, *, now: datetime | None, by: By, probes: int = 0):
+def charge_record(gateway: PaymentGateway, *, now: datetime | None, by: By, probes: int = 0):
     def record(saga: PurchaseSaga, ask: Ask, result, at: datetime) -> Next:
         if ask.asked == "create":
             return _created(saga, ask, result, at, gateway=gateway, now=now, by=by, probes=probes)
@@ -216,8 +216,8 @@ def _created(
         return lambda: ask_and_record(
             saga=saga,
             ask=then,
-            call=_charge_call(gateway),
-            record=_charge_record(gateway, now=now, by=by, probes=probes),
+            call=charge_call(gateway),
+            record=charge_record(gateway, now=now, by=by, probes=probes),
             now=now,
         )
     if result.outcome == CreateOutcome.DECLINED:

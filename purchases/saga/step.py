@@ -99,7 +99,20 @@ def ask_and_record(
 ) -> PurchaseSaga:
     """Stages 2 and 3 of a gateway step whose decision another step already
     committed (a charge retried by the reconciliation's own commit)."""
-    answer = _call(saga, ask, call)
+    answer = call_gateway(saga, ask, call)
+    return record_step(saga=saga, ask=ask, answer=answer, record=record, now=now)
+
+
+def record_step(
+    *,
+    saga: PurchaseSaga,
+    ask: Ask,
+    answer: Any,
+    record: Callable[[PurchaseSaga, Ask, Any, datetime], Next],
+    now: datetime | None = None,
+) -> PurchaseSaga:
+    """Stage 3 alone: the answer kept and recorded under the saga's lock, in
+    a commit of its own, then what follows it."""
     at = clock(now)
     with transaction.atomic(durable=True):
         saga = lock_objects.saga_for_update(saga_id=saga.pk)
@@ -108,7 +121,7 @@ def ask_and_record(
     return then() if then is not None else saga
 
 
-def _call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
+def call_gateway(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
     """The gateway call, as a CLIENT span with its outcome and latency (the
     HTTP adapter's request is a span inside it), its answer counted by the
     processor's breaker (purchases/breaker.py)."""

@@ -1,0 +1,297 @@
+"""Charges in bursts (docs/design.md, "Charging in bursts").
+
+With ``CHARGE_BURST_SIZE`` above 1, a charge task whose saga is PENDING
+charges it with up to ``CHARGE_BURST_SIZE - 1`` other PENDING sagas of its
+event that nobody holds, in the three stages of the one-saga step
+(purchases/saga/step.py), each paid once for the burst:
+
+1. **one commit**: the task's own saga locked and moved to CHARGING as the
+   one-saga step moves it; the others claimed (``FOR UPDATE SKIP LOCKED``:
+   a saga another worker holds is that worker's) and moved, with their
+   history rows, in one statement;
+2. **the processor asked** for each, concurrently (at most
+   ``CHARGE_BURST_CONCURRENCY`` at a time, from threads of the process;
+   one after another for a gateway that is not to be asked from threads),
+   outside any transaction, each with its own intent id as the idempotency
+   key;
+3. **one commit**: every saga of the burst locked in one statement (in id
+   order), each answer kept and recorded as the one-saga step records it
+   (confirmed, declined, unknown, or a saga that moved on meanwhile); what
+   follows a record (a decline's compensation) runs after the commit, as it
+   does for one saga.
+
+The rules are the one-saga step's: a saga is charged only from PENDING, only
+while its hold runs and its event is not cancelled, and every answer is
+judged against the saga's state and version under its lock. A crash between
+the commits leaves each saga of the burst in CHARGING, its charge asked or
+not: where a crash leaves one saga, and the resumer looks each intent up
+before anything else. A recording commit that fails is rolled back whole and
+each answer recorded alone, in a commit of its own, as the one-saga step
+records it (an error there is raised as it is raised for one saga).
+
+The other sagas' own tasks still come: each finds its saga moved on and
+returns. A task whose saga is the only one PENDING charges it alone, so one
+purchase on a quiet day is charged as before. A processor that makes its
+intents first (Stripe's create, then the charge) is charged one saga at a
+time (:func:`purchases.saga.charge.saga_charge`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, connections, transaction
+
+from common import rows
+from config import metrics, tracing
+from payments.interface import PaymentGateway, calls_concurrently, creates_intent
+
+from .. import lock_objects
+from ..models import PurchaseSaga, Reservation, SagaHistory
+from .charge import charge_call, charge_record, hold_ran_out, saga_charge
+from .states import SagaState
+from .step import Ask, call_gateway, gateway_or_default, record_answer, record_step
+from .transition import SYSTEM, clock, log_extra, move, step_span
+
+logger = logging.getLogger(__name__)
+
+S = SagaState
+
+REASON = "charge started"
+
+
+def saga_charge_burst(
+    *, saga_id, gateway: PaymentGateway | None = None, now: datetime | None = None
+) -> PurchaseSaga:
+    """Charge the saga, and with it a burst of its event's PENDING sagas
+    (the module docstring); the saga as its charge left it."""
+    gateway = gateway_or_default(gateway)
+    size = settings.CHARGE_BURST_SIZE
+    if size <= 1 or creates_intent(gateway):
+        return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
+    with step_span("saga.charge", saga_id=saga_id):
+        with transaction.atomic(durable=True):
+            own = lock_objects.saga_for_update(saga_id=saga_id)
+            at = clock(now)
+            if own.state != S.PENDING:
+                logger.info("charge skipped: saga has moved on", **log_extra(own))
+                return own
+            chargeable = not (hold_ran_out(own, at) or getattr(own, "event_cancelled", False))
+            if chargeable:
+                move(own, S.CHARGING, reason=REASON, at=at, by=SYSTEM, count_attempt=True)
+                others = _claim(own, at=at, limit=size - 1)
+        if not chargeable:
+            # The one-saga step settles it (the hold's expiry, the
+            # cancellation's refusal), each with its own log line.
+            return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
+        burst = [own, *others]
+        if others:
+            logger.info("charge burst: %d sagas", len(burst), **log_extra(own, burst=len(burst)))
+        answers = _ask_all(burst, gateway)
+        return _record_all(burst, answers, gateway=gateway, now=now)[own.pk]
+
+
+# The other sagas of the burst: the event's PENDING sagas whose hold runs,
+# oldest first along the live sagas' index, those another transaction holds
+# passed over; moved to CHARGING (one attempt more) with their history rows,
+# as the one-saga move writes them (purchases/saga/transition.py), and read
+# back with their reservations.
+_CLAIM_SQL = """
+WITH due AS (
+  SELECT s.id FROM {saga} s
+    JOIN {reservation} r ON r.id = s.reservation_id AND r.event_id = s.event_id
+   WHERE s.event_id = %(event)s AND s.state = %(pending)s AND s.id <> %(own)s
+     AND r.hold_expires_at > %(at)s
+   ORDER BY s.updated_at
+   LIMIT %(limit)s
+   FOR UPDATE OF s SKIP LOCKED
+), moved AS (
+  UPDATE {saga} s SET state = %(charging)s, version = s.version + 1, updated_at = %(at)s,
+         attempts = s.attempts + 1, awaiting_operator_since = NULL, action_secret = ''
+    FROM due WHERE s.id = due.id AND s.event_id = %(event)s AND s.state = %(pending)s
+  RETURNING {saga_columns}
+), history AS (
+  INSERT INTO {history} (saga_id, event_id, from_state, to_state, at, reason, actor,
+                         actor_name, version)
+  SELECT id, event_id, %(pending)s, %(charging)s, %(at)s, %(reason)s, %(actor)s, '', version
+    FROM moved
+)
+SELECT {moved_columns}, {reservation_columns}
+  FROM moved m JOIN {reservation} r ON r.id = m.reservation_id AND r.event_id = m.event_id
+"""
+
+
+@functools.cache
+def _claim_sql() -> str:
+    return _CLAIM_SQL.format(
+        saga=PurchaseSaga._meta.db_table,
+        reservation=Reservation._meta.db_table,
+        history=SagaHistory._meta.db_table,
+        saga_columns=", ".join(rows.columns(PurchaseSaga, "s")),
+        moved_columns=", ".join(rows.columns(PurchaseSaga, "m")),
+        reservation_columns=", ".join(rows.columns(Reservation, "r")),
+    )
+
+
+def _claim(own: PurchaseSaga, *, at: datetime, limit: int) -> list[PurchaseSaga]:
+    """Up to ``limit`` other PENDING sagas of the event, moved to CHARGING
+    in the caller's commit (the event is not cancelled: ``own`` was read
+    with it under its lock in this transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _claim_sql(),
+            {
+                "event": own.event_id,
+                "own": own.pk,
+                "pending": S.PENDING.value,
+                "charging": S.CHARGING.value,
+                "at": at,
+                "limit": limit,
+                "reason": REASON,
+                "actor": SYSTEM.actor,
+            },
+        )
+        found = cursor.fetchall()
+    others = []
+    for row in found:
+        saga, saga.reservation = rows.split(row, PurchaseSaga, Reservation, db=connection.alias)
+        others.append(saga)
+    if others:
+        moved = len(others)
+        transaction.on_commit(
+            lambda: metrics.TRANSITIONS.labels(
+                from_state=S.PENDING.value, to_state=S.CHARGING.value
+            ).inc(moved)
+        )
+    return others
+
+
+@functools.cache
+def _pool(pid: int, workers: int) -> ThreadPoolExecutor:
+    """The calls' threads, one pool per process (``pid``: a pool made before
+    a fork is not the child's)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="charge-burst")
+
+
+def _ask_all(burst: list[PurchaseSaga], gateway: PaymentGateway) -> list[Any]:
+    """Each saga's charge asked, concurrently: its answer, or what the call
+    raised."""
+    call = charge_call(gateway)
+    workers = settings.CHARGE_BURST_CONCURRENCY
+    if len(burst) == 1 or workers == 1 or not calls_concurrently(gateway):
+        return [_ask_here(saga, call) for saga in burst]
+    pool = _pool(os.getpid(), workers)
+    futures = [pool.submit(_ask_one, saga, call) for saga in burst]
+    answers: list[Any] = []
+    for future in futures:
+        try:
+            answers.append(future.result())
+        except Exception as error:  # recorded as the one-saga step would raise it
+            answers.append(error)
+    return answers
+
+
+def _ask_here(saga: PurchaseSaga, call):
+    """One call on this thread: its answer, or what it raised."""
+    try:
+        with _in_trace(saga, "saga.charge"):
+            return call_gateway(saga, Ask("charge", saga.version), call)
+    except Exception as error:  # recorded as the one-saga step would raise it
+        return error
+
+
+def _ask_one(saga: PurchaseSaga, call):
+    try:
+        with _in_trace(saga, "saga.charge"):
+            return call_gateway(saga, Ask("charge", saga.version), call)
+    finally:
+        # Nothing here reads the database; a thread's connection would be
+        # its own and outlive the burst.
+        connections.close_all()
+
+
+def _in_trace(saga: PurchaseSaga, name: str):
+    """The saga's own trace for its part of a burst: the task's span is its
+    own saga's (a child of it, for that one), and a thread starts outside
+    any."""
+    if not tracing.enabled() or tracing.in_saga(saga.pk):
+        return tracing.NOOP
+    return tracing.continue_from(
+        saga.trace_context or "", name, attributes={"saga.id": saga.pk}, saga_id=saga.pk
+    )
+
+
+def _record_all(
+    burst: list[PurchaseSaga], answers: list[Any], *, gateway: PaymentGateway, now
+) -> dict:
+    """Every answer recorded in one commit, then what follows each; by id,
+    each saga as its charge left it."""
+    record = charge_record(gateway, now=now, by=SYSTEM)
+    asks = {saga.pk: Ask("charge", saga.version) for saga in burst}
+    answered = [
+        (saga, a) for saga, a in zip(burst, answers, strict=True) if not isinstance(a, Exception)
+    ]
+    done: dict = {saga.pk: saga for saga in burst}
+    nexts: list[Callable[[], PurchaseSaga]] = []
+    try:
+        with transaction.atomic(durable=True):
+            at = clock(now)
+            locked = lock_objects.sagas_for_update(
+                event_id=burst[0].event_id, saga_ids=[saga.pk for saga, _ in answered]
+            )
+            for saga, answer in answered:
+                saga = locked[saga.pk]
+                with _in_trace(saga, "saga.charge recorded"):
+                    record_answer(saga, asked="charge", answer=answer, at=at)
+                    then = record(saga, asks[saga.pk], answer, at)
+                done[saga.pk] = saga
+                if then is not None:
+                    nexts.append(then)
+    except Exception:
+        logger.exception(
+            "charge burst: its recording commit failed; each answer is recorded alone",
+            **log_extra(burst[0], burst=len(burst)),
+        )
+        return _record_each(burst, answers, asks, record=record, now=now)
+    for then in nexts:
+        moved = then()
+        done[moved.pk] = moved
+    _raise_first(answers)
+    return done
+
+
+def _record_each(burst, answers, asks, *, record, now) -> dict:
+    """The fallback: each answer in a commit of its own (the one-saga step's
+    stage 3); the first error raised once every other answer is recorded."""
+    done: dict = {}
+    errors: list[Exception] = []
+    for saga, answer in zip(burst, answers, strict=True):
+        done[saga.pk] = saga
+        if isinstance(answer, Exception):
+            continue
+        try:
+            done[saga.pk] = record_step(
+                saga=saga, ask=asks[saga.pk], answer=answer, record=record, now=now
+            )
+        except Exception as error:
+            errors.append(error)
+    if errors:
+        raise errors[0]
+    _raise_first(answers)
+    return done
+
+
+def _raise_first(answers: list[Any]) -> None:
+    """A call that raised leaves its saga in CHARGING, its answer unknown to
+    us: raised, as the one-saga step raises it (the task's retry finds the
+    saga moved on; the resumer looks the intent up)."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer

@@ -1,0 +1,268 @@
+"""Charges in bursts (purchases/saga/burst.py): a charge task's saga charged
+with its event's other PENDING sagas, one commit before the processor is
+asked and one after, the calls concurrent; every answer recorded as the
+one-saga step records it; a crash between the commits leaves each saga
+where the resumer finishes it. Real commits on PostgreSQL (a row's ``xmin``
+names the transaction that wrote it), the fake processor over HTTP on the
+live server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from ledger.models import LedgerEntry
+from outbox.models import OutboxMessage
+from payments.fake_gateway.models import FakeCharge
+from payments.gateway import HttpPaymentGateway
+from purchases import lock_objects
+from purchases.errors import IllegalTransition
+from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
+from purchases.saga import burst
+from purchases.saga.driver import saga_drive
+
+from .conftest import start_purchase
+from .factories import EventFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEATS = [f"A{n}" for n in range(1, 9)]
+
+
+@pytest.fixture
+def bursts(settings):
+    settings.CHARGE_BURST_SIZE = 8
+    settings.CHARGE_BURST_CONCURRENCY = 4
+    return settings
+
+
+@pytest.fixture
+def processor_url(live_server, settings) -> str:
+    # The live server (threaded) serves the fake processor's URLs.
+    settings.ROOT_URLCONF = "tests.fake_gateway_urls"
+    settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = 1.0
+    settings.FAKE_GATEWAY_LATENCY_MS = 0
+    return f"{live_server.url}/fake-gateway/v1"
+
+
+class TogetherGateway(HttpPaymentGateway):
+    """The HTTP adapter, whose charges wait for each other: ``together``
+    calls must be in flight at once, or the barrier breaks (asked one after
+    another, the first waits alone and times out)."""
+
+    def __init__(self, *, together: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.barrier = threading.Barrier(together, timeout=10)
+        self.threads: set[str] = set()
+
+    def charge(self, request):
+        self.threads.add(threading.current_thread().name)
+        self.barrier.wait()
+        return super().charge(request)
+
+
+@pytest.fixture
+def processor(processor_url) -> Iterator[HttpPaymentGateway]:
+    gateway = HttpPaymentGateway(base_url=processor_url, timeout=0.5)
+    yield gateway
+    gateway.close()
+
+
+def _buy(event, methods: list[str]) -> list[PurchaseSaga]:
+    return [
+        start_purchase(UserFactory(), event, seats=[seat], payment_method=method)
+        for seat, method in zip(SEATS, methods, strict=False)
+    ]
+
+
+def _states(sagas) -> list[str]:
+    by_id = dict(
+        PurchaseSaga.objects.filter(pk__in=[s.pk for s in sagas]).values_list("pk", "state")
+    )
+    return [by_id[s.pk] for s in sagas]
+
+
+def _writers(sagas, **moved) -> set[int]:
+    """The transactions (``xmin``) that wrote the sagas' history rows of a move."""
+    ids = [s.pk for s in sagas]
+    rows = SagaHistory.objects.filter(saga_id__in=ids, **moved).values_list("saga_id", flat=True)
+    assert sorted(rows) == sorted(ids), f"each saga moved once: {moved}"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT xmin::text FROM {SagaHistory._meta.db_table}"
+            " WHERE saga_id = ANY(%s) AND from_state = %s AND to_state = %s",
+            [ids, moved["from_state"], moved["to_state"]],
+        )
+        return {int(x) for (x,) in cursor.fetchall()}
+
+
+def test_a_burst_of_mixed_outcomes_records_each_as_alone_in_one_commit(bursts, processor_url):
+    event = EventFactory(seats=SEATS)
+    visa, visa2, declined, unknown = sagas = _buy(
+        event,
+        ["pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined", "pm_card_timeout_charged"],
+    )
+    gateway = TogetherGateway(together=4, base_url=processor_url, timeout=0.5)
+    try:
+        own = burst.saga_charge_burst(saga_id=visa.pk, gateway=gateway)
+    finally:
+        gateway.close()
+
+    # the calls were in flight together, from the burst's threads
+    assert len(gateway.threads) == 4 and all(t.startswith("charge-burst") for t in gateway.threads)
+    assert own.pk == visa.pk and own.state == "CONFIRMED"
+    # each recorded as the one-saga step records it
+    assert _states(sagas) == ["CONFIRMED", "CONFIRMED", "COMPENSATED", "UNKNOWN"]
+    for saga in (visa, visa2):
+        entry = LedgerEntry.objects.get(intent_id=saga.intent_id)
+        assert (entry.kind, entry.amount) == ("charge", saga.amount)
+        assert Reservation.objects.get(pk=saga.reservation_id).status == "CONFIRMED"
+        assert OutboxMessage.objects.get(key=f"hold:{saga.pk}").cancelled_at is not None
+        assert OutboxMessage.objects.filter(topic="purchase.confirmed", saga_id=saga.pk).count()
+    assert {s.status for s in Seat.objects.filter(event=event, ref__in=["A1", "A2"])} == {"sold"}
+    assert Seat.objects.get(event=event, ref="A3").status == "available"
+    assert OutboxMessage.objects.filter(topic="purchase.reconcile", saga_id=unknown.pk).exists()
+    assert not LedgerEntry.objects.filter(intent_id__in=[declined.intent_id, unknown.intent_id])
+    for saga in sagas:  # each intent charged (or asked) once, with its own key
+        assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == (
+            0 if saga is declined else 1
+        )
+    # one commit moved all four to CHARGING, one recorded all four answers
+    assert len(_writers(sagas, from_state="PENDING", to_state="CHARGING")) == 1
+    answered = [
+        ("CHARGING", "CONFIRMED", [visa, visa2]),
+        ("CHARGING", "PAYMENT_FAILED", [declined]),
+        ("CHARGING", "UNKNOWN", [unknown]),
+    ]
+    writers = set()
+    for source, to, which in answered:
+        writers |= _writers(which, from_state=source, to_state=to)
+    assert len(writers) == 1
+    # and not the commit that moved them to CHARGING
+    assert writers != _writers(sagas, from_state="PENDING", to_state="CHARGING")
+
+
+def test_a_saga_alone_is_charged_alone_as_before(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    (saga,) = _buy(event, ["pm_card_visa"])
+
+    done = burst.saga_charge_burst(saga_id=saga.pk, gateway=processor)
+
+    assert done.state == "CONFIRMED"
+    assert list(done.history.order_by("version").values_list("to_state", flat=True)) == [
+        "PENDING",
+        "CHARGING",
+        "CONFIRMED",
+    ]
+
+
+def test_a_saga_another_transaction_holds_is_left_to_it(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, held, free = _buy(event, ["pm_card_visa"] * 3)
+    db = connection.settings_dict
+    other = psycopg.connect(
+        host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]
+    )
+    try:
+        other.execute(
+            f"SELECT 1 FROM {PurchaseSaga._meta.db_table} WHERE id = %s FOR UPDATE", [held.pk]
+        )
+        burst.saga_charge_burst(saga_id=first.pk, gateway=processor)
+        # (the burst did not wait for the lock: this line was reached)
+        assert _states([first, held, free]) == ["CONFIRMED", "PENDING", "CONFIRMED"]
+    finally:
+        other.close()
+    # its own task, later, charges it
+    assert burst.saga_charge_burst(saga_id=held.pk, gateway=processor).state == "CONFIRMED"
+
+
+def test_sagas_whose_hold_ran_out_are_not_claimed(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, late = _buy(event, ["pm_card_visa"] * 2)
+    Reservation.objects.filter(pk=late.reservation_id).update(
+        hold_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+    burst.saga_charge_burst(saga_id=first.pk, gateway=processor)
+
+    assert _states([first, late]) == ["CONFIRMED", "PENDING"]
+    assert not FakeCharge.objects.filter(intent_id=late.intent_id).exists()
+
+
+def test_a_saga_that_moved_on_is_skipped_without_a_call(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, second = _buy(event, ["pm_card_visa"] * 2)
+    burst.saga_charge_burst(saga_id=first.pk, gateway=processor)  # charges both
+
+    again = burst.saga_charge_burst(saga_id=second.pk, gateway=processor)
+
+    assert again.state == "CONFIRMED"
+    assert FakeCharge.objects.filter(intent_id=second.intent_id).count() == 1
+
+
+def test_a_recording_that_fails_for_one_saga_records_the_others_alone(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, broken, third = _buy(event, ["pm_card_visa"] * 3)
+    # the invariant broken behind the saga's back: its seat is no longer held
+    Seat.objects.filter(event=event, ref="A2").update(status="available")
+
+    with pytest.raises(Exception, match="CONFIRMED with seats not held"):
+        burst.saga_charge_burst(saga_id=first.pk, gateway=processor)
+
+    # the one-commit recording was rolled back whole, then each recorded alone
+    assert _states([first, broken, third]) == ["CONFIRMED", "CHARGING", "CONFIRMED"]
+    assert len(_writers([first, third], from_state="CHARGING", to_state="CONFIRMED")) == 2
+    # the broken one is left as the one-saga step's same error leaves it: in
+    # CHARGING, its charge at the processor, the resumer's look-up refusing
+    # to confirm it without its seat (an operator's, by the auditor)
+    assert not LedgerEntry.objects.filter(intent_id=broken.intent_id).exists()
+    with pytest.raises(IllegalTransition):
+        saga_drive(saga_id=broken.pk, gateway=processor)
+
+
+class Crash(BaseException):
+    """A process killed at this point: nothing after it runs, no handler
+    catches it (not an ``Exception``)."""
+
+
+@pytest.mark.parametrize("at", ["before the calls", "after the calls"])
+def test_a_crash_between_the_bursts_commits_leaves_each_saga_to_the_resumer(
+    bursts, processor, monkeypatch, at
+):
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined"])
+    if at == "before the calls":
+
+        def crash(*args, **kwargs):
+            raise Crash
+
+        monkeypatch.setattr(burst, "_ask_all", crash)
+    else:
+
+        def crash(*args, **kwargs):
+            raise Crash
+
+        monkeypatch.setattr(lock_objects, "sagas_for_update", crash)
+
+    with pytest.raises(Crash):
+        burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+    assert _states(sagas) == ["CHARGING"] * 3
+    charged = 2 if at == "after the calls" else 0
+    assert FakeCharge.objects.filter(intent_id__in=[s.intent_id for s in sagas]).count() == charged
+
+    monkeypatch.undo()
+    for saga in sagas:  # the resumer: CHARGING is looked up first, never charged blind
+        saga_drive(saga_id=saga.pk, gateway=processor)
+    for saga in sagas:  # a look-up that found no charge charges again, with the same key
+        if PurchaseSaga.objects.get(pk=saga.pk).state not in {"CONFIRMED", "COMPENSATED"}:
+            saga_drive(saga_id=saga.pk, gateway=processor)
+    assert _states(sagas) == ["CONFIRMED", "CONFIRMED", "COMPENSATED"]
+    for saga in sagas[:2]:
+        assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1
+        assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 1
