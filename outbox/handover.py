@@ -28,8 +28,11 @@ charge writing ``purchase.confirmed``) would hand them to a pool it belongs
 to; instead it delivers them itself once its step is done. Such a row is
 written already leased to its writer (``processing_until``) and due when the
 lease ends, in the commit that writes it: no lease statement, no publish,
-no second task. A writer that dies before delivering leaves a row whose lease
-runs out, and the relay hands it over then, as any row due.
+no second task. Several rows written by one block (a charge burst's
+confirmations) are delivered as a sweep delivers its claim: each row's
+consumers in turn, one closing transaction for them all. A writer that dies
+before delivering leaves a row whose lease runs out, and the relay hands it
+over then, as any row due.
 
 With tracing on, a row the relay hands over alone is published inside the
 trace stored on it (unless it was armed for much later: its delivery starts
@@ -54,7 +57,7 @@ from config import tracing
 from config.celery import app
 
 from . import sweeping
-from .delivery import message_deliver_leased
+from .delivery import message_deliver_leased, messages_deliver_claimed
 from .models import OutboxMessage
 from .tasks import deliver, deliver_many, sweep
 
@@ -252,11 +255,29 @@ def delivered_here() -> Iterator[None]:
     finally:
         here.open = False
         _HERE.reset(token)
-        for message in here.owed:
-            try:
-                message_deliver_leased(message)
-            except Exception:
-                logger.exception(
-                    "outbox delivery in place failed; the relay takes the row at its lease's end",
-                    extra={"message_id": message.pk, "topic": message.topic},
-                )
+        _deliver_owed(here.owed)
+
+
+def _deliver_owed(owed: list[OutboxMessage]) -> None:
+    """The rows a block wrote for its own delivery: one alone, as its own
+    task would deliver it; several (a charge burst's confirmations) as a
+    sweep's claim, with one closing transaction for them all."""
+    if len(owed) > 1:
+        for message in owed:
+            message.already_ran = []  # leased by the commit that wrote it
+        try:
+            messages_deliver_claimed(owed)  # never raises for a row
+        except Exception:
+            logger.exception(
+                "outbox delivery in place failed; the relay takes the rows at their lease's end",
+                extra={"message_ids": [message.pk for message in owed]},
+            )
+        return
+    for message in owed:
+        try:
+            message_deliver_leased(message)
+        except Exception:
+            logger.exception(
+                "outbox delivery in place failed; the relay takes the row at its lease's end",
+                extra={"message_id": message.pk, "topic": message.topic},
+            )

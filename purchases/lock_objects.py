@@ -275,6 +275,29 @@ def sagas_for_update(*, event_id: int, saga_ids: list) -> dict:
     return sagas
 
 
+def saga_read(*, saga_id) -> PurchaseSaga:
+    """The saga read as :func:`saga_for_update` reads it, without its lock
+    and outside any transaction: one statement. Only for a decision that a
+    later move cannot undo (a state the saga never comes back to); anything
+    else is decided under the lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(_saga_unlocked_sql(), [PurchaseSaga._meta.pk.to_python(saga_id)])
+        row = cursor.fetchone()
+    if row is None:
+        raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
+    *columns, event_status = row
+    saga, saga.reservation = rows.split(
+        tuple(columns), PurchaseSaga, Reservation, db=connection.alias
+    )
+    saga.event_cancelled = event_status == EventStatus.CANCELLED
+    return saga
+
+
+@functools.cache
+def _saga_unlocked_sql() -> str:
+    return _saga_read_sql() + " WHERE s.id = %s"
+
+
 @functools.cache
 def _sagas_lock_sql() -> str:
     return (

@@ -14,10 +14,13 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.core import mail
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import LedgerEntry
+from outbox.handover import delivered_here
 from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeCharge
 from payments.gateway import HttpPaymentGateway
@@ -26,6 +29,7 @@ from purchases.errors import IllegalTransition
 from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
 from purchases.saga import burst
 from purchases.saga.driver import saga_drive
+from purchases.saga.states import TRANSITIONS
 
 from .conftest import start_purchase
 from .factories import EventFactory, UserFactory
@@ -148,6 +152,28 @@ def test_a_burst_of_mixed_outcomes_records_each_as_alone_in_one_commit(bursts, p
     assert writers != _writers(sagas, from_state="PENDING", to_state="CHARGING")
 
 
+def test_a_bursts_confirmations_are_delivered_in_place_with_one_closing_commit(bursts, processor):
+    bursts.OUTBOX_HAND_OVER_ON_COMMIT = True  # as deployed (tests/settings.py turns it off)
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa"] * 3)
+
+    with delivered_here():  # as the charge task runs it
+        burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    confirmed = OutboxMessage.objects.filter(
+        topic="purchase.confirmed", saga_id__in=[s.pk for s in sagas]
+    )
+    assert confirmed.count() == 3 and all(m.completed_at for m in confirmed)
+    # each buyer's email sent once
+    assert sorted(m.to[0] for m in mail.outbox) == sorted(s.buyer.email for s in sagas)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT xmin::text FROM {OutboxMessage._meta.db_table} WHERE id = ANY(%s)",
+            [[m.pk for m in confirmed]],
+        )
+        assert len(cursor.fetchall()) == 1, "the three completed by one commit"
+
+
 def test_a_saga_alone_is_charged_alone_as_before(bursts, processor):
     event = EventFactory(seats=SEATS)
     (saga,) = _buy(event, ["pm_card_visa"])
@@ -204,6 +230,19 @@ def test_a_saga_that_moved_on_is_skipped_without_a_call(bursts, processor):
 
     assert again.state == "CONFIRMED"
     assert FakeCharge.objects.filter(intent_id=second.intent_id).count() == 1
+
+
+def test_a_task_whose_saga_a_burst_charged_returns_on_one_read_without_a_lock(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, second = _buy(event, ["pm_card_visa"] * 2)
+    burst.saga_charge_burst(saga_id=first.pk, gateway=processor)  # charges both
+
+    with CaptureQueriesContext(connection) as queries:
+        assert burst.saga_charge_burst(saga_id=second.pk, gateway=processor).state == "CONFIRMED"
+
+    assert len(queries) == 1 and "FOR UPDATE" not in queries[0]["sql"], queries.captured_queries
+    # what makes the read enough: no saga ever comes back to PENDING
+    assert not [source for source, targets in TRANSITIONS.items() if "PENDING" in targets]
 
 
 def test_a_recording_that_fails_for_one_saga_records_the_others_alone(bursts, processor):

@@ -29,9 +29,10 @@ before anything else. A recording commit that fails is rolled back whole and
 each answer recorded alone, in a commit of its own, as the one-saga step
 records it (an error there is raised as it is raised for one saga).
 
-The other sagas' own tasks still come: each finds its saga moved on and
-returns. A task whose saga is the only one PENDING charges it alone, so one
-purchase on a quiet day is charged as before. A processor that makes its
+The other sagas' own tasks still come: each finds its saga moved on (read
+without the lock: no saga comes back to PENDING) and returns. A task whose
+saga is the only one PENDING charges it alone, so one purchase on a quiet
+day is charged as before. A processor that makes its
 intents first (Stripe's create, then the charge) is charged one saga at a
 time (:func:`purchases.saga.charge.saga_charge`).
 """
@@ -77,6 +78,14 @@ def saga_charge_burst(
     if size <= 1 or creates_intent(gateway):
         return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
     with step_span("saga.charge", saga_id=saga_id):
+        # Most tasks of a busy event find their saga charged by another's
+        # burst: no saga ever comes back to PENDING, so a read without the
+        # lock (one statement, no transaction) that finds it moved on is
+        # final. One that finds it PENDING decides again under the lock.
+        seen = lock_objects.saga_read(saga_id=saga_id)
+        if seen.state != S.PENDING:
+            logger.info("charge skipped: saga has moved on", **log_extra(seen))
+            return seen
         with transaction.atomic(durable=True):
             own = lock_objects.saga_for_update(saga_id=saga_id)
             at = clock(now)
