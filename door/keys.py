@@ -29,6 +29,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from common import rows
+
 from . import codes
 from .models import EventKey
 
@@ -88,8 +90,18 @@ def _ensure_key(event_id: int) -> None:
 
 
 def _not_retired(event_id: int) -> list[EventKey]:
-    return list(
-        EventKey.objects.filter(event_id=event_id, retired_at__isnull=True).order_by("-version")
+    # Written once (docs/performance.md, "Statements written once"): every
+    # confirmation's email signs its tickets with the event's current key.
+    with connection.cursor() as cursor:
+        cursor.execute(_not_retired_sql(), [event_id])
+        return [rows.instance(EventKey, row, db=connection.alias) for row in cursor.fetchall()]
+
+
+@functools.cache
+def _not_retired_sql() -> str:
+    return (
+        f"SELECT {', '.join(rows.columns(EventKey, 'k'))} FROM {EventKey._meta.db_table} k"
+        " WHERE k.event_id = %s AND k.retired_at IS NULL ORDER BY k.version DESC"
     )
 
 

@@ -6,20 +6,24 @@ A code is never stored: Ed25519 signatures are deterministic, so the same
 link, version and key sign the same code on the purchase page, in the API's
 answer and in the confirmation email. What this module reads: the links
 (with their seats' refs; none when ``purchases.selectors`` prefetched them)
-and the door's statuses, one query each, and the event's signing key
-(cached in process by ``door.keys``).
+and the door's statuses, one query each (one for both, for the email), and
+the event's signing key (its private half cached in process by
+``door.keys``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from django.db import connection
 
 from purchases.models import PurchaseSaga, ReservationSeat
 from purchases.saga.states import SagaState
 
 from .codes import sign
 from .keys import signing_key
-from .selectors import CHECKED_IN, REVOKED, VALID, ticket_statuses
+from .selectors import CHECKED_IN, REVOKED, TABLES, VALID, ticket_statuses
 
 __all__ = ["CHECKED_IN", "REVOKED", "VALID", "TicketView", "purchase_tickets", "tickets_of"]
 
@@ -64,13 +68,60 @@ def tickets_of(saga: PurchaseSaga) -> list[TicketView]:
 def purchase_tickets(*, saga_id: str, event_id: int | None) -> list[TicketView]:
     """The tickets of the purchase ``saga_id`` as they are now (none when
     it is missing): for a reader that holds only its ids, the confirmation
-    email. Found by its event too when given (the tables are distributed
-    by event)."""
-    sagas = PurchaseSaga.objects.filter(pk=saga_id)
-    if event_id is not None:
-        sagas = sagas.filter(event_id=event_id)
-    saga = sagas.only("id", "state", "event_id", "reservation_id").first()
-    return [] if saga is None else tickets_of(saga)
+    email, whose every confirmation reads them. :func:`tickets_of`'s answer
+    in one statement (its links, seats and statuses; the purchase's, and by
+    its event too when given: the tables are distributed by event), and the
+    event's key (its own statement; its private half cached)."""
+    sql = _purchase_tickets_sql(by_event=event_id is not None)
+    params = [SagaState.CONFIRMED.value, saga_id] + ([event_id] if event_id is not None else [])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    if not found:
+        return []
+    key = signing_key(found[0][0])
+    return [
+        TicketView(
+            seat=ref,
+            code=sign(
+                key,
+                event_id=event,
+                seat_id=seat_id,
+                ticket_id=link_id,
+                ticket_version=version,
+            ),
+            status=status,
+        )
+        for event, link_id, seat_id, version, ref, status in found
+    ]
+
+
+# A confirmed purchase's live links in the order of their ids, with their
+# seats' refs and their statuses at the door (door.selectors' statuses for a
+# live link of a confirmed purchase: revoked when its version is voided,
+# checked in when let in, else valid), each table by its whole key.
+_PURCHASE_TICKETS_SQL = """
+SELECT rs.event_id, rs.id, rs.seat_id, rs.ticket_version, st.ref,
+       CASE WHEN EXISTS (SELECT 1 FROM {revocation} r WHERE r.event_id = rs.event_id
+                            AND r.ticket_id = rs.id AND r.version = rs.ticket_version)
+            THEN 'revoked'
+            WHEN EXISTS (SELECT 1 FROM {checkin} c WHERE c.event_id = rs.event_id
+                            AND c.ticket_id = rs.id)
+            THEN 'checked_in'
+            ELSE 'valid' END
+  FROM {saga} sg
+  JOIN {link} rs ON rs.reservation_id = sg.reservation_id AND rs.event_id = sg.event_id
+  JOIN {seat} st ON st.id = rs.seat_id AND st.event_id = rs.event_id
+ WHERE sg.state = %s AND sg.id = %s {by_event} AND rs.released_at IS NULL
+ ORDER BY rs.id
+"""
+
+
+@functools.cache
+def _purchase_tickets_sql(*, by_event: bool) -> str:
+    return _PURCHASE_TICKETS_SQL.format(
+        **TABLES, by_event="AND sg.event_id = %s" if by_event else ""
+    )
 
 
 def _live_links(saga: PurchaseSaga) -> list[ReservationSeat]:

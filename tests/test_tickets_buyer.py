@@ -22,6 +22,7 @@ from django.utils import timezone
 from door import codes, keys
 from door.models import CheckIn, RevocationReason, TicketRevocation
 from door.services import checkin, event_key_rotate
+from door.tickets import purchase_tickets, tickets_of
 from purchases.models import PurchaseSaga, ReservationSeat, Seat
 from purchases.services import organizer_refund, saga_charge
 
@@ -478,3 +479,33 @@ def test_seat_refs_in_the_tickets_are_the_seats_own(alice_api, show, bought):
     refs = set(Seat.objects.filter(event=show).values_list("ref", flat=True))
 
     assert {t["seat"] for t in detail(alice_api, bought)["tickets"]} <= refs
+
+
+def test_the_emails_read_of_the_tickets_is_the_pages_in_two_statements(
+    alice, alice_api, show, gateway
+):
+    # given a purchase of four seats: one given back, one replaced, one used
+    bought = saga_charge(saga_id=start_purchase(alice, show, seats=["A1", "A2", "A3", "A4"]).pk)
+    give_back(show, bought, ["A1"], reason="double booking")
+    assert alice_api.post(reissue_url(bought, "A2")).status_code == 200
+    assert at_the_door(show, codes_of(alice_api, bought)["A3"]) == "ok"
+    saga = PurchaseSaga.objects.get(pk=bought.pk)
+    pending = start_purchase(UserFactory(), EventFactory(seats=["B1"]), seats=["B1"])
+
+    # then the email's read answers what the page and the API show
+    with CaptureQueriesContext(connection) as read:
+        found = purchase_tickets(saga_id=str(saga.pk), event_id=show.pk)
+    assert found == tickets_of(saga)
+    assert [(t.seat, t.status) for t in found] == [
+        ("A2", "valid"),
+        ("A3", "checked_in"),
+        ("A4", "valid"),
+    ]
+    assert purchase_tickets(saga_id=str(saga.pk), event_id=None) == found
+    # in two statements: the tickets, and the event's key
+    assert len(read) == 2, read.captured_queries
+    # and nothing for a purchase not confirmed, of another event, or missing
+    assert purchase_tickets(saga_id=str(pending.pk), event_id=pending.event_id) == []
+    assert tickets_of(pending) == []
+    assert purchase_tickets(saga_id=str(saga.pk), event_id=pending.event_id) == []
+    assert purchase_tickets(saga_id=str(uuid.uuid4()), event_id=None) == []
