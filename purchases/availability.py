@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import overload
@@ -90,10 +92,35 @@ def availability_version(event_id: int) -> str:
     return cache.get(_version_key(event_id)) or _draw_version(_version_key(event_id))
 
 
+# Inside availability_changes_gathered(): the events whose seats changed.
+_GATHERED: ContextVar[set[int] | None] = ContextVar("availability_gathered", default=None)
+
+
 def availability_changed(event_id: int) -> None:
     """The seats of ``event_id`` change in the caller's transaction: move its
     version when that commits, and not at all if it rolls back."""
-    if settings.AVAILABILITY_CACHE:
+    if not settings.AVAILABILITY_CACHE:
+        return
+    gathered = _GATHERED.get()
+    if gathered is not None:
+        gathered.add(event_id)
+        return
+    transaction.on_commit(partial(availability_bump, event_id), robust=True)
+
+
+@contextmanager
+def availability_changes_gathered() -> Iterator[None]:
+    """Inside a transaction: the changes announced in the block move each
+    event's version once, when the transaction commits (a charge burst's
+    confirmations sell seats of one event many times in one commit). A block
+    left by an exception registers nothing: its transaction rolls back."""
+    gathered: set[int] = set()
+    token = _GATHERED.set(gathered)
+    try:
+        yield
+    finally:
+        _GATHERED.reset(token)
+    for event_id in sorted(gathered):
         transaction.on_commit(partial(availability_bump, event_id), robust=True)
 
 

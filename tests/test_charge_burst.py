@@ -24,7 +24,7 @@ from outbox.handover import delivered_here
 from outbox.models import OutboxMessage
 from payments.fake_gateway.models import FakeCharge
 from payments.gateway import HttpPaymentGateway
-from purchases import lock_objects
+from purchases import availability, lock_objects
 from purchases.errors import IllegalTransition
 from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
 from purchases.saga import burst
@@ -172,6 +172,19 @@ def test_a_bursts_confirmations_are_delivered_in_place_with_one_closing_commit(b
             [[m.pk for m in confirmed]],
         )
         assert len(cursor.fetchall()) == 1, "the three completed by one commit"
+
+
+def test_a_bursts_confirmations_move_the_events_availability_once(bursts, processor, monkeypatch):
+    bursts.AVAILABILITY_CACHE = True
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa"] * 3)
+    moved: list[int] = []
+    monkeypatch.setattr(availability, "availability_bump", moved.append)
+
+    burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    assert _states(sagas) == ["CONFIRMED"] * 3
+    assert moved == [event.pk]  # once, after the commit that sold the three
 
 
 def test_a_saga_alone_is_charged_alone_as_before(bursts, processor):

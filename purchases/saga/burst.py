@@ -16,9 +16,10 @@ event that nobody holds, in the three stages of the one-saga step
    key;
 3. **one commit**: every saga of the burst locked in one statement (in id
    order), each answer kept and recorded as the one-saga step records it
-   (confirmed, declined, unknown, or a saga that moved on meanwhile); what
-   follows a record (a decline's compensation) runs after the commit, as it
-   does for one saga.
+   (confirmed, declined, unknown, or a saga that moved on meanwhile), the
+   event's availability version moved once for them all; what follows a
+   record (a decline's compensation) runs after the commit, as it does for
+   one saga.
 
 The rules are the one-saga step's: a saga is charged only from PENDING, only
 while its hold runs and its event is not cancelled, and every answer is
@@ -55,6 +56,7 @@ from config import metrics, tracing
 from payments.interface import PaymentGateway, calls_concurrently, creates_intent
 
 from .. import lock_objects
+from ..availability import availability_changes_gathered
 from ..models import PurchaseSaga, Reservation, SagaHistory
 from .charge import charge_call, charge_record, hold_ran_out, saga_charge
 from .states import SagaState
@@ -250,7 +252,7 @@ def _record_all(
     done: dict = {saga.pk: saga for saga in burst}
     nexts: list[Callable[[], PurchaseSaga]] = []
     try:
-        with transaction.atomic(durable=True):
+        with transaction.atomic(durable=True), availability_changes_gathered():
             at = clock(now)
             locked = lock_objects.sagas_for_update(
                 event_id=burst[0].event_id, saga_ids=[saga.pk for saga, _ in answered]
