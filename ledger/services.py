@@ -48,6 +48,17 @@ def ledger_record(
     )
 
 
+def ledger_record_charges(entries: list[LedgerEntry]) -> int:
+    """:func:`ledger_record` of charges (the ``CHARGE`` entries of a charge
+    burst's confirmations), built by the caller, in one statement inside the
+    transition's transaction; how many were written."""
+    if not in_transaction():
+        raise RuntimeError("ledger_record belongs inside the transition's transaction")
+    if any(entry.kind != EntryKind.CHARGE or entry.amount < 0 for entry in entries):
+        raise ValueError("ledger_record_charges writes charges, each of a positive amount")
+    return rows.insert(entries)
+
+
 def ledger_net(*, intent_id: str) -> int:
     return LedgerEntry.objects.filter(intent_id=intent_id).aggregate(n=Sum("amount"))["n"] or 0
 

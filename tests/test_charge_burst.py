@@ -26,7 +26,14 @@ from payments.fake_gateway.models import FakeCharge
 from payments.gateway import HttpPaymentGateway
 from purchases import availability, lock_objects
 from purchases.errors import IllegalTransition
-from purchases.models import PurchaseSaga, Reservation, SagaHistory, Seat
+from purchases.models import (
+    GatewayAnswer,
+    PurchaseSaga,
+    Reservation,
+    ReservationSeat,
+    SagaHistory,
+    Seat,
+)
 from purchases.saga import burst
 from purchases.saga.driver import saga_drive
 from purchases.saga.states import TRANSITIONS
@@ -185,6 +192,92 @@ def test_a_bursts_confirmations_move_the_events_availability_once(bursts, proces
 
     assert _states(sagas) == ["CONFIRMED"] * 3
     assert moved == [event.pk]  # once, after the commit that sold the three
+
+
+def _written(saga: PurchaseSaga) -> dict:
+    """Every row a purchase's charge wrote, its own names and instants
+    taken out: what must be the same whichever driver charged it."""
+    saga.refresh_from_db()
+    mine = {
+        "saga_id": str(saga.pk),
+        "intent_id": saga.intent_id,
+        "reservation": saga.reservation.ref,
+        "buyer_id": saga.buyer_id,
+    }
+
+    def plain(payload: dict) -> dict:
+        return {
+            k: f"<{k}>" if k in mine and v == mine[k] else v
+            for k, v in payload.items()
+            if k not in ("seats", "buyer")  # each purchase's own seat and buyer
+        }
+
+    charges = LedgerEntry.objects.filter(saga_id=saga.pk).values()
+    return {
+        "saga": (saga.state, saga.version, saga.attempts, saga.action_secret),
+        "history": list(
+            saga.history.order_by("version").values_list(
+                "from_state", "to_state", "reason", "actor", "actor_name", "version"
+            )
+        ),
+        "ledger": [
+            (e["kind"], e["amount"], e["currency"], e["note"], e["override"], e["refund_id"])
+            + (e["gateway_reference"].startswith("ch_"), e["event_id"])
+            for e in charges
+        ],
+        "answers": list(
+            GatewayAnswer.objects.filter(saga_id=saga.pk).values_list("asked", "answer", "attempt")
+        ),
+        "outbox": sorted(
+            (
+                m.topic,
+                (m.key or "").replace(str(saga.pk), "<saga>"),
+                plain(m.payload),
+                m.cancelled_at is not None,
+                m.completed_at is not None,
+            )
+            for m in OutboxMessage.objects.filter(saga_id=saga.pk)
+        ),
+        # the facts' own buyer and seats are the purchase's
+        "facts": [
+            (
+                m.payload["buyer"] == {"username": saga.buyer.username, "email": saga.buyer.email},
+                m.payload["seats"]
+                == sorted(
+                    ReservationSeat.objects.filter(reservation_id=saga.reservation_id).values_list(
+                        "seat__ref", flat=True
+                    )
+                ),
+            )
+            for m in OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.confirmed")
+        ],
+        "reservation": Reservation.objects.get(pk=saga.reservation_id).status,
+        "seats": sorted(
+            Seat.objects.filter(
+                pk__in=ReservationSeat.objects.filter(reservation_id=saga.reservation_id).values(
+                    "seat_id"
+                )
+            ).values_list("status", flat=True)
+        ),
+    }
+
+
+def test_a_bursts_confirmations_write_what_one_sagas_confirmation_writes(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    alone, *together = _buy(event, ["pm_card_visa"] * 4)
+    bursts.CHARGE_BURST_SIZE = 1
+    burst.saga_charge_burst(saga_id=alone.pk, gateway=processor)  # the one-saga driver
+    bursts.CHARGE_BURST_SIZE = 8
+
+    burst.saga_charge_burst(saga_id=together[0].pk, gateway=processor)
+
+    expected = _written(alone)
+    assert expected["saga"][0] == "CONFIRMED" and expected["seats"] == ["sold"]
+    assert expected["facts"] == [(True, True)]
+    for saga in together:
+        assert _written(saga) == expected
+    # the three confirmed by one statement per table (one transaction wrote them all)
+    assert len(_writers(together, from_state="CHARGING", to_state="CONFIRMED")) == 1
 
 
 def test_a_saga_alone_is_charged_alone_as_before(bursts, processor):

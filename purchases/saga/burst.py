@@ -16,7 +16,9 @@ event that nobody holds, in the three stages of the one-saga step
    key;
 3. **one commit**: every saga of the burst locked in one statement (in id
    order), each answer kept and recorded as the one-saga step records it
-   (confirmed, declined, unknown, or a saga that moved on meanwhile), the
+   (confirmed, declined, unknown, or a saga that moved on meanwhile; the
+   confirmations in one statement per table for them all:
+   :func:`purchases.saga.confirm.confirm_many`), the
    event's availability version moved once for them all; what follows a
    record (a decline's compensation) runs after the commit, as it does for
    one saga.
@@ -53,14 +55,22 @@ from django.db import connection, connections, transaction
 
 from common import rows
 from config import metrics, tracing
-from payments.interface import PaymentGateway, calls_concurrently, creates_intent
+from payments.interface import ChargeOutcome, PaymentGateway, calls_concurrently, creates_intent
 
 from .. import lock_objects
 from ..availability import availability_changes_gathered
 from ..models import PurchaseSaga, Reservation, SagaHistory
-from .charge import charge_call, charge_record, hold_ran_out, saga_charge
+from .charge import CONFIRMED_REASON, charge_call, charge_record, hold_ran_out, saga_charge
+from .confirm import confirm_many
 from .states import SagaState
-from .step import Ask, call_gateway, gateway_or_default, record_answer, record_step
+from .step import (
+    Ask,
+    call_gateway,
+    gateway_or_default,
+    record_answer,
+    record_answers,
+    record_step,
+)
 from .transition import SYSTEM, clock, log_extra, move, step_span
 
 logger = logging.getLogger(__name__)
@@ -257,14 +267,25 @@ def _record_all(
             locked = lock_objects.sagas_for_update(
                 event_id=burst[0].event_id, saga_ids=[saga.pk for saga, _ in answered]
             )
+            confirming = []
             for saga, answer in answered:
                 saga = locked[saga.pk]
+                done[saga.pk] = saga
+                if _confirms(saga, asks[saga.pk], answer):
+                    confirming.append((saga, answer))
+                    continue
                 with _in_trace(saga, "saga.charge recorded"):
                     record_answer(saga, asked="charge", answer=answer, at=at)
                     then = record(saga, asks[saga.pk], answer, at)
-                done[saga.pk] = saga
                 if then is not None:
                     nexts.append(then)
+            record_answers(confirming, asked="charge", at=at)
+            confirm_many(
+                [(saga, answer.charge_id or "") for saga, answer in confirming],
+                reason=CONFIRMED_REASON,
+                at=at,
+                by=SYSTEM,
+            )
     except Exception:
         logger.exception(
             "charge burst: its recording commit failed; each answer is recorded alone",
@@ -276,6 +297,19 @@ def _record_all(
         done[moved.pk] = moved
     _raise_first(answers)
     return done
+
+
+def _confirms(saga: PurchaseSaga, ask: Ask, answer) -> bool:
+    """Whether the answer confirms the saga as the one-saga record would
+    (a charge that succeeded, the saga still as it was asked), so that it
+    is confirmed with the burst's others in one statement per table. With
+    tracing on, each saga is recorded by the one-saga code in its own trace."""
+    return (
+        not tracing.enabled()
+        and answer.outcome == ChargeOutcome.SUCCEEDED
+        and saga.state == S.CHARGING
+        and saga.version == ask.version
+    )
 
 
 def _record_each(burst, answers, asks, *, record, now) -> dict:

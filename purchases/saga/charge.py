@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 S = SagaState
 
+# The history's reason of a confirmation by the charge's own answer.
+CONFIRMED_REASON = "charge succeeded"
+
 # The states in which the seats are released, or being released.
 RELEASED = frozenset(
     {S.EXPIRED, S.PAYMENT_FAILED, S.COMPENSATING, S.COMPENSATION_PENDING, S.COMPENSATED}
@@ -169,7 +172,7 @@ def charge_record(gateway: PaymentGateway, *, now: datetime | None, by: By, prob
                 )
             return None
         if result.outcome == ChargeOutcome.SUCCEEDED:
-            confirm(saga, charge_id=result.charge_id or "", reason="charge succeeded", at=at, by=by)
+            confirm(saga, charge_id=result.charge_id or "", reason=CONFIRMED_REASON, at=at, by=by)
             return None
         if result.outcome == ChargeOutcome.DECLINED:
             move(saga, S.PAYMENT_FAILED, reason=f"charge declined ({result.detail})", at=at, by=by)

@@ -12,9 +12,9 @@ from typing import NamedTuple
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from ledger.models import EntryKind
-from ledger.services import ledger_record
-from outbox.services import outbox_publish, timer_cancel
+from ledger.models import EntryKind, LedgerEntry
+from ledger.services import ledger_record, ledger_record_charges
+from outbox.services import outbox_publish, timer_cancel, timer_cancels
 from webhooks.services import WebhookEvent, purchase_data, webhook_publish
 
 from ..availability import availability_changed
@@ -29,7 +29,7 @@ from ..models import (
 )
 from .states import SagaState
 from .topics import Topic
-from .transition import SYSTEM, By, log_extra, move
+from .transition import SYSTEM, By, log_extra, move, move_many
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,70 @@ def confirm(
         now=at,
     )
     announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
+
+
+def confirm_many(
+    confirmed: list[tuple[PurchaseSaga, str]], *, reason: str, at: datetime, by: By = SYSTEM
+) -> None:
+    """:func:`confirm` of several CHARGING sagas of one event, each with its
+    charge's id, in the caller's commit: what :func:`confirm` writes for
+    each, in one statement per table for them all (the moves and their
+    history, the ledger's charges, the seats sold, the reservations, the
+    hold timers cancelled, the buyers read); each saga's
+    ``purchase.confirmed`` and webhooks as :func:`confirm` writes them. A
+    seat not held any more refuses the whole commit, as it refuses one
+    saga's."""
+    if not confirmed:
+        return
+    sagas = [saga for saga, _ in confirmed]
+    (event_id,) = {saga.event_id for saga in sagas}
+    move_many(sagas, S.CONFIRMED, reason=reason, at=at, by=by)
+    ledger_record_charges(
+        [
+            LedgerEntry(
+                intent_id=saga.intent_id,
+                kind=EntryKind.CHARGE,
+                amount=saga.amount,
+                currency=saga.currency,
+                saga_id=saga.pk,
+                event_id=saga.event_id,
+                gateway_reference=charge_id,
+                note="",
+                override=False,
+                created_at=at,
+                refund_id=None,
+            )
+            for saga, charge_id in confirmed
+        ]
+    )
+    links = _links_of(event_id, [saga.reservation_id for saga in sagas])
+    seat_ids = [
+        link.seat_id
+        for saga in sagas
+        for link in links.get(saga.reservation_id, [])
+        if not link.released
+    ]
+    if _sell_many(event_id, seat_ids) != len(seat_ids):
+        raise IllegalTransition(S.CONFIRMED, "CONFIRMED with seats not held")
+    availability_changed(event_id)
+    _execute(
+        _reservations_sql(),
+        [ReservationStatus.CONFIRMED.value, [saga.reservation_id for saga in sagas], event_id],
+    )
+    cancels = timer_cancels(keys=[saga.hold_timer_key for saga in sagas], now=at)
+    buyers = _buyers([saga.buyer_id for saga in sagas])
+    for saga in sagas:
+        logger.info("hold timer %s", cancels[saga.hold_timer_key].status, **log_extra(saga))
+        facts = _facts(saga, links.get(saga.reservation_id, []), buyers[saga.buyer_id])
+        outbox_publish(
+            topic=Topic.CONFIRMED,
+            payload=facts,
+            key=f"confirmed:{saga.pk}",
+            event_id=saga.event_id,
+            saga_id=saga.pk,
+            now=at,
+        )
+        announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
 
 
 def announce(
@@ -153,17 +217,41 @@ def purchase_facts(saga: PurchaseSaga, *, links: list[Link] | None = None) -> di
     seats' references come with them)."""
     if links is None:
         links = reservation_links(saga)
+    return _facts(saga, links, _buyer(saga.buyer_id))
+
+
+def _facts(saga: PurchaseSaga, links: list[Link], buyer: dict) -> dict:
     return {
         "saga_id": str(saga.pk),
         "reservation": saga.reservation.ref,
         "event_id": saga.event_id,
         "buyer_id": saga.buyer_id,
-        "buyer": _buyer(saga.buyer_id),
+        "buyer": buyer,
         "seats": sorted(link.seat_ref for link in links),
         "amount": saga.amount,
         "currency": saga.currency,
         "intent_id": saga.intent_id,
     }
+
+
+# reservation_links for several reservations of one event, in one statement.
+_LINKS_MANY_SQL = """
+SELECT rs.reservation_id, rs.id, rs.seat_id, rs.released_at IS NOT NULL, s.ref
+  FROM {link} rs JOIN {seat} s ON s.id = rs.seat_id AND s.event_id = rs.event_id
+ WHERE rs.reservation_id = ANY(%s) AND rs.event_id = %s
+"""
+
+
+def _links_of(event_id: int, reservation_ids: list[int]) -> dict[int, list[Link]]:
+    sql = _LINKS_MANY_SQL.format(link=ReservationSeat._meta.db_table, seat=Seat._meta.db_table)
+    found: dict[int, list[Link]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [reservation_ids, event_id])
+        for reservation_id, i, seat_id, released, ref in cursor.fetchall():
+            found.setdefault(reservation_id, []).append(
+                Link(id=i, seat_id=seat_id, released=bool(released), seat_ref=ref)
+            )
+    return found
 
 
 # Written once (docs/performance.md, "Statements written once"): built by the
@@ -211,6 +299,44 @@ def _sell(event_id: int, seat_ids: list[int]) -> int:
         _sell_sql(len(seat_ids)),
         [SeatStatus.SOLD.value, event_id, SeatStatus.HELD.value, *seat_ids],
     )
+
+
+_SELL_MANY_SQL = (
+    "UPDATE {seat} SET status = %s WHERE event_id = %s AND status = %s AND id = ANY(%s)"
+)
+_RESERVATIONS_SQL = "UPDATE {reservation} SET status = %s WHERE id = ANY(%s) AND event_id = %s"
+_BUYERS_SQL = "SELECT {pk}, {username}, {email} FROM {user} WHERE {pk} = ANY(%s)"
+
+
+def _sell_many(event_id: int, seat_ids: list[int]) -> int:
+    """:func:`_sell` for any number of seats, in one statement."""
+    if not seat_ids:
+        return 0
+    sql = _SELL_MANY_SQL.format(seat=Seat._meta.db_table)
+    return _execute(sql, [SeatStatus.SOLD.value, event_id, SeatStatus.HELD.value, seat_ids])
+
+
+@functools.cache
+def _reservations_sql() -> str:
+    return _RESERVATIONS_SQL.format(reservation=Reservation._meta.db_table)
+
+
+def _buyers(buyer_ids: list[int]) -> dict[int, dict]:
+    """:func:`_buyer` of several buyers, in one statement; by id."""
+    user = get_user_model()
+    sql = _BUYERS_SQL.format(
+        user=user._meta.db_table,
+        pk=user._meta.pk.column,
+        username=user._meta.get_field("username").column,
+        email=user._meta.get_field("email").column,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [sorted(set(buyer_ids))])
+        found = {pk: {"username": name, "email": email} for pk, name, email in cursor.fetchall()}
+    missing = set(buyer_ids) - found.keys()
+    if missing:
+        raise user.DoesNotExist(f"no user {sorted(missing)[0]}")
+    return found
 
 
 def _buyer(buyer_id: int) -> dict:

@@ -159,6 +159,16 @@ def record_answer(
 ) -> None:
     """Keep the gateway's answer as evidence beside the saga (and count it),
     inside the caller's transaction."""
+    rows.create(_answered(saga, asked=asked, answer=answer, at=at, attempt=attempt))
+
+
+def record_answers(answered: list[tuple[PurchaseSaga, Any]], *, asked: str, at: datetime) -> None:
+    """:func:`record_answer` of several sagas' answers, in one statement."""
+    rows.insert([_answered(saga, asked=asked, answer=a, at=at) for saga, a in answered])
+
+
+def _answered(saga: PurchaseSaga, *, asked: str, answer, at: datetime, attempt: int = 0):
+    """The answer's log line and metrics, and its evidence row (not saved)."""
     logger.info(
         "gateway %s answered %s",
         asked,
@@ -174,15 +184,13 @@ def record_answer(
     metrics.GATEWAY_LATENCY.labels(method=asked).observe(answer.latency_ms / 1000)
     if asked == "retrieve":
         metrics.RECONCILE_PROBES.labels(answer=answer.label).inc()
-    rows.create(
-        GatewayAnswer(
-            saga=saga,
-            event_id=saga.event_id,
-            at=at,
-            asked=asked,
-            answer=answer.label,
-            detail=answer.detail[:200],
-            latency_ms=answer.latency_ms,
-            attempt=attempt,
-        )
+    return GatewayAnswer(
+        saga=saga,
+        event_id=saga.event_id,
+        at=at,
+        asked=asked,
+        answer=answer.label,
+        detail=answer.detail[:200],
+        latency_ms=answer.latency_ms,
+        attempt=attempt,
     )

@@ -191,6 +191,75 @@ def _move_and_record(
         return cursor.rowcount
 
 
+# move() for several sagas of one event in one statement: each by its whole
+# key and the version it was read at.
+_MOVE_MANY_SQL = """
+WITH moved AS (
+  UPDATE {saga} s SET state = %(to)s, version = s.version + 1, updated_at = %(at)s,
+         awaiting_operator_since = NULL, action_secret = ''
+    FROM unnest(%(ids)s::uuid[], %(versions)s::bigint[]) AS v(id, version)
+   WHERE s.id = v.id AND s.event_id = %(event)s AND s.state = %(source)s
+     AND s.version = v.version
+  RETURNING s.id, s.event_id, s.version
+)
+INSERT INTO {history} (saga_id, event_id, from_state, to_state, at, reason, actor, actor_name,
+                       version)
+SELECT id, event_id, %(source)s, %(to)s, %(at)s, %(reason)s, %(actor)s, %(actor_name)s, version
+  FROM moved
+"""
+
+# The moves move_many makes: out of a state into one that stamps nothing more
+# than a move does (no attempt counted, no secret, no compensation started).
+_MANY_TARGETS = frozenset({S.CONFIRMED})
+
+
+def move_many(
+    sagas: list[PurchaseSaga], to: SagaState, *, reason: str, at: datetime, by: By = SYSTEM
+) -> None:
+    """:func:`move` for sagas of one event, all in one state, in one
+    statement inside the caller's transaction (a charge burst's
+    confirmations); each saga's log line as :func:`move` writes it. All or
+    nothing: a saga not as it was read is a :class:`StaleSaga`."""
+    if not in_transaction():
+        raise RuntimeError("a transition belongs inside its commit")
+    if not sagas:
+        return
+    source = SagaState(sagas[0].state)
+    if to not in _MANY_TARGETS or any(saga.state != source for saga in sagas):
+        raise ValueError(f"move_many moves sagas of one state to {sorted(_MANY_TARGETS)}")
+    if to not in TRANSITIONS[source]:
+        raise IllegalTransition(source, to)
+    (event_id,) = {saga.event_id for saga in sagas}
+    sql = _MOVE_MANY_SQL.format(
+        saga=PurchaseSaga._meta.db_table, history=SagaHistory._meta.db_table
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "to": to.value,
+                "at": at,
+                "ids": [saga.pk for saga in sagas],
+                "versions": [saga.version for saga in sagas],
+                "event": event_id,
+                "source": source.value,
+                "reason": reason[:500],
+                "actor": by.actor,
+                "actor_name": by.name,
+            },
+        )
+        moved = cursor.rowcount
+    if moved != len(sagas):
+        raise StaleSaga(f"{len(sagas) - moved} of {len(sagas)} sagas are no longer {source}")
+    for saga in sagas:
+        saga.state, saga.version, saga.updated_at = to, saga.version + 1, at
+        saga.awaiting_operator_since, saga.action_secret = None, ""
+        logger.info("saga %s -> %s: %s", source, to, reason, **log_extra(saga, actor=by.actor))
+    transaction.on_commit(
+        lambda: metrics.TRANSITIONS.labels(from_state=source.value, to_state=to.value).inc(moved)
+    )
+
+
 def _transition_span(saga: PurchaseSaga, source: SagaState, to: SagaState):
     """The move's span, in the step's trace, named after the move (the
     transition table bounds the names); a no-op with tracing off."""
