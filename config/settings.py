@@ -520,11 +520,12 @@ CELERY_WEBHOOK_QUEUE = env.str(
 # of refunds take at most that pool's share of the CPU from the sales path
 # (docs/refunds.md, "Where refunds run"; docs/performance.md, figure 15).
 CELERY_REFUND_QUEUE = env.str("CELERY_REFUND_QUEUE", default=f"{CELERY_TASK_DEFAULT_QUEUE}-refunds")
-# Charging in bursts (purchases/saga/burst.py; docs/design.md, "Charging in
-# bursts"): a charge task charges its saga with up to this many sagas in all
-# of its event's PENDING ones, in one commit before the processor is asked
-# and one after; 1 charges one saga per task. The calls of a burst go to the
-# processor this many at a time, from threads of the worker's process.
+# Charging in bursts (purchases/saga/burst.py;
+# docs/design.md, "Charging in bursts"): a charge task charges its saga with
+# up to this many sagas in all of its event's PENDING ones, in one commit
+# before the processor is asked and one after; 1 charges one saga per task.
+# The calls of a burst go to the processor this many at a time, from threads
+# of the worker's process.
 CHARGE_BURST_SIZE = env.int("CHARGE_BURST_SIZE", default=16)
 CHARGE_BURST_CONCURRENCY = env.int("CHARGE_BURST_CONCURRENCY", default=8)
 if CHARGE_BURST_SIZE < 1 or CHARGE_BURST_CONCURRENCY < 1:

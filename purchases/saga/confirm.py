@@ -108,24 +108,7 @@ def confirm_many(
     sagas = [saga for saga, _ in confirmed]
     (event_id,) = {saga.event_id for saga in sagas}
     move_many(sagas, S.CONFIRMED, reason=reason, at=at, by=by)
-    ledger_record_charges(
-        [
-            LedgerEntry(
-                intent_id=saga.intent_id,
-                kind=EntryKind.CHARGE,
-                amount=saga.amount,
-                currency=saga.currency,
-                saga_id=saga.pk,
-                event_id=saga.event_id,
-                gateway_reference=charge_id,
-                note="",
-                override=False,
-                created_at=at,
-                refund_id=None,
-            )
-            for saga, charge_id in confirmed
-        ]
-    )
+    ledger_record_charges([_charge_entry(saga, charge_id, at) for saga, charge_id in confirmed])
     links = _links_of(event_id, [saga.reservation_id for saga in sagas])
     seat_ids = [
         link.seat_id
@@ -154,6 +137,23 @@ def confirm_many(
             now=at,
         )
         announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
+
+
+def _charge_entry(saga: PurchaseSaga, charge_id: str, at: datetime) -> LedgerEntry:
+    """The ledger's charge entry :func:`confirm` records for the saga."""
+    return LedgerEntry(
+        intent_id=saga.intent_id,
+        kind=EntryKind.CHARGE,
+        amount=saga.amount,
+        currency=saga.currency,
+        saga_id=saga.pk,
+        event_id=saga.event_id,
+        gateway_reference=charge_id,
+        note="",
+        override=False,
+        created_at=at,
+        refund_id=None,
+    )
 
 
 def announce(
