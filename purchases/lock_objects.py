@@ -226,13 +226,19 @@ def saga_for_update(*, saga_id) -> PurchaseSaga:
         row = cursor.fetchone()
     if row is None:
         raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
+    return _saga_of(row)
+
+
+def _saga_of(row) -> PurchaseSaga:
+    """The saga of a row of :func:`_saga_read_sql`, its reservation attached.
+    Its event's status comes in the same statement (with the lock, for a
+    lock): a charge refuses to start on a cancelled event
+    (purchases/saga/charge.py), whatever a start that read the event just
+    before its cancellation committed."""
     *columns, event_status = row
     saga, saga.reservation = rows.split(
         tuple(columns), PurchaseSaga, Reservation, db=connection.alias
     )
-    # Read with the lock, in the same statement: a charge refuses to start
-    # on a cancelled event (purchases/saga/charge.py), whatever a start that
-    # read the event just before its cancellation committed.
     saga.event_cancelled = event_status == EventStatus.CANCELLED
     return saga
 
@@ -264,15 +270,8 @@ def sagas_for_update(*, event_id: int, saga_ids: list) -> dict:
     with connection.cursor() as cursor:
         cursor.execute(_sagas_lock_sql(), [list(saga_ids), event_id])
         found = cursor.fetchall()
-    sagas = {}
-    for row in found:
-        *columns, event_status = row
-        saga, saga.reservation = rows.split(
-            tuple(columns), PurchaseSaga, Reservation, db=connection.alias
-        )
-        saga.event_cancelled = event_status == EventStatus.CANCELLED
-        sagas[saga.pk] = saga
-    return sagas
+    sagas = [_saga_of(row) for row in found]
+    return {saga.pk: saga for saga in sagas}
 
 
 def saga_read(*, saga_id) -> PurchaseSaga:
@@ -285,12 +284,7 @@ def saga_read(*, saga_id) -> PurchaseSaga:
         row = cursor.fetchone()
     if row is None:
         raise PurchaseSaga.DoesNotExist(f"no saga {saga_id}")
-    *columns, event_status = row
-    saga, saga.reservation = rows.split(
-        tuple(columns), PurchaseSaga, Reservation, db=connection.alias
-    )
-    saga.event_cancelled = event_status == EventStatus.CANCELLED
-    return saga
+    return _saga_of(row)
 
 
 @functools.cache

@@ -80,7 +80,11 @@ def confirm(
     )
     cancel = timer_cancel(key=saga.hold_timer_key, now=at)
     logger.info("hold timer %s", cancel.status, **log_extra(saga))
-    facts = purchase_facts(saga, links=links)
+    _announce_confirmed(saga, purchase_facts(saga, links=links), at=at)
+
+
+def _announce_confirmed(saga: PurchaseSaga, facts: dict, *, at: datetime) -> None:
+    """A confirmation's ``purchase.confirmed`` row and webhooks, in its commit."""
     outbox_publish(
         topic=Topic.CONFIRMED,
         payload=facts,
@@ -128,15 +132,7 @@ def confirm_many(
     for saga in sagas:
         logger.info("hold timer %s", cancels[saga.hold_timer_key].status, **log_extra(saga))
         facts = _facts(saga, links.get(saga.reservation_id, []), buyers[saga.buyer_id])
-        outbox_publish(
-            topic=Topic.CONFIRMED,
-            payload=facts,
-            key=f"confirmed:{saga.pk}",
-            event_id=saga.event_id,
-            saga_id=saga.pk,
-            now=at,
-        )
-        announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
+        _announce_confirmed(saga, facts, at=at)
 
 
 def _charge_entry(saga: PurchaseSaga, charge_id: str, at: datetime) -> LedgerEntry:
