@@ -37,6 +37,8 @@ DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 375, "height": 812}
 # Generous: the machine is shared; the pages poll every 500 ms.
 WAIT_MS = 15_000
+# The worker's wait for the fake gateway's answer (the stack fixture).
+GATEWAY_TIMEOUT_S = 3.0
 PURCHASE_URL = re.compile(r"/purchases/([0-9a-f-]{36})/$")
 expect.set_options(timeout=WAIT_MS)
 
@@ -62,11 +64,21 @@ def browser():
 
 
 @pytest.fixture
-def stack(live_server, tmp_path, broker_queue):
+def stack(live_server, tmp_path, broker_queue, settings):
     # The first reconcile probe 3 s after a lost answer: long enough to see
     # "confirming with your bank" on the page, short enough for a test.
+    # The worker waits GATEWAY_TIMEOUT_S for an answer (the tests' settings
+    # say 1 s): a charge the fake gateway answers after 600 ms must not be
+    # lost on a busy machine (CI saw one go UNKNOWN, then CONFIRMED: four
+    # steps where three were meant); the lost answers' cards wait longer.
+    settings.FAKE_GATEWAY_TIMEOUT_DELAY_SECONDS = GATEWAY_TIMEOUT_S + 0.5
     with Stack.running(
-        live_server, tmp_path, extra_env={"RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1"}
+        live_server,
+        tmp_path,
+        extra_env={
+            "RECONCILE_BACKOFF_SECONDS": "3,1,1,1,1,1",
+            "PAYMENT_GATEWAY_TIMEOUT_SECONDS": str(GATEWAY_TIMEOUT_S),
+        },
     ) as s:
         yield s
 
