@@ -63,8 +63,10 @@ def cache_down() -> tuple[type[Exception], ...]:
 # What fell back: ``token`` (a token's look-up, its remembering, its
 # forgetting), ``purchase_throttle``, ``token_throttle``, ``catalog`` (a
 # catalog read, or a seat change's version move, lost), ``breaker`` (the
-# processor's breaker read as closed, an answer not counted: purchases/breaker.py).
-USES = ("token", "purchase_throttle", "token_throttle", "catalog", "breaker")
+# processor's breaker read as closed, an answer not counted: purchases/breaker.py),
+# ``charge_wake`` (a purchase's charge published as its own task, not gathered
+# into its event's owed burst: purchases/saga/burst.py).
+USES = ("token", "purchase_throttle", "token_throttle", "catalog", "breaker", "charge_wake")
 CACHE_UNAVAILABLE = Counter(
     "boxoffice_cache_unavailable_total",
     "Cache calls that could not reach the cache, by what fell back",

@@ -28,13 +28,12 @@ from .saga.topics import CHARGE_TASK
 )
 def saga_charge_task(self, saga_id: str) -> str:
     # A failed run leaves the saga PENDING or CHARGING: the resumer drives it.
-    # With others of its event PENDING, it charges them too, in one burst
+    # With others of its event PENDING, it charges them too, in bursts
     # (purchases/saga/burst.py).
     # What the charge announces on this queue (the confirmation's emails and
-    # analytics) this task delivers itself, once the step is done
+    # analytics) this task delivers itself, once each burst is done
     # (outbox/handover.py, "in place"; docs/performance.md).
-    with delivered_here():
-        return services.saga_charge_burst(saga_id=saga_id).state
+    return services.saga_charge_burst(saga_id=saga_id, each_burst=delivered_here).state
 
 
 # Periodic sweeps (Celery beat). Each run leaves a heartbeat; overlapping runs

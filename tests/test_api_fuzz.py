@@ -70,7 +70,7 @@ def api_world(transactional_db, monkeypatch):
     from purchases.services import purchase_start
 
     enqueued: list[str] = []
-    monkeypatch.setattr(saga_start, "publish", lambda name, args: enqueued.append(args[0]))
+    monkeypatch.setattr(saga_start, "publish_charge", enqueued.append)
     user, other = UserFactory(username="fuzzer"), UserFactory(username="someone-else")
     token, _ = Token.objects.get_or_create(user=user)
     event = EventFactory(seats=SEATS)

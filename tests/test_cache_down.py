@@ -147,7 +147,7 @@ def test_a_token_and_the_purchases_list_answer_with_the_cache_down(cache_down, b
 def test_a_purchase_starts_replays_and_the_catalog_answers_with_the_cache_down(
     cache_down, buyer, monkeypatch
 ):
-    monkeypatch.setattr(start, "publish", lambda name, args: None)  # the broker is not the point
+    monkeypatch.setattr(start, "publish_charge", lambda saga_id: None)  # not the point
     event = EventFactory(seats=["A1", "A2"])
     client, key = _api(buyer), new_key()
 

@@ -66,7 +66,7 @@ def enqueued(monkeypatch) -> list:
     from purchases.saga import start
 
     sent: list = []
-    monkeypatch.setattr(start, "publish", lambda name, args: sent.append((name, args)))
+    monkeypatch.setattr(start, "publish_charge", sent.append)
     return sent
 
 

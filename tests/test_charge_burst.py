@@ -85,10 +85,10 @@ def processor(processor_url) -> Iterator[HttpPaymentGateway]:
     gateway.close()
 
 
-def _buy(event, methods: list[str]) -> list[PurchaseSaga]:
+def _buy(event, methods: list[str], *, seats=SEATS) -> list[PurchaseSaga]:
     return [
         start_purchase(UserFactory(), event, seats=[seat], payment_method=method)
-        for seat, method in zip(SEATS, methods, strict=False)
+        for seat, method in zip(seats, methods, strict=False)
     ]
 
 
@@ -338,7 +338,7 @@ def test_a_saga_that_moved_on_is_skipped_without_a_call(bursts, processor):
     assert FakeCharge.objects.filter(intent_id=second.intent_id).count() == 1
 
 
-def test_a_task_whose_saga_a_burst_charged_returns_on_one_read_without_a_lock(bursts, processor):
+def test_a_task_whose_saga_a_burst_charged_reads_it_without_a_lock_then_claims(bursts, processor):
     event = EventFactory(seats=SEATS)
     first, second = _buy(event, ["pm_card_visa"] * 2)
     burst.saga_charge_burst(saga_id=first.pk, gateway=processor)  # charges both
@@ -346,9 +346,119 @@ def test_a_task_whose_saga_a_burst_charged_returns_on_one_read_without_a_lock(bu
     with CaptureQueriesContext(connection) as queries:
         assert burst.saga_charge_burst(saga_id=second.pk, gateway=processor).state == "CONFIRMED"
 
-    assert len(queries) == 1 and "FOR UPDATE" not in queries[0]["sql"], queries.captured_queries
+    # its saga read without the lock (3 statements with it on the code before
+    # the read), then the event's due charges claimed: none left
+    read, begin, claim, commit = [q["sql"] for q in queries.captured_queries]
+    assert "FOR UPDATE" not in read and (begin, commit) == ("BEGIN", "COMMIT")
+    assert "SKIP LOCKED" in claim
     # what makes the read enough: no saga ever comes back to PENDING
     assert not [source for source, targets in TRANSITIONS.items() if "PENDING" in targets]
+
+
+# --- wake-ups: one task for the purchases of a busy event ----------------------
+
+
+def _published(broker_queue) -> list[str]:
+    return [m["args"][0] for m in broker_queue.messages() if m["task"] == "purchases.charge"]
+
+
+def test_a_purchase_rides_the_wake_up_its_event_owes_and_the_task_charges_it(
+    bursts, processor, broker_queue
+):
+    event = EventFactory(seats=SEATS)
+    other_event = EventFactory(seats=SEATS)
+    first, rider, rider2 = _buy(event, ["pm_card_visa"] * 3)
+    (elsewhere,) = _buy(other_event, ["pm_card_visa"])
+
+    # one task for the event (the first purchase's), one for the other event
+    assert _published(broker_queue) == [str(first.pk), str(elsewhere.pk)]
+    # the first purchase's saga taken by another burst meanwhile: its task
+    # still charges the purchases that rode its wake-up
+    PurchaseSaga.objects.filter(pk=first.pk).update(state="EXPIRED")
+    assert burst.saga_charge_burst(saga_id=first.pk, gateway=processor).state == "EXPIRED"
+    assert _states([rider, rider2]) == ["CONFIRMED", "CONFIRMED"]
+    # the flag was cleared by the task: the event's next purchase has a task
+    (later,) = _buy(event, ["pm_card_visa"], seats=["A8"])
+    assert _published(broker_queue) == [str(later.pk)]
+
+
+def test_a_task_charges_its_events_purchases_in_bursts_until_a_claim_comes_back_short(
+    bursts, processor, broker_queue
+):
+    bursts.CHARGE_BURST_SIZE = 2
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa"] * 5)
+    assert _published(broker_queue) == [str(sagas[0].pk)]
+
+    burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    # its own burst (2, full), the event's (2, full), then 1: a claim short
+    assert _states(sagas) == ["CONFIRMED"] * 5
+    moves = _writers(sagas, from_state="PENDING", to_state="CHARGING")
+    assert len(moves) == 3
+    assert _published(broker_queue) == []
+
+
+def test_a_task_leaves_a_busy_events_rest_to_a_task_of_its_own(
+    bursts, processor, broker_queue, monkeypatch
+):
+    bursts.CHARGE_BURST_SIZE = 2
+    monkeypatch.setattr(burst, "BURSTS_PER_TASK", 1)
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa"] * 6)
+    assert _published(broker_queue) == [str(sagas[0].pk)]
+
+    burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    # its own burst and one of the event's, both full: the rest is a new task's
+    assert _states(sagas) == ["CONFIRMED"] * 4 + ["PENDING"] * 2
+    (next_task,) = _published(broker_queue)
+    burst.saga_charge_burst(saga_id=next_task, gateway=processor)
+    assert _states(sagas) == ["CONFIRMED"] * 6
+
+
+def test_with_the_cache_down_or_bursts_off_every_purchase_publishes_its_task(
+    bursts, processor, broker_queue, monkeypatch
+):
+    event = EventFactory(seats=SEATS)
+    monkeypatch.setattr(burst, "cache_call", lambda use, call: (False, None))
+    down = _buy(event, ["pm_card_visa"] * 2)
+    assert _published(broker_queue) == [str(s.pk) for s in down]
+    monkeypatch.undo()
+
+    bursts.CHARGE_BURST_SIZE = 1
+    off = [start_purchase(UserFactory(), event, seats=[seat]) for seat in ["A5", "A6"]]
+    assert _published(broker_queue) == [str(s.pk) for s in off]
+
+
+def test_a_purchase_whose_task_could_not_be_published_clears_the_wake_up(
+    bursts, processor, broker_queue, monkeypatch
+):
+    event = EventFactory(seats=SEATS)
+
+    def refused(saga_id):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr("purchases.saga.start.publish_charge", refused)
+    (lost,) = _buy(event, ["pm_card_visa"])  # its 202 kept (robust on-commit)
+    monkeypatch.undo()
+
+    (later,) = _buy(event, ["pm_card_visa"], seats=["A8"])
+    assert _published(broker_queue) == [str(later.pk)]
+    burst.saga_charge_burst(saga_id=later.pk, gateway=processor)
+    assert _states([lost, later]) == ["CONFIRMED", "CONFIRMED"]
+
+
+def test_no_saga_of_a_cancelled_event_is_claimed(bursts, processor):
+    event = EventFactory(seats=SEATS)
+    first, rider = _buy(event, ["pm_card_visa"] * 2)
+    PurchaseSaga.objects.filter(pk=first.pk).update(state="EXPIRED")
+    type(event).objects.filter(pk=event.pk).update(status="cancelled")
+
+    burst.saga_charge_burst(saga_id=first.pk, gateway=processor)
+
+    assert _states([rider]) == ["PENDING"]
+    assert not FakeCharge.objects.filter(intent_id=rider.intent_id).exists()
 
 
 def test_a_recording_that_fails_for_one_saga_records_the_others_alone(bursts, processor):

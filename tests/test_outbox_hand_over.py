@@ -406,10 +406,10 @@ def test_a_broker_that_cannot_be_reached_fails_the_publish():
     code = (
         "import django; django.setup()\n"
         "from outbox import handover\n"
-        "from purchases.saga import start\n"
+        "from purchases.saga import burst\n"
         "for name, publish in [\n"
         "    ('hand-over', lambda: handover.publish(handover.deliver, (1,))),\n"
-        "    ('charge', lambda: start.publish('purchases.charge', ('saga-1',))),\n"
+        "    ('charge', lambda: burst.publish_charge('saga-1')),\n"
         "]:\n"
         "    try:\n"
         "        publish()\n"

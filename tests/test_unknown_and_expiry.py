@@ -298,11 +298,7 @@ def test_property_1_duplicate_submission_one_payment_request_one_timer_one_saga(
     from purchases.saga import start
 
     # The broker boundary, replaced by running the task body in-process.
-    def publish(name, args):
-        assert name == "purchases.charge"
-        saga_charge(saga_id=args[0])
-
-    monkeypatch.setattr(start, "publish", publish)
+    monkeypatch.setattr(start, "publish_charge", lambda saga_id: saga_charge(saga_id=saga_id))
     body = {"event": event.pk, "seats": ["A1"], "payment_method": "pm_card_visa"}
     with django_capture_on_commit_callbacks(execute=True):
         first = alice_api.post("/api/purchases/", body, format="json", HTTP_IDEMPOTENCY_KEY="dup")

@@ -32,34 +32,56 @@ before anything else. A recording commit that fails is rolled back whole and
 each answer recorded alone, in a commit of its own, as the one-saga step
 records it (an error there is raised as it is raised for one saga).
 
-The other sagas' own tasks still come: each finds its saga moved on (read
-without the lock: no saga comes back to PENDING) and returns. A task whose
-saga is the only one PENDING charges it alone, so one purchase on a quiet
-day is charged as before. A processor that makes its
+**Wake-ups.** A purchase publishes its own charge task after its commit
+only if its event owes no wake-up: it sets the event's flag in the shared
+cache (``cache.add``, :func:`charge_wake`) and publishes if the flag was
+clear. A purchase that finds it set rides the task that set it. A task
+clears the flag *before* its first claim, charges its own saga's burst,
+then the event's PENDING sagas in bursts until a claim comes back short
+(at most ``BURSTS_PER_TASK`` full ones, then it publishes a task for the
+rest). As for the outbox's sweeps (outbox/sweeping.py): a purchase
+committed before the clear is seen by the claims after it; one committed
+after finds the flag clear (or set by a later one) and has a task to come;
+a claim that comes back full is followed by another; a flag whose task was
+lost expires (``WAKE_SECONDS``) and the next purchase publishes again.
+Whatever else (no broker, a worker killed mid-burst) leaves sagas PENDING
+or CHARGING for the resumer, as a lost task of its own always did. With
+the cache down every purchase publishes its own task.
+
+A task whose saga another burst charged (a task published by the resumer,
+or by a purchase that found the cache down) reads it without the lock (no
+saga comes back to PENDING) and goes on to the event's claims. A task
+whose saga is the only one PENDING charges it alone, so one purchase on a
+quiet day is charged as before. A processor that makes its
 intents first (Stripe's create, then the charge) is charged one saga at a
 time (:func:`purchases.saga.charge.saga_charge`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection, connections, transaction
 
 from common import rows
 from config import metrics, tracing
+from config.celery import app
 from payments.interface import ChargeOutcome, PaymentGateway, calls_concurrently, creates_intent
 
 from .. import lock_objects
 from ..availability import availability_changes_gathered
-from ..models import PurchaseSaga, Reservation, SagaHistory
+from ..cache_outage import cache_call
+from ..models import Event, EventStatus, PurchaseSaga, Reservation, SagaHistory
 from .charge import CONFIRMED_REASON, charge_call, charge_record, hold_ran_out, saga_charge
 from .confirm import confirm_many
 from .states import SagaState
@@ -71,6 +93,7 @@ from .step import (
     record_answers,
     record_step,
 )
+from .topics import CHARGE_TASK
 from .transition import SYSTEM, clock, log_extra, move, step_span
 
 logger = logging.getLogger(__name__)
@@ -81,42 +104,124 @@ REASON = "charge started"
 
 
 def saga_charge_burst(
-    *, saga_id, gateway: PaymentGateway | None = None, now: datetime | None = None
+    *,
+    saga_id,
+    gateway: PaymentGateway | None = None,
+    now: datetime | None = None,
+    each_burst: Callable[[], AbstractContextManager] = contextlib.nullcontext,
 ) -> PurchaseSaga:
     """Charge the saga, and with it a burst of its event's PENDING sagas
-    (the module docstring); the saga as its charge left it."""
+    (the module docstring); then the event's PENDING sagas in bursts until a
+    claim comes back short (the purchases that rode this wake-up: the module
+    docstring). Each burst runs inside ``each_burst()`` (the task's delivery
+    in place). The saga as its charge left it."""
     gateway = gateway_or_default(gateway)
     size = settings.CHARGE_BURST_SIZE
     if size <= 1 or creates_intent(gateway):
-        return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
-    with step_span("saga.charge", saga_id=saga_id):
-        # Most tasks of a busy event find their saga charged by another's
-        # burst: no saga ever comes back to PENDING, so a read without the
-        # lock (one statement, no transaction) that finds it moved on is
-        # final. One that finds it PENDING decides again under the lock.
-        seen = lock_objects.saga_read(saga_id=saga_id)
-        if seen.state != S.PENDING:
-            logger.info("charge skipped: saga has moved on", **log_extra(seen))
-            return seen
-        with transaction.atomic(durable=True):
-            own = lock_objects.saga_for_update(saga_id=saga_id)
-            at = clock(now)
-            if own.state != S.PENDING:
-                logger.info("charge skipped: saga has moved on", **log_extra(own))
-                return own
-            chargeable = not (hold_ran_out(own, at) or getattr(own, "event_cancelled", False))
-            if chargeable:
-                move(own, S.CHARGING, reason=REASON, at=at, by=SYSTEM, count_attempt=True)
-                others = _claim(own, at=at, limit=size - 1)
-        if not chargeable:
-            # The one-saga step settles it (the hold's expiry, the
-            # cancellation's refusal), each with its own log line.
+        with each_burst():
             return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
-        burst = [own, *others]
-        if others:
-            logger.info("charge burst: %d sagas", len(burst), **log_extra(own, burst=len(burst)))
-        answers = _ask_all(burst, gateway)
-        return _record_all(burst, answers, gateway=gateway, now=now)[own.pk]
+    with each_burst(), step_span("saga.charge", saga_id=saga_id):
+        saga, owed = _own_burst(saga_id, gateway=gateway, now=now, size=size)
+    bursts = 0
+    while owed and bursts < BURSTS_PER_TASK:
+        with each_burst():
+            owed = _event_burst(saga.event_id, gateway=gateway, now=now, size=size)
+        bursts += 1
+    if owed:
+        # Still full: the rest is another task's, behind what else waits on
+        # the queue (a hold's expiry, a reconciliation), so that a busy
+        # event never keeps a worker process to itself.
+        publish_charge(saga.pk)
+    return saga
+
+
+def _own_burst(saga_id, *, gateway: PaymentGateway, now, size: int) -> tuple[PurchaseSaga, bool]:
+    """The task's own saga charged with up to ``size - 1`` others; the saga
+    as its charge left it, and whether the event may have more due (a claim
+    that came back full, or none made)."""
+    # Most tasks of a busy event find their saga charged by another's
+    # burst: no saga ever comes back to PENDING, so a read without the
+    # lock (one statement, no transaction) that finds it moved on is
+    # final. One that finds it PENDING decides again under the lock.
+    seen = lock_objects.saga_read(saga_id=saga_id)
+    # Before any claim: a purchase committed from now on finds no wake-up
+    # owed and publishes its own task (the module docstring).
+    unwake(seen.event_id)
+    if seen.state != S.PENDING:
+        logger.info("charge skipped: saga has moved on", **log_extra(seen))
+        return seen, True
+    with transaction.atomic(durable=True):
+        own = lock_objects.saga_for_update(saga_id=saga_id)
+        at = clock(now)
+        if own.state != S.PENDING:
+            logger.info("charge skipped: saga has moved on", **log_extra(own))
+            return own, True
+        chargeable = not (hold_ran_out(own, at) or getattr(own, "event_cancelled", False))
+        if chargeable:
+            move(own, S.CHARGING, reason=REASON, at=at, by=SYSTEM, count_attempt=True)
+            others = _claim(own.event_id, own=own.pk, at=at, limit=size - 1)
+    if not chargeable:
+        # The one-saga step settles it (the hold's expiry, the
+        # cancellation's refusal), each with its own log line.
+        return saga_charge(saga_id=saga_id, gateway=gateway, now=now), True
+    burst = [own, *others]
+    if others:
+        logger.info("charge burst: %d sagas", len(burst), **log_extra(own, burst=len(burst)))
+    answers = _ask_all(burst, gateway)
+    return _record_all(burst, answers, gateway=gateway, now=now)[own.pk], len(burst) == size
+
+
+def _event_burst(event_id: int, *, gateway: PaymentGateway, now, size: int) -> bool:
+    """Up to ``size`` of the event's PENDING sagas charged as one burst;
+    whether the claim came back full."""
+    with transaction.atomic(durable=True):
+        burst = _claim(event_id, own=None, at=clock(now), limit=size)
+    if not burst:
+        return False
+    logger.info("charge burst: %d sagas", len(burst), **log_extra(burst[0], burst=len(burst)))
+    answers = _ask_all(burst, gateway)
+    _record_all(burst, answers, gateway=gateway, now=now)
+    return len(burst) == size
+
+
+# --- Wake-ups: one task for the purchases of a busy event --------------------
+
+# How long a wake-up flag outlives a task that never ran (a task lost with it
+# set holds its event's purchases' own tasks back that long at most).
+WAKE_SECONDS = 5
+# Full bursts one task charges before it leaves the rest to a task of its own.
+BURSTS_PER_TASK = 8
+
+
+def wake_key(event_id: int) -> str:
+    return f"charge:wake-owed:{event_id}"
+
+
+def charge_wake(event_id: int) -> bool:
+    """After a purchase's commit: whether it publishes its own charge task
+    (True), or rides the wake-up its event owes already (False: a task is
+    coming that claims it, the module docstring). True whenever charges are
+    not made in bursts, and when the cache does not answer."""
+    if settings.CHARGE_BURST_SIZE <= 1 or creates_intent(gateway_or_default(None)):
+        return True
+    reached, added = cache_call(
+        "charge_wake", lambda: cache.add(wake_key(event_id), 1, timeout=WAKE_SECONDS)
+    )
+    return not reached or bool(added)
+
+
+def unwake(event_id: int) -> None:
+    """Clear the event's wake-up flag: a task before its first claim, or a
+    purchase whose task could not be published (so that the next one tries).
+    A flag that could not be cleared expires on its own."""
+    cache_call("charge_wake", lambda: cache.delete(wake_key(event_id)))
+
+
+def publish_charge(saga_id) -> None:
+    """Send the charge task for ``saga_id`` (Celery's own publish, by name:
+    the saga does not import the task module). Raises what the broker
+    raises."""
+    app.send_task(CHARGE_TASK, args=(str(saga_id),))
 
 
 # The other sagas of the burst: the event's PENDING sagas whose hold runs,
@@ -128,7 +233,8 @@ _CLAIM_SQL = """
 WITH due AS (
   SELECT s.id FROM {saga} s
     JOIN {reservation} r ON r.id = s.reservation_id AND r.event_id = s.event_id
-   WHERE s.event_id = %(event)s AND s.state = %(pending)s AND s.id <> %(own)s
+    JOIN {event} e ON e.id = s.event_id AND e.status <> %(cancelled)s
+   WHERE s.event_id = %(event)s AND s.state = %(pending)s AND s.id IS DISTINCT FROM %(own)s
      AND r.hold_expires_at > %(at)s
    ORDER BY s.updated_at
    LIMIT %(limit)s
@@ -154,6 +260,7 @@ def _claim_sql() -> str:
     return _CLAIM_SQL.format(
         saga=PurchaseSaga._meta.db_table,
         reservation=Reservation._meta.db_table,
+        event=Event._meta.db_table,
         history=SagaHistory._meta.db_table,
         saga_columns=", ".join(rows.columns(PurchaseSaga, "s")),
         moved_columns=", ".join(rows.columns(PurchaseSaga, "m")),
@@ -161,16 +268,18 @@ def _claim_sql() -> str:
     )
 
 
-def _claim(own: PurchaseSaga, *, at: datetime, limit: int) -> list[PurchaseSaga]:
-    """Up to ``limit`` other PENDING sagas of the event, moved to CHARGING
-    in the caller's commit (the event is not cancelled: ``own`` was read
-    with it under its lock in this transaction)."""
+def _claim(event_id: int, *, own, at: datetime, limit: int) -> list[PurchaseSaga]:
+    """Up to ``limit`` PENDING sagas of the event (not ``own``, the task's
+    saga moved in the same commit), moved to CHARGING in the caller's
+    commit; none of an event cancelled (its status read in the claim's
+    statement, as a saga's lock reads it)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _claim_sql(),
             {
-                "event": own.event_id,
-                "own": own.pk,
+                "event": event_id,
+                "own": own,
+                "cancelled": EventStatus.CANCELLED,
                 "pending": S.PENDING.value,
                 "charging": S.CHARGING.value,
                 "at": at,

@@ -40,7 +40,6 @@ from django.db import connection, transaction
 from common import rows as rows_sql
 from common.time import iso_z
 from config import tracing
-from config.celery import app
 from outbox.services import timer_schedule
 
 from .. import admission, breaker, lock_objects
@@ -74,8 +73,9 @@ from ..models import (
     SeatStatus,
     WaitingRoom,
 )
+from .burst import charge_wake, publish_charge, unwake
 from .states import SagaState
-from .topics import CHARGE_TASK, Topic
+from .topics import Topic
 from .transition import clock, log_extra
 
 logger = logging.getLogger(__name__)
@@ -375,8 +375,8 @@ def _start_in_one_transaction(
                 saga, seats=seats, hold_expires_at=hold_expires_at, user=user, key=idempotency_key
             )
         _record(saga, seats=seats, hold_expires_at=hold_expires_at, now=now)
-        saga_id = str(saga.id)
-        transaction.on_commit(lambda: _enqueue_charge(saga_id), robust=True)
+        saga_id, event_id = str(saga.id), saga.event_id
+        transaction.on_commit(lambda: _enqueue_charge(saga_id, event_id), robust=True)
     return purchase
 
 
@@ -991,14 +991,14 @@ def in_answer_order(body: dict) -> dict:
     return ordered
 
 
-def _enqueue_charge(saga_id: str) -> None:
+def _enqueue_charge(saga_id: str, event_id: int) -> None:
     # If this fails (broker down), the saga stays PENDING and the resumer
-    # drives it; robust=True keeps the committed purchase's 202.
-    publish(CHARGE_TASK, (saga_id,))
-
-
-def publish(name: str, args: tuple) -> None:
-    """Send the task ``name`` through Celery's own publish, by name: the saga
-    does not import the task module (it raises when the broker cannot take
-    the message)."""
-    app.send_task(name, args=args)
+    # drives it; robust=True keeps the committed purchase's 202. A purchase
+    # of an event that owes a wake-up rides it (purchases/saga/burst.py).
+    if not charge_wake(event_id):
+        return
+    try:
+        publish_charge(saga_id)
+    except Exception:
+        unwake(event_id)  # so that the event's next purchase publishes
+        raise
