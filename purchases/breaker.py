@@ -132,6 +132,21 @@ def observe(*, asked: str, label: str, detail: str = "") -> None:
         )
 
 
+def observe_many(*, asked: str, answers: list[tuple[str, str]]) -> None:
+    """Count the answers of calls made together (a charge burst's, each a
+    ``(label, detail)``): the answers as one, then each failure as
+    :func:`observe` counts it. Calls in flight together have no order, so
+    the failures among them are counted in a row after the others, and a
+    burst costs two cache calls however many answered, two more for each
+    failure."""
+    answered = [answer for answer in answers if answer[0] != "unknown"]
+    if answered:
+        observe(asked=asked, label=answered[0][0], detail=answered[0][1])
+    for label, detail in answers:
+        if label == "unknown":
+            observe(asked=asked, label=label, detail=detail)
+
+
 # An intent id no purchase has: the trial's look-up of it is answered
 # "not found" by a processor that answers.
 TRIAL_INTENT_ID = "payments-breaker-trial"

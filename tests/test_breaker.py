@@ -354,3 +354,31 @@ def settings_trial_seconds() -> int:
     from django.conf import settings
 
     return math.ceil(settings.PAYMENT_BREAKER_TRIAL_SECONDS)
+
+
+def test_a_bursts_answers_count_as_one_then_each_failure(breaker_on, monkeypatch):
+    """Calls in flight together (a charge burst's): their answers reset the
+    run once, then each failure counts; two cache calls for the answers
+    however many (purchases/breaker.py, observe_many)."""
+    calls = []
+    real = cache_outage.cache_call
+
+    def counted(use, call):
+        calls.append(use)
+        return real(use, call)
+
+    monkeypatch.setattr("purchases.breaker_storage.cache_call", counted)
+    for _ in range(FAILURES - 1):
+        breaker.observe(asked="charge", label="unknown", detail="timeout")
+    calls.clear()
+
+    breaker.observe_many(asked="charge", answers=[("succeeded", "")] * 12)
+
+    assert breaker.breaker_state()["failures"] == 0
+    assert len(calls) == 2, calls
+    breaker.observe_many(
+        asked="charge",
+        answers=[("unknown", "timeout"), ("declined", ""), ("unknown", "timeout")]
+        + [("unknown", "timeout")] * (FAILURES - 2),
+    )
+    assert breaker.breaker_state()["state"] == "open"

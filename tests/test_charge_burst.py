@@ -521,3 +521,18 @@ def test_a_crash_between_the_bursts_commits_leaves_each_saga_to_the_resumer(
     for saga in sagas[:2]:
         assert FakeCharge.objects.filter(intent_id=saga.intent_id).count() == 1
         assert LedgerEntry.objects.filter(intent_id=saga.intent_id).count() == 1
+
+
+def test_a_bursts_answers_are_counted_by_the_breaker_together(bursts, processor, monkeypatch):
+    bursts.PAYMENT_BREAKER_ENABLED = True
+    event = EventFactory(seats=SEATS)
+    sagas = _buy(event, ["pm_card_visa"] * 3 + ["pm_card_timeout_charged"])
+    counted = []
+    monkeypatch.setattr(
+        "purchases.breaker.observe", lambda **answer: counted.append(answer["label"])
+    )
+
+    burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    # the three answers as one, then the failure (one per call before)
+    assert counted == ["succeeded", "unknown"]

@@ -13,7 +13,8 @@ event that nobody holds, in the three stages of the one-saga step
    ``CHARGE_BURST_CONCURRENCY`` at a time, from threads of the process;
    one after another for a gateway that is not to be asked from threads),
    outside any transaction, each with its own intent id as the idempotency
-   key;
+   key; the answers counted by the processor's breaker together (the
+   burst's answers as one, then each failure: purchases/breaker.py);
 3. **one commit**: every saga of the burst locked in one statement (in id
    order), each answer kept and recorded as the one-saga step records it
    (confirmed, declined, unknown, or a saga that moved on meanwhile; the
@@ -78,7 +79,7 @@ from config import metrics, tracing
 from config.celery import app
 from payments.interface import ChargeOutcome, PaymentGateway, calls_concurrently, creates_intent
 
-from .. import lock_objects
+from .. import breaker, lock_objects
 from ..availability import availability_changes_gathered
 from ..cache_outage import cache_call
 from ..models import Event, EventStatus, PurchaseSaga, Reservation, SagaHistory
@@ -87,11 +88,11 @@ from .confirm import confirm_many
 from .states import SagaState
 from .step import (
     Ask,
-    call_gateway,
     gateway_or_default,
     record_answer,
     record_answers,
     record_step,
+    traced_call,
 )
 from .topics import CHARGE_TASK
 from .transition import SYSTEM, clock, log_extra, move, step_span
@@ -312,35 +313,36 @@ def _pool(pid: int, workers: int) -> ThreadPoolExecutor:
 
 def _ask_all(burst: list[PurchaseSaga], gateway: PaymentGateway) -> list[Any]:
     """Each saga's charge asked, concurrently: its answer, or what the call
-    raised."""
+    raised. The answers are counted by the processor's breaker together
+    (:func:`purchases.breaker.observe_many`)."""
     call = charge_call(gateway)
     workers = settings.CHARGE_BURST_CONCURRENCY
     if len(burst) == 1 or workers == 1 or not calls_concurrently(gateway):
-        return [_ask_here(saga, call) for saga in burst]
-    pool = _pool(os.getpid(), workers)
-    futures = [pool.submit(_ask_one, saga, call) for saga in burst]
-    answers: list[Any] = []
-    for future in futures:
-        try:
-            answers.append(future.result())
-        except Exception as error:  # recorded as the one-saga step would raise it
-            answers.append(error)
+        answers = [_ask(saga, call) for saga in burst]
+    else:
+        pool = _pool(os.getpid(), workers)
+        futures = [pool.submit(_ask_in_thread, saga, call) for saga in burst]
+        answers = [future.result() for future in futures]
+    breaker.observe_many(
+        asked="charge",
+        answers=[(a.label, a.detail) for a in answers if not isinstance(a, Exception)],
+    )
     return answers
 
 
-def _ask_here(saga: PurchaseSaga, call):
-    """One call on this thread: its answer, or what it raised."""
+def _ask(saga: PurchaseSaga, call):
+    """One call: its answer, or what it raised (recorded as the one-saga
+    step would raise it)."""
     try:
         with _in_trace(saga, "saga.charge"):
-            return call_gateway(saga, Ask("charge", saga.version), call)
-    except Exception as error:  # recorded as the one-saga step would raise it
+            return traced_call(saga, Ask("charge", saga.version), call)
+    except Exception as error:
         return error
 
 
-def _ask_one(saga: PurchaseSaga, call):
+def _ask_in_thread(saga: PurchaseSaga, call):
     try:
-        with _in_trace(saga, "saga.charge"):
-            return call_gateway(saga, Ask("charge", saga.version), call)
+        return _ask(saga, call)
     finally:
         # Nothing here reads the database; a thread's connection would be
         # its own and outlive the burst.

@@ -125,12 +125,14 @@ def call_gateway(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask
     """The gateway call, as a CLIENT span with its outcome and latency (the
     HTTP adapter's request is a span inside it), its answer counted by the
     processor's breaker (purchases/breaker.py)."""
-    answer = _traced_call(saga, ask, call)
+    answer = traced_call(saga, ask, call)
     breaker.observe(asked=ask.asked, label=answer.label, detail=answer.detail)
     return answer
 
 
-def _traced_call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
+def traced_call(saga: PurchaseSaga, ask: Ask, call: Callable[[PurchaseSaga, Ask], Any]):
+    """The gateway call as :func:`call_gateway` makes it, its answer not
+    counted by the breaker (a burst counts its answers together)."""
     if not tracing.enabled():
         return call(saga, ask)
     with tracing.span(
