@@ -88,6 +88,29 @@ def outbox_publish(
     return message
 
 
+def outbox_publish_many(
+    *, topic: str, messages: list[dict], now: datetime | None = None
+) -> list[OutboxMessage]:
+    """:func:`outbox_publish` of several messages of one topic due now (each
+    a dict of its ``payload``, ``key``, ``event_id``, ``saga_id``), in one
+    statement: the rows as it writes them, sent on as it sends them (a
+    charge burst's confirmations). The rows written, in ``messages``'
+    order."""
+    _require_atomic("outbox_publish_many")
+    if not messages:
+        return []
+    now = now or timezone.now()
+    built = [_message(topic=topic, available_at=None, now=now, **m) for m in messages]
+    (how,) = {how for _, how in built}  # one topic, all due now: sent one way
+    written = rows_sql.insert_returning([message for message, _ in built])
+    if how is _HowSent.IN_PLACE:
+        for message in written:
+            transaction.on_commit(partial(owe_here, message), robust=True)
+    else:
+        _hand_over([message.pk for message in written], topic, how)
+    return written
+
+
 class _HowSent(enum.Enum):
     IN_PLACE = "delivered in place by its writer"
     ON_COMMIT = "handed over on commit"

@@ -8,6 +8,7 @@ live server."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,6 +38,8 @@ from purchases.models import (
 from purchases.saga import burst
 from purchases.saga.driver import saga_drive
 from purchases.saga.states import TRANSITIONS
+from webhooks.models import WebhookDelivery
+from webhooks.services import webhook_endpoint_create
 
 from .conftest import start_purchase
 from .factories import EventFactory, UserFactory
@@ -231,8 +234,11 @@ def _written(saga: PurchaseSaga) -> dict:
         "outbox": sorted(
             (
                 m.topic,
-                (m.key or "").replace(str(saga.pk), "<saga>"),
-                plain(m.payload),
+                (m.key or "")
+                .replace(str(saga.pk), "<saga>")
+                .replace(f":{m.payload.get('delivery_id')}:", ":<delivery>:"),
+                plain(m.payload)
+                | ({"delivery_id": "<delivery>"} if "delivery_id" in m.payload else {}),
                 m.cancelled_at is not None,
                 m.completed_at is not None,
             )
@@ -251,6 +257,18 @@ def _written(saga: PurchaseSaga) -> dict:
             )
             for m in OutboxMessage.objects.filter(saga_id=saga.pk, topic="purchase.confirmed")
         ],
+        "webhooks": sorted(
+            (
+                d.endpoint_id,
+                d.event_type,
+                d.status,
+                d.armed_attempt,
+                json.loads(d.body)["data"]["purchase"]["id"] == str(saga.pk),
+                {k: v for k, v in json.loads(d.body)["data"].items() if k != "purchase"},
+                sorted(json.loads(d.body)["data"]["purchase"]),
+            )
+            for d in WebhookDelivery.objects.filter(saga_id=saga.pk)
+        ),
         "reservation": Reservation.objects.get(pk=saga.reservation_id).status,
         "seats": sorted(
             Seat.objects.filter(
@@ -264,6 +282,10 @@ def _written(saga: PurchaseSaga) -> dict:
 
 def test_a_bursts_confirmations_write_what_one_sagas_confirmation_writes(bursts, processor):
     event = EventFactory(seats=SEATS)
+    bursts.WEBHOOK_ALLOW_LOCAL_URLS = True
+    for path in ("/a", "/b"):  # each confirmation announced to both
+        webhook_endpoint_create(url=f"http://127.0.0.1:9{path}", events=["purchase.confirmed"])
+    webhook_endpoint_create(url="http://127.0.0.1:9/c", events=["purchase.failed"])
     alone, *together = _buy(event, ["pm_card_visa"] * 4)
     bursts.CHARGE_BURST_SIZE = 1
     burst.saga_charge_burst(saga_id=alone.pk, gateway=processor)  # the one-saga driver
@@ -273,6 +295,7 @@ def test_a_bursts_confirmations_write_what_one_sagas_confirmation_writes(bursts,
 
     expected = _written(alone)
     assert expected["saga"][0] == "CONFIRMED" and expected["seats"] == ["sold"]
+    assert len(expected["webhooks"]) == 2 and expected["webhooks"][0][4] is True
     assert expected["facts"] == [(True, True)]
     for saga in together:
         assert _written(saga) == expected
@@ -536,3 +559,36 @@ def test_a_bursts_answers_are_counted_by_the_breaker_together(bursts, processor,
 
     # the three answers as one, then the failure (one per call before)
     assert counted == ["succeeded", "unknown"]
+
+
+def test_a_bursts_announcements_are_one_statement_for_the_rows_and_one_for_the_webhooks(
+    bursts, processor
+):
+    event = EventFactory(seats=SEATS)
+    bursts.WEBHOOK_ALLOW_LOCAL_URLS = True
+    webhook_endpoint_create(url="http://127.0.0.1:9/a", events=["purchase.confirmed"])
+    sagas = _buy(event, ["pm_card_visa"] * 6)
+
+    with CaptureQueriesContext(connection) as queries:
+        burst.saga_charge_burst(saga_id=sagas[0].pk, gateway=processor)
+
+    confirmed_rows = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("INSERT INTO outbox_outboxmessage")
+        and "'purchase.confirmed'" in q["sql"]
+    ]
+    webhooks = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "INSERT INTO webhooks_webhookdelivery" in q["sql"]
+    ]
+    # one of each for the six (six of each on the code before)
+    assert len(confirmed_rows) == 1 and len(webhooks) == 1, (confirmed_rows, webhooks)
+    assert WebhookDelivery.objects.filter(saga_id__in=[s.pk for s in sagas]).count() == 6
+    assert (
+        OutboxMessage.objects.filter(
+            topic="purchase.confirmed", saga_id__in=[s.pk for s in sagas]
+        ).count()
+        == 6
+    )

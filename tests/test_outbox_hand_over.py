@@ -7,10 +7,12 @@ import subprocess
 import sys
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from celery import signals
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
@@ -19,7 +21,7 @@ from outbox import handover
 from outbox.delivery import message_deliver, transactional
 from outbox.models import InboxEntry, OutboxMessage
 from outbox.relay import next_due_in, relay_tick
-from outbox.services import outbox_publish, timer_schedule
+from outbox.services import outbox_publish, outbox_publish_many, timer_schedule
 from purchases.services import saga_charge
 from webhooks.models import WebhookAttempt, WebhookDelivery
 from webhooks.services import webhook_endpoint_create
@@ -215,6 +217,45 @@ def test_a_row_written_in_a_delivered_here_block_is_leased_by_its_commit_and_del
         f"{HERE}.count_consumer"
     ]
     assert relay_tick(now=written + 2 * lease, dispatch=lambda _: pytest.fail("handed over")) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_written_together_are_the_rows_written_one_by_one_and_sent_the_same_ways(
+    published, settings
+):
+    """outbox_publish_many (a charge burst's confirmations): one statement,
+    each row as outbox_publish writes it, in the order given; in place here,
+    handed over on commit elsewhere."""
+    messages: list[dict[str, Any]] = [
+        {"payload": {"n": n}, "key": f"k:{n}", "event_id": 7, "saga_id": None} for n in range(3)
+    ]
+
+    def written(rows):
+        return [
+            (r.topic, r.payload, r.key, r.event_id, r.fired_at is not None, r.processing_until)
+            for r in OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).order_by("pk")
+        ]
+
+    with freeze_time(T0), handover.delivered_here():
+        with transaction.atomic():
+            one_by_one = [
+                outbox_publish(topic="test.timer", **{**m, "key": f"one:{m['key']}"})
+                for m in messages
+            ]
+        with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+            together = outbox_publish_many(topic="test.timer", messages=messages)
+    assert len(queries) == 1
+    assert [r.payload for r in together] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert [(*w[:2], w[2].removeprefix("one:"), *w[3:]) for w in written(one_by_one)] == written(
+        together
+    )
+    assert [RUNS[r.pk] for r in together] == [1, 1, 1]  # delivered in place, as the others
+
+    with transaction.atomic():
+        elsewhere = outbox_publish_many(
+            topic="test.event", messages=[{**m, "key": f"else:{m['key']}"} for m in messages]
+        )
+    assert published == [((r.pk,), {"queue": "elsewhere"}) for r in elsewhere]
 
 
 @pytest.mark.django_db(transaction=True)

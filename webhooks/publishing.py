@@ -65,6 +65,17 @@ def purchase_data(facts: dict, *, status: str, version: int) -> dict:
     }
 
 
+def _refuse(event_type: str) -> None:
+    """What a publish refuses: to run outside a transaction, a type that is
+    not one."""
+    if not in_transaction():
+        raise WebhookOutsideTransaction(
+            "webhook_publish must run inside the commit of the move it announces"
+        )
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown webhook event type {event_type!r}")
+
+
 def webhook_publish(
     *,
     event_type: str,
@@ -83,12 +94,7 @@ def webhook_publish(
     endpoint is subscribed, so that a saga's commit pays one query when no
     one listens. Given as a dict, the endpoints' read, the deliveries and
     their first attempts' rows are one statement (:func:`_publish_at_once`)."""
-    if not in_transaction():
-        raise WebhookOutsideTransaction(
-            "webhook_publish must run inside the commit of the move it announces"
-        )
-    if event_type not in EVENT_TYPES:
-        raise ValueError(f"unknown webhook event type {event_type!r}")
+    _refuse(event_type)
     now = now or timezone.now()
     # Never NULL, the shard key (config/distribution.py); the product always
     # names the event (tests/test_citus_rules.py).
@@ -96,9 +102,8 @@ def webhook_publish(
     if not callable(data):
         at_once = _publish_at_once(
             event_type=event_type,
-            saga_id=saga_id,
             event_id=event_id,
-            body=_body(event_type, data, now),
+            bodies={saga_id: _body(event_type, data, now)},
             now=now,
         )
         if at_once is not None:
@@ -106,6 +111,32 @@ def webhook_publish(
     return _publish_statement_by_statement(
         event_type=event_type, saga_id=saga_id, event_id=event_id, data=data, now=now
     )
+
+
+def webhook_publish_many(
+    *, event_type: str, event_id: int, data: dict, now: datetime | None
+) -> list[WebhookDelivery]:
+    """:func:`webhook_publish` of one type for several sagas of one event
+    (``data``: each saga's id and its data), in the caller's transaction:
+    one statement for them all (a charge burst's confirmations), each saga's
+    deliveries and first attempts as :func:`webhook_publish` writes them."""
+    _refuse(event_type)
+    now = now or timezone.now()
+    at_once = _publish_at_once(
+        event_type=event_type,
+        event_id=event_id,
+        bodies={saga_id: _body(event_type, one, now) for saga_id, one in data.items()},
+        now=now,
+    )
+    if at_once is not None:
+        return at_once
+    return [
+        delivery
+        for saga_id, one in data.items()
+        for delivery in _publish_statement_by_statement(
+            event_type=event_type, saga_id=saga_id, event_id=event_id, data=one, now=now
+        )
+    ]
 
 
 def _publish_statement_by_statement(
@@ -184,35 +215,32 @@ def _body(event_type: str, data: dict, now: datetime) -> str:
 
 
 def _publish_at_once(
-    *, event_type: str, saga_id, event_id: int, body: str, now: datetime
+    *, event_type: str, event_id: int, bodies: dict, now: datetime
 ) -> list[WebhookDelivery] | None:
-    """:func:`webhook_publish` in one statement: the enabled endpoints
-    subscribed to the type, key-share locked (``webhooks.lock_objects``); a
-    delivery for each but those that have this type for this saga already;
-    the first attempt's outbox row of each delivery written, as
-    ``attempt_arm`` writes it. Every saga's commit that announces a move
-    runs it, endpoints or none: as three statements they were half of what
-    an endpoint cost the saga's worker (docs/performance.md, "The webhooks'
-    sweep"). None, having done nothing, when the attempts' rows are
-    delivered in place here (``outbox_publish_from``)."""
+    """:func:`webhook_publish` in one statement, for one saga or several of
+    one event (``bodies``: each saga's id and its webhook's body): the
+    enabled endpoints subscribed to the type, key-share locked
+    (``webhooks.lock_objects``); a delivery for each endpoint and saga but
+    those that have this type for this saga already; the first attempt's
+    outbox row of each delivery written, as ``attempt_arm`` writes it. Every
+    saga's commit that announces a move runs it, endpoints or none: as three
+    statements they were half of what an endpoint cost the saga's worker
+    (docs/performance.md, "The webhooks' sweep"). None, having done nothing,
+    when the attempts' rows are delivered in place here
+    (``outbox_publish_from``)."""
     first_attempts = outbox_publish_from(source="m", topic=DELIVERY, now=now)
     if first_attempts is None:
         return None
-    # Its endpoint and message id are the statement's (exprs below).
+    # Its endpoint, message id, saga and body are the statement's (below).
     template = _new_delivery(
-        0, "", event_type=event_type, saga_id=saga_id, event_id=event_id, body=body, now=now
+        0, "", event_type=event_type, saga_id=None, event_id=event_id, body="", now=now
     )
     deliveries, delivery_params = rows_sql.insert_select(
-        template,
-        source="e",
-        exprs={
-            "endpoint_id": "e.id",
-            # new_message_id()'s form: "msg_" and a random UUID's hex.
-            "message_id": "'msg_' || replace(gen_random_uuid()::text, '-', '')",
-        },
+        template, source="e CROSS JOIN s", exprs=_PER_ROW
     )
     sql = (
         f"WITH e AS ({lock_objects.subscribed_endpoints_key_share_sql()}),"
+        " s AS (SELECT * FROM unnest(%s::uuid[], %s::text[]) AS s(saga_id, body)),"
         f" d AS ({deliveries} ON CONFLICT DO NOTHING RETURNING {_delivery_columns()}),"
         f" m AS ({_first_attempts_sql()}),"
         f" o AS ({first_attempts.sql})"
@@ -221,13 +249,31 @@ def _publish_at_once(
     with connection.cursor() as cursor:
         cursor.execute(
             sql,
-            [json.dumps([str(event_type)]), event_id, *delivery_params, *first_attempts.params],
+            [
+                json.dumps([str(event_type)]),
+                event_id,
+                list(bodies),
+                list(bodies.values()),
+                *delivery_params,
+                *first_attempts.params,
+            ],
         )
         found = cursor.fetchall()
     if not found:
         return []
     first_attempts.hand_over(sorted(found[0][-1]))
     return [rows_sql.instance(WebhookDelivery, row[:-1], connection.alias) for row in found]
+
+
+# A delivery's columns the one statement fills in: per endpoint (``e``) and
+# per saga (``s``).
+_PER_ROW = {
+    "endpoint_id": "e.id",
+    # new_message_id()'s form: "msg_" and a random UUID's hex.
+    "message_id": "'msg_' || replace(gen_random_uuid()::text, '-', '')",
+    "saga_id": "s.saga_id",
+    "body": "s.body",
+}
 
 
 # The first attempt of each delivery the statement writes (``d``), as

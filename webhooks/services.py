@@ -5,7 +5,8 @@ contract is docs/api.md), one module per concern:
   (``webhook_endpoint_*``), each value checked (:class:`WebhookInvalid`
   names the field);
 - ``webhooks.publishing``: :func:`webhook_publish`, a move's deliveries and
-  their first attempts, inside the saga's commit;
+  their first attempts, inside the saga's commit (:func:`webhook_publish_many`
+  for several sagas' moves of one commit);
 - ``webhooks.attempts``: :func:`webhook_attempt_send` and
   :func:`webhook_attempt`, one attempt made and recorded, and the next one
   armed;
@@ -35,7 +36,7 @@ from .errors import (
     WebhookResendRefused,
 )
 from .models import WebhookEvent
-from .publishing import purchase_data, webhook_publish
+from .publishing import purchase_data, webhook_publish, webhook_publish_many
 from .resend import webhook_resend
 
 __all__ = [
@@ -53,5 +54,6 @@ __all__ = [
     "webhook_endpoint_rotate_secret",
     "webhook_endpoint_update",
     "webhook_publish",
+    "webhook_publish_many",
     "webhook_resend",
 ]

@@ -14,8 +14,8 @@ from django.db import connection
 
 from ledger.models import EntryKind, LedgerEntry
 from ledger.services import ledger_record, ledger_record_charges
-from outbox.services import outbox_publish, timer_cancel, timer_cancels
-from webhooks.services import WebhookEvent, purchase_data, webhook_publish
+from outbox.services import outbox_publish_many, timer_cancel, timer_cancels
+from webhooks.services import WebhookEvent, purchase_data, webhook_publish, webhook_publish_many
 
 from ..availability import availability_changed
 from ..errors import IllegalTransition
@@ -80,20 +80,35 @@ def confirm(
     )
     cancel = timer_cancel(key=saga.hold_timer_key, now=at)
     logger.info("hold timer %s", cancel.status, **log_extra(saga))
-    _announce_confirmed(saga, purchase_facts(saga, links=links), at=at)
+    _announce_confirmed([(saga, purchase_facts(saga, links=links))], at=at)
 
 
-def _announce_confirmed(saga: PurchaseSaga, facts: dict, *, at: datetime) -> None:
-    """A confirmation's ``purchase.confirmed`` row and webhooks, in its commit."""
-    outbox_publish(
+def _announce_confirmed(confirmed: list[tuple[PurchaseSaga, dict]], *, at: datetime) -> None:
+    """Confirmations' ``purchase.confirmed`` rows and webhooks (each saga of
+    one event with its facts), in their commit: one statement for the rows
+    and one for the webhooks, however many."""
+    outbox_publish_many(
         topic=Topic.CONFIRMED,
-        payload=facts,
-        key=f"confirmed:{saga.pk}",
-        event_id=saga.event_id,
-        saga_id=saga.pk,
+        messages=[
+            {
+                "payload": facts,
+                "key": f"confirmed:{saga.pk}",
+                "event_id": saga.event_id,
+                "saga_id": saga.pk,
+            }
+            for saga, facts in confirmed
+        ],
         now=at,
     )
-    announce(saga, WebhookEvent.CONFIRMED, at=at, facts=facts)
+    webhook_publish_many(
+        event_type=WebhookEvent.CONFIRMED,
+        event_id=confirmed[0][0].event_id,
+        data={
+            saga.pk: purchase_data(facts, status=saga.state, version=saga.version)
+            for saga, facts in confirmed
+        },
+        now=at,
+    )
 
 
 def confirm_many(
@@ -104,7 +119,8 @@ def confirm_many(
     each, in one statement per table for them all (the moves and their
     history, the ledger's charges, the seats sold, the reservations, the
     hold timers cancelled, the buyers read); each saga's
-    ``purchase.confirmed`` and webhooks as :func:`confirm` writes them. A
+    ``purchase.confirmed`` and webhooks as :func:`confirm` writes them (one
+    statement each for them all). A
     seat not held any more refuses the whole commit, as it refuses one
     saga's."""
     if not confirmed:
@@ -131,8 +147,13 @@ def confirm_many(
     buyers = _buyers([saga.buyer_id for saga in sagas])
     for saga in sagas:
         logger.info("hold timer %s", cancels[saga.hold_timer_key].status, **log_extra(saga))
-        facts = _facts(saga, links.get(saga.reservation_id, []), buyers[saga.buyer_id])
-        _announce_confirmed(saga, facts, at=at)
+    _announce_confirmed(
+        [
+            (saga, _facts(saga, links.get(saga.reservation_id, []), buyers[saga.buyer_id]))
+            for saga in sagas
+        ],
+        at=at,
+    )
 
 
 def _charge_entry(saga: PurchaseSaga, charge_id: str, at: datetime) -> LedgerEntry:
