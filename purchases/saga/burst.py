@@ -118,7 +118,7 @@ def saga_charge_burst(
     in place). The saga as its charge left it."""
     gateway = gateway_or_default(gateway)
     size = settings.CHARGE_BURST_SIZE
-    if size <= 1 or creates_intent(gateway):
+    if not _in_bursts(gateway):
         with each_burst():
             return saga_charge(saga_id=saga_id, gateway=gateway, now=now)
     with each_burst(), step_span("saga.charge", saga_id=saga_id):
@@ -134,6 +134,13 @@ def saga_charge_burst(
         # event never keeps a worker process to itself.
         publish_charge(saga.pk)
     return saga
+
+
+def _in_bursts(gateway: PaymentGateway) -> bool:
+    """Whether charges go in bursts (and purchases ride wake-ups): bursts
+    on, and a processor whose intents are not made first (Stripe's are
+    charged one saga at a time)."""
+    return settings.CHARGE_BURST_SIZE > 1 and not creates_intent(gateway)
 
 
 def _own_burst(saga_id, *, gateway: PaymentGateway, now, size: int) -> tuple[PurchaseSaga, bool]:
@@ -203,7 +210,7 @@ def charge_wake(event_id: int) -> bool:
     (True), or rides the wake-up its event owes already (False: a task is
     coming that claims it, the module docstring). True whenever charges are
     not made in bursts, and when the cache does not answer."""
-    if settings.CHARGE_BURST_SIZE <= 1 or creates_intent(gateway_or_default(None)):
+    if not _in_bursts(gateway_or_default(None)):
         return True
     reached, added = cache_call(
         "charge_wake", lambda: cache.add(wake_key(event_id), 1, timeout=WAKE_SECONDS)
