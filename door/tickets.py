@@ -25,7 +25,15 @@ from .codes import sign
 from .keys import signing_key
 from .selectors import CHECKED_IN, REVOKED, TABLES, VALID, ticket_statuses
 
-__all__ = ["CHECKED_IN", "REVOKED", "VALID", "TicketView", "purchase_tickets", "tickets_of"]
+__all__ = [
+    "CHECKED_IN",
+    "REVOKED",
+    "VALID",
+    "TicketView",
+    "purchase_tickets",
+    "purchases_tickets",
+    "tickets_of",
+]
 
 
 @dataclass(frozen=True)
@@ -72,28 +80,43 @@ def purchase_tickets(*, saga_id: str, event_id: int | None) -> list[TicketView]:
     in one statement (its links, seats and statuses; the purchase's, and by
     its event too when given: the tables are distributed by event), and the
     event's key (its own statement; its private half cached)."""
-    sql = _purchase_tickets_sql(by_event=event_id is not None)
+    sql = _purchase_tickets_sql(by_event=event_id is not None, many=False)
     params = [SagaState.CONFIRMED.value, saga_id] + ([event_id] if event_id is not None else [])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
-    if not found:
-        return []
-    key = signing_key(found[0][0])
-    return [
-        TicketView(
-            seat=ref,
-            code=sign(
-                key,
-                event_id=event,
-                seat_id=seat_id,
-                ticket_id=link_id,
-                ticket_version=version,
-            ),
-            status=status,
+    return _signed(found).get(str(saga_id), [])
+
+
+def purchases_tickets(purchases: list[tuple[str, int]]) -> dict[str, list[TicketView]]:
+    """:func:`purchase_tickets` of several purchases, each named by its
+    (saga id, event id), in one statement, and each event's key once: by
+    saga id, none for one missing (the emails of a charge burst's
+    confirmations)."""
+    if not purchases:
+        return {}
+    sql = _purchase_tickets_sql(by_event=True, many=True)
+    saga_ids = [str(saga_id) for saga_id, _ in purchases]
+    event_ids = sorted({event_id for _, event_id in purchases})
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [SagaState.CONFIRMED.value, saga_ids, event_ids])
+        found = cursor.fetchall()
+    return _signed(found)
+
+
+def _signed(found: list[tuple]) -> dict[str, list[TicketView]]:
+    """The tickets of rows of :data:`_PURCHASE_TICKETS_SQL`, by saga id, each
+    code signed with its event's current key (read once per event)."""
+    keys: dict[int, tuple] = {}
+    tickets: dict[str, list[TicketView]] = {}
+    for saga_id, event, link_id, seat_id, version, ref, status in found:
+        if event not in keys:
+            keys[event] = signing_key(event)
+        code = sign(
+            keys[event], event_id=event, seat_id=seat_id, ticket_id=link_id, ticket_version=version
         )
-        for event, link_id, seat_id, version, ref, status in found
-    ]
+        tickets.setdefault(str(saga_id), []).append(TicketView(seat=ref, code=code, status=status))
+    return tickets
 
 
 # A confirmed purchase's live links in the order of their ids, with their
@@ -101,7 +124,7 @@ def purchase_tickets(*, saga_id: str, event_id: int | None) -> list[TicketView]:
 # live link of a confirmed purchase: revoked when its version is voided,
 # checked in when let in, else valid), each table by its whole key.
 _PURCHASE_TICKETS_SQL = """
-SELECT rs.event_id, rs.id, rs.seat_id, rs.ticket_version, st.ref,
+SELECT sg.id, rs.event_id, rs.id, rs.seat_id, rs.ticket_version, st.ref,
        CASE WHEN EXISTS (SELECT 1 FROM {revocation} r WHERE r.event_id = rs.event_id
                             AND r.ticket_id = rs.id AND r.version = rs.ticket_version)
             THEN 'revoked'
@@ -112,15 +135,19 @@ SELECT rs.event_id, rs.id, rs.seat_id, rs.ticket_version, st.ref,
   FROM {saga} sg
   JOIN {link} rs ON rs.reservation_id = sg.reservation_id AND rs.event_id = sg.event_id
   JOIN {seat} st ON st.id = rs.seat_id AND st.event_id = rs.event_id
- WHERE sg.state = %s AND sg.id = %s {by_event} AND rs.released_at IS NULL
+ WHERE sg.state = %s AND {by_saga} {by_event} AND rs.released_at IS NULL
  ORDER BY rs.id
 """
 
 
 @functools.cache
-def _purchase_tickets_sql(*, by_event: bool) -> str:
+def _purchase_tickets_sql(*, by_event: bool, many: bool) -> str:
+    if many:
+        return _PURCHASE_TICKETS_SQL.format(
+            **TABLES, by_saga="sg.id = ANY(%s::uuid[])", by_event="AND sg.event_id = ANY(%s)"
+        )
     return _PURCHASE_TICKETS_SQL.format(
-        **TABLES, by_event="AND sg.event_id = %s" if by_event else ""
+        **TABLES, by_saga="sg.id = %s", by_event="AND sg.event_id = %s" if by_event else ""
     )
 
 

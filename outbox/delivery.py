@@ -17,7 +17,9 @@ Two kinds of consumer:
   together;
 - :func:`transactional` ones only touch the database; they run *inside* the
   closing transaction, so their effect, their inbox entry and the message's
-  completion commit together: exactly once.
+  completion commit together: exactly once. One may say how to run for
+  several messages in one go (its ``together``, given the messages: the
+  daily sales' count of a charge burst's confirmations).
 
 A delivery is two commits whatever the consumers: one statement that takes
 the lease and reads the message with what already ran (and stamps
@@ -91,6 +93,25 @@ def inbox_claim(*, consumer: str, message: OutboxMessage, now: datetime | None =
         processed_at=now or timezone.now(),
     )
     return rows.insert([entry], ignore_conflicts=True) == 1
+
+
+def inbox_claim_many(
+    *, consumer: str, messages: list[OutboxMessage], now: datetime | None = None
+) -> list[OutboxMessage]:
+    """:func:`inbox_claim` for several messages in one statement: those
+    claimed now, the first time (the others ran already). The entries are
+    written in the order of the messages' keys, so that two claims of
+    overlapping messages wait on each other in one order."""
+    at = now or timezone.now()
+    written = rows.insert_returning(
+        [
+            InboxEntry(consumer=consumer, message=m, event_id=m.event_id, processed_at=at)
+            for m in sorted(messages, key=lambda m: m.pk)
+        ],
+        ignore_conflicts=True,
+    )
+    claimed = {entry.message_id for entry in written}
+    return [m for m in messages if m.pk in claimed]
 
 
 # "Not done" is written num_nulls(...) = 3, not as three IS NULL: those are
@@ -408,14 +429,33 @@ def _close(opened: list[_Opened]) -> None:
                     together.setdefault(group, []).append(rest)
         for group, rests in together.items():
             group(rests)
-        for one in opened:
-            for name, handle in one.inside:
+        _run_inside(opened)
+        _record([(one.message, one.ran + [name for name, _ in one.inside]) for one in opened])
+        _complete([one.message for one in opened])
+
+
+def _run_inside(opened: list[_Opened]) -> None:
+    """The transactional consumers of the messages closing together: each
+    alone, but those that say how to run for several (their ``together``),
+    once for all their messages when there are several."""
+    several: dict[str, tuple[Callable, list[_Opened]]] = {}
+    for one in opened:
+        for name, handle in one.inside:
+            group = getattr(handle, "together", None) if len(opened) > 1 else None
+            if group is None:
                 one.running = name
                 with tracing.span(name):
                     handle(one.message)
+            else:
+                several.setdefault(name, (group, []))[1].append(one)
+        one.running = "(closing the delivery)"
+    for name, (group, ones) in several.items():
+        for one in ones:
+            one.running = name
+        with tracing.span(name, attributes={"outbox.messages": len(ones)}):
+            group([one.message for one in ones])
+        for one in ones:
             one.running = "(closing the delivery)"
-        _record([(one.message, one.ran + [name for name, _ in one.inside]) for one in opened])
-        _complete([one.message for one in opened])
 
 
 def _close_or_fail(opened: _Opened) -> None:

@@ -9,10 +9,11 @@ import threading
 import pytest
 from django.core import mail
 from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
-from outbox.delivery import message_deliver
+from outbox.delivery import message_deliver, messages_deliver_claimed
 from outbox.models import InboxEntry, OutboxMessage
 from purchases import analytics
 from purchases.analytics import (
@@ -63,15 +64,16 @@ class _Outage:
     def __init__(self, monkeypatch):
         self.failed: dict[int, int] = {}
         self.down = True
-        write = analytics._add
+        write = analytics._add_many
 
-        def add(message, increments, **key):
+        def add(counted):
             if self.down:
-                self.failed[message.pk] = self.failed.get(message.pk, 0) + 1
+                for message, _, _ in counted:
+                    self.failed[message.pk] = self.failed.get(message.pk, 0) + 1
                 raise DatabaseError('could not extend file "daily_sales": No space left')
-            return write(message, increments, **key)
+            return write(counted)
 
-        monkeypatch.setattr(analytics, "_add", add)
+        monkeypatch.setattr(analytics, "_add_many", add)
 
     def up(self) -> None:
         self.down = False
@@ -311,3 +313,74 @@ def test_different_messages_for_the_same_day_delivered_at_once_add_up_exactly():
             2 * rounds,
             1000 * rounds,
         )
+
+
+def _claimed_leased(messages, now):
+    """The rows as a sweep's claim (or a charge burst's writer) holds them."""
+    for message in messages:
+        OutboxMessage.objects.filter(pk=message.pk).update(
+            processing_until=now + dt.timedelta(minutes=1)
+        )
+        message.refresh_from_db()
+        message.already_ran = []
+    return messages
+
+
+@pytest.mark.django_db
+def test_confirmations_closing_together_are_counted_in_two_statements_once_each(settings):
+    """A charge burst's confirmations (``messages_deliver_claimed``): their
+    inbox entries in one statement and their sales in one more, one row per
+    event and day, summed; a message counted before is not counted again."""
+    settings.OUTBOX_CONSUMERS = {TOPIC_CONFIRMED: [ON_CONFIRMED]}  # analytics alone
+    first, second = EventFactory(seats=[]), EventFactory(seats=[])
+    day = dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC)
+    messages = [
+        _message(first, TOPIC_CONFIRMED, at=day, amount=1000),
+        _message(first, TOPIC_CONFIRMED, at=day, amount=2000),
+        _message(first, TOPIC_CONFIRMED, at=day + dt.timedelta(days=1), amount=4000),
+        _message(second, TOPIC_CONFIRMED, at=day, amount=8000),
+        _message(first, TOPIC_CONFIRMED, at=day, amount=16000),
+    ]
+    # The last was counted already (a redelivery after a crash past the count).
+    analytics_on_confirmed(messages[-1])
+
+    with CaptureQueriesContext(connection) as seen:
+        delivered, failed, left = messages_deliver_claimed(
+            _claimed_leased(messages, timezone.now())
+        )
+
+    assert (delivered, failed, left) == (5, 0, [])
+    sqls = [q["sql"] for q in seen.captured_queries]
+    counting = [sql for sql in sqls if DailySales._meta.db_table in sql]
+    inbox = InboxEntry._meta.db_table
+    claims = [sql for sql in sqls if sql.startswith(f"INSERT INTO {inbox} ") and "RETURNING" in sql]
+    assert (len(counting), len(claims)) == (1, 1)
+    assert [
+        (r["day"].day, r["confirmed_count"], r["confirmed_amount"])
+        for r in daily_sales(event_id=first.pk)
+    ] == [(2, 3, 19000), (3, 1, 4000)]
+    assert [
+        (r["confirmed_count"], r["confirmed_amount"]) for r in daily_sales(event_id=second.pk)
+    ] == [(1, 8000)]
+    assert all(_ran(m) == {ON_CONFIRMED} for m in messages)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_bursts_of_the_same_confirmations_at_once_count_each_once():
+    """The same rows closing together in two threads (a lease that ran out
+    under a slow burst): the inbox's claims wait on each other, each message
+    counted by exactly one of them, and no deadlock."""
+    event = EventFactory(seats=[])
+    at = dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC)
+    messages = [_message(event, TOPIC_CONFIRMED, at=at, amount=100 + n) for n in range(8)]
+
+    def count(order):
+        analytics.analytics_on_confirmed_together(
+            [OutboxMessage.objects.get(pk=messages[i].pk) for i in order]
+        )
+
+    _in_threads([lambda: count(range(8)), lambda: count(reversed(range(8)))])
+
+    row = DailySales.objects.get(event=event)
+    assert (row.confirmed_count, row.confirmed_amount) == (8, sum(100 + n for n in range(8)))
+    assert InboxEntry.objects.filter(consumer=ON_CONFIRMED).count() == 8

@@ -22,7 +22,9 @@ from django.utils import timezone
 from door import codes, keys
 from door.models import CheckIn, RevocationReason, TicketRevocation
 from door.services import checkin, event_key_rotate
-from door.tickets import purchase_tickets, tickets_of
+from door.tickets import purchase_tickets, purchases_tickets, tickets_of
+from outbox.delivery import messages_deliver_claimed
+from outbox.models import OutboxMessage
 from purchases.models import PurchaseSaga, ReservationSeat, Seat
 from purchases.services import organizer_refund, saga_charge
 
@@ -509,3 +511,58 @@ def test_the_emails_read_of_the_tickets_is_the_pages_in_two_statements(
     assert tickets_of(pending) == []
     assert purchase_tickets(saga_id=str(saga.pk), event_id=pending.event_id) == []
     assert purchase_tickets(saga_id=str(uuid.uuid4()), event_id=None) == []
+
+
+def test_several_purchases_tickets_are_each_ones_in_one_statement_and_a_key_per_event(
+    alice, bob, show, gateway
+):
+    # given confirmed purchases of two events (one with a seat given back),
+    # one still on its way, and one that does not exist
+    other = EventFactory(seats=["B1", "B2"])
+    first = saga_charge(saga_id=start_purchase(alice, show, seats=["A1", "A2"]).pk)
+    second = saga_charge(saga_id=start_purchase(bob, show, seats=["A3"]).pk)
+    third = saga_charge(saga_id=start_purchase(alice, other, seats=["B1"]).pk)
+    give_back(show, first, ["A1"], reason="double booking")
+    pending = start_purchase(bob, other, seats=["B2"])
+    named = [first, second, third, pending]
+    asked = [(str(s.pk), s.event_id) for s in named] + [(str(uuid.uuid4()), show.pk)]
+
+    alone = {
+        str(s.pk): purchase_tickets(saga_id=str(s.pk), event_id=s.event_id)
+        for s in (first, second, third)
+    }  # (and each event's key made, on its first read)
+
+    # when they are read together
+    with CaptureQueriesContext(connection) as read:
+        found = purchases_tickets(asked)
+
+    # then each confirmed one's are what it reads alone, none for the others
+    assert found == alone
+    assert [t.seat for t in found[str(first.pk)]] == ["A2"]
+    # in one statement for the tickets, and one per event for its key
+    assert len(read) == 1 + 2, read.captured_queries
+    assert purchases_tickets([]) == {}
+
+
+def test_confirmations_delivered_together_read_their_tickets_once_and_each_carries_its_own(
+    alice, bob, alice_api, bob_api, show, gateway, settings
+):
+    settings.OUTBOX_CONSUMERS = {"purchase.confirmed": ["purchases.consumers.confirmation_email"]}
+    bought = [
+        saga_charge(saga_id=start_purchase(alice, show, seats=["A1", "A2"]).pk),
+        saga_charge(saga_id=start_purchase(bob, show, seats=["A3"]).pk),
+    ]
+    messages = list(OutboxMessage.objects.filter(topic="purchase.confirmed").order_by("pk"))
+    for message in messages:
+        message.already_ran = []
+
+    with CaptureQueriesContext(connection) as seen:
+        assert messages_deliver_claimed(messages)[:2] == (2, 0)
+
+    reads = [q["sql"] for q in seen.captured_queries if "ticket_version" in q["sql"]]
+    assert len(reads) == 1, reads
+    by_reservation = {email.subject.rsplit(" ", 1)[1]: email.body for email in mail.outbox}
+    for saga, api in zip(bought, [alice_api, bob_api], strict=True):
+        body = by_reservation[saga.reservation.ref]
+        for seat, code in codes_of(api, saga).items():
+            assert f"Seat {seat}:\n{code}\n" in body
