@@ -61,12 +61,31 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_EXPIRY_SECONDS = 1.0
 
 
+# A connection that broke once the request was on its way (the server
+# closed it, or it was reset): no answer, and no way to know whether the
+# request was taken. Every request here may be sent twice (a charge, a
+# refund and a refund's creation carry their idempotency key, whose first
+# answer the processor replays; a read is a read; cancelling a cancelled
+# intent answers it cancelled), so such a request is sent once more at once,
+# on a new connection, within what is left of the timeout: one broken
+# keep-alive connection is not an UNKNOWN charge to reconcile (docs/design.md,
+# "The gateway step"). A refused connection (nothing listens) and a timeout
+# are not sent again.
+BROKEN_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# The least time left worth a second send.
+RESEND_MIN_SECONDS = 0.05
+
+
 @dataclass(frozen=True)
 class _Reply:
     status_code: int | None  # None: no answer at all
     body: Any  # parsed JSON; None if absent or unreadable
     failure: str  # "timeout" | "connection_error" | "" when an answer came
     latency_ms: float
+    # The transport's own words for a failure ("RemoteProtocolError: Server
+    # disconnected ..."), the last send's; "" when an answer came.
+    error: str = ""
+    sends: int = 1
 
 
 class HttpPaymentGateway:
@@ -261,25 +280,33 @@ class HttpPaymentGateway:
         def elapsed() -> float:
             return (time.perf_counter() - started) * 1000
 
-        try:
-            response = self._http().request(
-                method,
-                f"{self.base_url}/{path}",
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(self.timeout),
-            )
-        # TimeoutException is a TransportError: catch it first.
-        except httpx.TimeoutException:
-            return _Reply(None, None, "timeout", elapsed())
-        except httpx.TransportError:
-            return _Reply(None, None, "connection_error", elapsed())
+        sends = 0
+        while True:
+            sends += 1
+            left = self.timeout - elapsed() / 1000
+            try:
+                response = self._http().request(
+                    method,
+                    f"{self.base_url}/{path}",
+                    json=json,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(max(left, RESEND_MIN_SECONDS)),
+                )
+            # TimeoutException is a TransportError: catch it first.
+            except httpx.TimeoutException as exc:
+                return _Reply(None, None, "timeout", elapsed(), _said(exc), sends)
+            except httpx.TransportError as exc:
+                resend = isinstance(exc, BROKEN_CONNECTION) and sends == 1
+                if resend and self.timeout - elapsed() / 1000 >= RESEND_MIN_SECONDS:
+                    continue
+                return _Reply(None, None, "connection_error", elapsed(), _said(exc), sends)
+            break
         try:
             body = response.json()
         except ValueError:  # includes JSON and Unicode decoding errors
             body = None
-        return _Reply(response.status_code, body, "", elapsed())
+        return _Reply(response.status_code, body, "", elapsed(), "", sends)
 
     @staticmethod
     def _log(
@@ -302,8 +329,15 @@ class HttpPaymentGateway:
                 "detail": detail,
                 "http_status": reply.status_code,
                 "latency_ms": round(reply.latency_ms, 1),
+                **({"error": reply.error} if reply.error else {}),
+                **({"sends": reply.sends} if reply.sends > 1 else {}),
             },
         )
+
+
+def _said(exc: BaseException) -> str:
+    """A transport error in a few words, for the log line."""
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _segment(value: str) -> str:

@@ -3,6 +3,8 @@ running the fake gateway), and the in-process fake's matching semantics."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
 import weakref
@@ -444,3 +446,135 @@ def test_a_pool_process_builds_the_gateway_client_when_it_starts(monkeypatch):
     http.prepare()  # once per process: the same client again
     assert http._client is client
     http.close()
+
+
+# --- a connection that breaks after the request went out -----------------------------------
+
+
+class _AnswerLosingProxy:
+    """A TCP stand-in in front of the live fake: it forwards each request (so
+    the fake acts on it) and, for the first ``lose`` requests, closes the
+    caller's connection instead of passing the answer on, as a keep-alive
+    connection closed under a request, or a reset, looks to the caller."""
+
+    def __init__(self, upstream: str, *, lose: int) -> None:
+        self.upstream, self.lose, self.requests = upstream, lose, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                request = self._read(conn)
+                if request is None:
+                    return
+                self.requests += 1
+                method, path, headers, body = request
+                answer = httpx.request(method, self.upstream + path, headers=headers, content=body)
+                if self.requests <= self.lose:
+                    return  # the fake acted; its answer goes nowhere
+                conn.sendall(
+                    f"HTTP/1.1 {answer.status_code} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(answer.content)}\r\n\r\n".encode()
+                    + answer.content
+                )
+
+    @staticmethod
+    def _read(conn: socket.socket):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        size = int(headers.get("content-length", headers.get("Content-Length", "0")))
+        while len(body) < size:
+            body += conn.recv(65536)
+        kept = {
+            k: v for k, v in headers.items() if k.lower() in ("content-type", "idempotency-key")
+        }
+        return method, path, kept, body
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def losing_proxy(server_url):
+    proxies = []
+
+    def make(*, lose: int) -> _AnswerLosingProxy:
+        proxies.append(_AnswerLosingProxy(server_url, lose=lose))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+def test_a_charge_whose_answer_a_broken_connection_lost_is_sent_again_and_charged_once(
+    gw, losing_proxy, caplog
+):
+    # given: the connection breaks after the fake charged, on the first send
+    proxy = losing_proxy(lose=1)
+    through = HttpPaymentGateway(base_url=f"{proxy.url}/fake-gateway/v1", timeout=NORMAL_TIMEOUT)
+    intent_id = new_intent_id()
+
+    with caplog.at_level("INFO", logger="payments.gateway"):
+        result = through.charge(request_for(intent_id))
+    through.close()
+
+    # then: sent once more under the same key, the fake's first answer came
+    # back, and the card was charged once
+    assert result.outcome == ChargeOutcome.SUCCEEDED
+    assert proxy.requests == 2
+    assert [c.id for c in gw.list_charges(intent_id)] == [result.charge_id]
+    [line] = [r for r in caplog.records if r.msg == "gateway %s"]
+    assert line.sends == 2
+
+
+def test_a_connection_broken_twice_is_unknown_with_the_transports_words_and_not_sent_a_third_time(
+    gw, losing_proxy, caplog
+):
+    proxy = losing_proxy(lose=10)
+    through = HttpPaymentGateway(base_url=f"{proxy.url}/fake-gateway/v1", timeout=NORMAL_TIMEOUT)
+    intent_id = new_intent_id()
+
+    with caplog.at_level("INFO", logger="payments.gateway"):
+        result = through.charge(request_for(intent_id))
+        refund = through.refund(intent_id, idempotency_key=f"{intent_id}-r")
+    through.close()
+
+    assert (result.outcome, result.detail) == (ChargeOutcome.UNKNOWN, "connection_error")
+    assert refund.outcome == RefundOutcome.UNKNOWN
+    assert proxy.requests == 4  # two sends each
+    # the charge landed once whatever the answers' fate; the refund too
+    assert gw.retrieve(intent_id).status == IntentStatus.REFUNDED
+    charge_line = next(r for r in caplog.records if getattr(r, "gateway_operation", "") == "charge")
+    assert charge_line.sends == 2
+    assert charge_line.error.startswith("RemoteProtocolError: ")
+
+
+def test_a_timeout_and_a_refused_connection_are_sent_once(impatient_gw, caplog):
+    nowhere = HttpPaymentGateway(base_url="http://127.0.0.1:9/fake-gateway/v1", timeout=2.0)
+    with caplog.at_level("INFO", logger="payments.gateway"):
+        late = impatient_gw.charge(request_for(new_intent_id(), "pm_card_timeout_not_charged"))
+        refused = nowhere.charge(request_for(new_intent_id()))
+
+    assert (late.detail, refused.detail) == ("timeout", "connection_error")
+    lines = [r for r in caplog.records if getattr(r, "gateway_operation", "") == "charge"]
+    assert [getattr(r, "sends", 1) for r in lines] == [1, 1]
+    assert lines[1].error.startswith("ConnectError: ")
