@@ -37,6 +37,7 @@ each run starts and ends with the stack drained.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import threading
@@ -45,8 +46,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import Context, Figure, PhaseFailed, lat_summary, log, ratio
+from bench.cpu import per_purchase
 from bench.db import BenchDB
-from bench.figures import webhooks
+from bench.figures import e2e, webhooks
 from bench.load import auth_headers, http_client, start_purchase
 from devtools.processes import poll
 
@@ -228,13 +230,17 @@ class _OnSale:
 def _one_run(ctx: Context, users: list[int], r: int) -> dict:
     event = sale_event(ctx.db, r)
     sale = _OnSale(ctx, users, event, seed=1400 + r)
+    window = e2e.cpu_window(ctx)
+    cpu = None
     for th in sale.threads:
         th.start()
     try:
         sale.start.wait()
+        window.start()
         t0, t0_epoch = time.monotonic(), time.time()
         sold_out_polled = _watch(ctx, sale, event, t0)
         buyers_done = time.monotonic()
+        cpu = window.stop()
     except threading.BrokenBarrierError:
         sale.failures.append("the clients were not all ready")
     finally:
@@ -259,8 +265,24 @@ def _one_run(ctx: Context, users: list[int], r: int) -> dict:
         terminal_s=terminal_s,
     )
     out.update(run=r, drained=quiet, **_database(ctx, event))
+    out["cpu"] = _cpu_per_202(cpu, out["202"])
     out["problems"] = _problems(out)
     return out
+
+
+def _cpu_per_202(cpu: dict | None, accepted: int) -> dict | None:
+    """The machine's CPU from the opening until sold out (or every buyer
+    done), per 202, by process (bench/cpu.py, as figure 2 counts it), and
+    how busy the machine was: what the on-sale costs beside figure 1's
+    reserve alone, and whether it ran out of CPU or waited."""
+    if cpu is None or not accepted:
+        return None
+    per = per_purchase(cpu, accepted)
+    cores = os.cpu_count() or 1
+    per["machine_busy_percent"] = round(
+        cpu["machine_busy_seconds"] / cpu["seconds"] / cores * 100, 1
+    )
+    return per
 
 
 def _watch(ctx: Context, sale: _OnSale, event: int, t0: float) -> float | None:
@@ -548,6 +570,7 @@ def _reserve_baseline(ctx: Context) -> dict | None:
                 "throughput_per_s": http["throughput_per_s"],
                 "p50_ms": http["latency_202"]["p50_ms"],
                 "p99_ms": http["latency_202"]["p99_ms"],
+                "cpu_ms_per_202": http.get("cpu_ms_per_202"),
             }
     return None
 
@@ -561,6 +584,22 @@ def _spread(values: list) -> dict:
 
 def _by_code(code: str) -> Callable[[dict], Any]:
     return lambda m: m["409_by_code"][code]
+
+
+# Figure 10's CPU per 202 in the table: these processes, the machine's
+# whole, and how busy it was.
+CPU_SHOWN = (
+    "web",
+    "worker",
+    "pg_product",
+    "gateway",
+    "machine_all_processes",
+    "machine_busy_percent",
+)
+
+
+def _cpu_of(key: str) -> Callable[[dict], Any]:
+    return lambda m: (m.get("cpu") or {}).get(key)
 
 
 def _aggregate(runs: list[dict]) -> dict:
@@ -581,6 +620,7 @@ def _aggregate(runs: list[dict]) -> dict:
         "seats_held": lambda m: m["seats_held"],
         "buyers_served": lambda m: m["buyers_served"],
         "requests": lambda m: m["requests"],
+        **{f"cpu_{k}": _cpu_of(k) for k in CPU_SHOWN},
     }
     out: dict[str, Any] = {k: _spread([get(m) for m in runs]) for k, get in keys.items()}
     out["runs"] = len(runs)
@@ -652,6 +692,7 @@ def rows(fig: dict) -> list[dict]:
             "baseline": f"{SEATS} seats",
             "ratio": ratio(a["seats_sold"]["min"], SEATS),
         },
+        _cpu_row(med, base),
         {
             "figure": f"10 on-sale double sales (all {n} runs)",
             "measured": str(a["double_sales"]),
@@ -659,6 +700,43 @@ def rows(fig: dict) -> list[dict]:
             "ratio": "",
         },
     ]
+
+
+def _cpu_row(med: dict, base: dict | None) -> dict:
+    """The machine's CPU per 202 during the on-sale (medians of runs), by
+    process, against figure 1's per request at the same clients."""
+    if med.get("cpu_machine_all_processes") is None:
+        return {
+            "figure": "10 on-sale machine CPU per 202",
+            "measured": "n/a",
+            "baseline": "",
+            "ratio": "",
+        }
+    parts = ", ".join(
+        f"{med[f'cpu_{k}']:.1f} {label}"
+        for k, label in (
+            ("web", "web"),
+            ("worker", "worker"),
+            ("pg_product", "pg"),
+            ("gateway", "processor"),
+        )
+        if med.get(f"cpu_{k}") is not None
+    )
+    cpu = base.get("cpu_ms_per_202") if base else None
+    return {
+        "figure": "10 on-sale machine CPU per 202 until sold out, ms (machine busy %) vs reserve",
+        "measured": f"{med['cpu_machine_all_processes']:.1f} ({parts}; busy "
+        f"{med['cpu_machine_busy_percent']:.0f} %)",
+        "baseline": (
+            f"{cpu['machine_all_processes']:.1f} ({cpu['web']:.1f} web; busy "
+            f"{cpu['machine_busy_percent']:.0f} %)"
+            if cpu
+            else "n/a"
+        ),
+        "ratio": ratio(
+            med["cpu_machine_all_processes"], cpu["machine_all_processes"] if cpu else None
+        ),
+    }
 
 
 def double_sales(db: BenchDB, event: int) -> tuple[int, int]:
