@@ -9,11 +9,15 @@ build them here.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Collection
 
+from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from . import availability, selectors
+from .models import Seat
 from .serializers import EventSerializer, SeatSerializer
 
 
@@ -24,23 +28,75 @@ def event_list_body() -> bytes:
 # The seat map's fields, in the answer's order (``SeatSerializer``'s, which
 # the schema is made of; tests/test_catalog_cache.py holds the two equal).
 _SEAT_COLUMNS = ("ref", "section", "row", "number", "category", "x", "y", "accessible", "status")
+# What a seat's answer is made of but its status (the price's two columns
+# last), and the status, read in the map's order.
+_SEATS_SQL = (
+    'SELECT ref, section, "row", number, category, x, y, accessible, price_amount, currency,'
+    ' status FROM {seat} WHERE event_id = %s ORDER BY section, "row", number'
+)
+# A status no seat can have (PostgreSQL's text holds no NUL): the map is
+# rendered once with it in every seat's place, and the body cut around it.
+_NO_STATUS = "\x00status\x00"
+# The seats whose cut bodies a process keeps, over all events (about 0.4 kB
+# each): the events read last are kept.
+FRAGMENT_SEATS_MAX = 100_000
+
+# Event id -> (its seats but their statuses, as last read; the body rendered
+# then, cut around each seat's status), oldest read first.
+_cut: dict[int, tuple[list[tuple], list[bytes]]] = {}
+_cutting = threading.Lock()  # a web process's threads share _cut
 
 
 def event_seats_body(event_id: int) -> bytes | None:
-    """The seat map's body, built from the rows' values rather than through
-    ``SeatSerializer`` one seat at a time: for a 20,000-seat map the
-    serializer was 0.6 s of the 0.8 s a build took (docs/performance.md),
-    and a build runs each time the availability moves."""
-    seats = selectors.event_seats(event_id=event_id)
-    if seats is None:
+    """The seat map's body, built each time the availability moves (at every
+    hold in an on-sale: docs/performance.md). Rendered once, through the
+    same renderer, with a placeholder for each seat's status, and kept cut
+    around them; a build reads the seats in one statement and, while they
+    read as before but for their statuses, splices the statuses into the
+    cut body instead of rendering a thousand seats again: the same bytes
+    (tests/test_catalog_cache.py)."""
+    if not selectors.event_on_sale(event_id):
         return None
-    rows = seats.values_list(*_SEAT_COLUMNS, "price_amount", "currency")
-    body = []
-    for row in rows:
-        seat = dict(zip(_SEAT_COLUMNS, row[:-2], strict=True))
-        seat["price"] = {"amount": row[-2], "currency": row[-1]}
-        body.append(seat)
-    return JSONRenderer().render(body)
+    with connection.cursor() as cursor:
+        cursor.execute(_SEATS_SQL.format(seat=Seat._meta.db_table), [event_id])
+        found = cursor.fetchall()
+    seats = [row[:-1] for row in found]
+    with _cutting:
+        kept = _cut.get(event_id)
+    pieces = kept[1] if kept is not None and kept[0] == seats else _cut_body(seats)
+    _keep(event_id, seats, pieces)
+    statuses = [_status(row[-1]) for row in found]
+    return b"".join(part for pair in zip(pieces, [*statuses, b""], strict=True) for part in pair)
+
+
+def _cut_body(seats: list[tuple]) -> list[bytes]:
+    body = [
+        {
+            **dict(zip(_SEAT_COLUMNS[:-1], row[:-2], strict=True)),
+            "status": _NO_STATUS,
+            "price": {"amount": row[-2], "currency": row[-1]},
+        }
+        for row in seats
+    ]
+    return JSONRenderer().render(body).split(_status(_NO_STATUS))
+
+
+@functools.cache
+def _status(status: str) -> bytes:
+    return JSONRenderer().render(status)
+
+
+def _keep(event_id: int, seats: list[tuple], pieces: list[bytes]) -> None:
+    """Keep the event's cut body as the last read, and forget the oldest
+    while more than ``FRAGMENT_SEATS_MAX`` seats are kept."""
+    with _cutting:
+        _cut.pop(event_id, None)
+        _cut[event_id] = (seats, pieces)
+        kept = sum(len(s) for s, _ in _cut.values())
+        for oldest in list(_cut):
+            if kept <= FRAGMENT_SEATS_MAX or oldest == event_id:
+                break
+            kept -= len(_cut.pop(oldest)[0])
 
 
 def event_seats_serialized(event_id: int) -> bytes | None:

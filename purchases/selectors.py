@@ -53,9 +53,15 @@ def event_list() -> QuerySet[Event]:
 def event_seats(*, event_id: int) -> QuerySet[Seat] | None:
     """The seat map of an event on sale, by section, row and number; None
     for a draft, a cancelled or a missing event (the same 404)."""
-    if not Event.objects.filter(pk=event_id, status=EventStatus.ON_SALE).exists():
+    if not event_on_sale(event_id):
         return None
     return Seat.objects.filter(event_id=event_id).order_by("section", "row", "number")
+
+
+def event_on_sale(event_id: int) -> bool:
+    """Whether the event is on sale: its seat map is shown (a draft, a
+    cancelled or a missing event is the same 404)."""
+    return Event.objects.filter(pk=event_id, status=EventStatus.ON_SALE).exists()
 
 
 def _with_seats(qs: QuerySet[PurchaseSaga]) -> QuerySet[PurchaseSaga]:

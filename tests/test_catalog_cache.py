@@ -32,10 +32,10 @@ from freezegun import freeze_time
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from purchases import availability, cache_outage, catalog_answers, services
-from purchases.models import Seat
+from purchases.models import Event, EventStatus, Seat
 
 from .conftest import cache_redis, new_key, purchase_body, row_counts
-from .factories import EventFactory
+from .factories import EventFactory, SeatFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -421,6 +421,58 @@ def test_the_seat_maps_body_is_what_the_serializer_of_the_schema_says():
     # then: byte for byte the serializer's (the fields, their order, their types)
     assert built == catalog_answers.event_seats_serialized(event.pk)
     assert built is not None and b'"x":1.5,"y":-2.25,"accessible":true' in built
+
+
+def test_a_rebuilt_seat_map_splices_the_statuses_and_renders_again_only_when_a_seat_changed(
+    monkeypatch,
+):
+    # given: a map built once, with a seat whose values need escaping
+    event = EventFactory(seats=["A1", "A2", "B1"], seats__price=3100)
+    Seat.objects.filter(event=event, ref="A2").update(category='bal"con\u2028y é')
+    renders = []
+    cut_body = catalog_answers._cut_body
+    monkeypatch.setattr(
+        catalog_answers, "_cut_body", lambda seats: renders.append(len(seats)) or cut_body(seats)
+    )
+    assert catalog_answers.event_seats_body(event.pk) == catalog_answers.event_seats_serialized(
+        event.pk
+    )
+
+    # when: only statuses change, the body is the serializer's without a render
+    Seat.objects.filter(event=event, ref="A1").update(status="held")
+    Seat.objects.filter(event=event, ref="B1").update(status="sold")
+    spliced = catalog_answers.event_seats_body(event.pk)
+    assert spliced == catalog_answers.event_seats_serialized(event.pk)
+    assert b'"status":"held"' in spliced and b'"status":"sold"' in spliced
+    assert renders == [3]
+
+    # when: a price changes, and a seat is added: rendered again, the serializer's still
+    Seat.objects.filter(event=event, ref="A1").update(price_amount=4200)
+    assert catalog_answers.event_seats_body(event.pk) == catalog_answers.event_seats_serialized(
+        event.pk
+    )
+    SeatFactory(event=event, ref="A3", row="A", number=3)
+    assert catalog_answers.event_seats_body(event.pk) == catalog_answers.event_seats_serialized(
+        event.pk
+    )
+    assert renders == [3, 3, 4]
+    # and: an event not on sale has no map
+    Event.objects.filter(pk=event.pk).update(status=EventStatus.DRAFT)
+    assert catalog_answers.event_seats_body(event.pk) is None
+
+
+def test_the_cut_bodies_kept_are_bounded_by_their_seats_the_last_read_kept(monkeypatch):
+    monkeypatch.setattr(catalog_answers, "FRAGMENT_SEATS_MAX", 5)
+    monkeypatch.setattr(catalog_answers, "_cut", {})
+    first, second, third = (EventFactory(seats=["A1", "A2", "A3"]) for _ in range(3))
+
+    for event in (first, second, third, second):
+        catalog_answers.event_seats_body(event.pk)
+
+    assert list(catalog_answers._cut) == [second.pk]  # 3 + 3 > 5: the older ones forgotten
+    big = EventFactory(seats=[f"A{n}" for n in range(1, 8)])
+    catalog_answers.event_seats_body(big.pk)
+    assert list(catalog_answers._cut) == [big.pk]  # the last read kept even when over
 
 
 # --- the bench's switch -----------------------------------------------------------------------
