@@ -45,7 +45,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -329,9 +328,8 @@ def messages_deliver_claimed(
 def _prepare(messages: list[OutboxMessage]) -> None:
     """Let each consumer that says how (its ``prepare``) read what it needs
     for several of these messages in one go, before any of them is
-    delivered (kept on each message: :func:`prepared_keep`,
-    :func:`prepared`). A prepare that fails is logged: each delivery then
-    reads for itself."""
+    delivered. A prepare that fails is logged: each delivery then reads for
+    itself."""
     owed: dict[str, list[OutboxMessage]] = {}
     for message in messages:
         for name in consumers_owed(
@@ -352,24 +350,6 @@ def _prepare(messages: list[OutboxMessage]) -> None:
                 len(its),
                 exc_info=True,
             )
-
-
-def prepared_keep(message: OutboxMessage, name: str, value: Any, *, at: float) -> None:
-    """What a consumer's ``prepare`` read for ``message`` (``at``: the
-    ``time.monotonic()`` taken before the read, so that its age counts from
-    its start), kept on the message for the consumer."""
-    setattr(message, f"prepared_{name}", (at, value))
-
-
-def prepared(message: OutboxMessage, name: str, *, within: float) -> Any:
-    """What :func:`prepared_keep` kept on ``message`` under ``name``, while
-    it is at most ``within`` seconds old; None when nothing was kept, or it
-    is older (a slow call held the claim's rows up): the consumer then reads
-    for itself, as for a row alone."""
-    kept = getattr(message, f"prepared_{name}", None)
-    if kept is None or time.monotonic() - kept[0] > within:
-        return None
-    return kept[1]
 
 
 def _delivery_span(message: OutboxMessage):
