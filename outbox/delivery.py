@@ -328,8 +328,9 @@ def messages_deliver_claimed(
 def _prepare(messages: list[OutboxMessage]) -> None:
     """Let each consumer that says how (its ``prepare``) read what it needs
     for several of these messages in one go, before any of them is
-    delivered. A prepare that fails is logged: each delivery then reads for
-    itself."""
+    delivered (kept on each message with ``outbox.services.prepared_keep``,
+    used while fresh with ``prepared``). A prepare that fails is logged:
+    each delivery then reads for itself."""
     owed: dict[str, list[OutboxMessage]] = {}
     for message in messages:
         for name in consumers_owed(

@@ -1,6 +1,10 @@
 """Writing to the outbox, arming and cancelling durable timers; replaying
 dead letters and backfilling consumers.
 
+``prepared_keep`` / ``prepared`` keep what a consumer's ``prepare`` read for
+several claimed messages on each message, for its delivery to use while
+fresh.
+
 ``outbox_publish``, ``timer_schedule`` and ``timer_cancel`` never open a
 transaction of their own: an outbox row only means something when it commits
 together with the change it announces, so they must be called inside the
@@ -13,12 +17,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache, partial
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -39,6 +45,26 @@ logger = logging.getLogger(__name__)
 
 class OutboxOutsideTransaction(RuntimeError):
     pass
+
+
+def prepared_keep(message: OutboxMessage, name: str, value: Any, *, at: float) -> None:
+    """What a consumer's ``prepare`` (called by the delivery of several
+    claimed rows, outbox/delivery.py) read for ``message``, kept on the
+    message for its consumer under ``name``; ``at`` is the
+    ``time.monotonic()`` taken before the read, so that its age counts from
+    its start."""
+    setattr(message, f"prepared_{name}", (at, value))
+
+
+def prepared(message: OutboxMessage, name: str, *, within: float) -> Any:
+    """What :func:`prepared_keep` kept on ``message`` under ``name``, while
+    it is at most ``within`` seconds old; None when nothing was kept or it is
+    older (a slow call held the claim's rows up): the consumer then reads for
+    itself, as for a row alone."""
+    kept = getattr(message, f"prepared_{name}", None)
+    if kept is None or time.monotonic() - kept[0] > within:
+        return None
+    return kept[1]
 
 
 def _require_atomic(what: str) -> None:

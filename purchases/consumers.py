@@ -22,6 +22,7 @@ from django.template.loader import render_to_string
 from common.money import format_money
 from door.tickets import REVOKED, purchase_tickets, purchases_tickets
 from outbox.models import OutboxMessage
+from outbox.services import prepared, prepared_keep
 
 from . import selectors, services
 
@@ -128,7 +129,7 @@ def confirmation_email(message: OutboxMessage) -> None:
     and the same again if a crash sends the email twice (signatures are
     deterministic). A purchase no longer confirmed when it is sent (taken
     back meanwhile) has no code to carry."""
-    tickets = _fresh_tickets(message)
+    tickets = prepared(message, "tickets", within=TICKETS_FRESH_SECONDS)
     if tickets is None:
         tickets = purchase_tickets(
             saga_id=message.payload["saga_id"], event_id=message.payload.get("event_id")
@@ -157,17 +158,10 @@ def confirmation_email_prepare(messages: list[OutboxMessage]) -> None:
     found = purchases_tickets([(m.payload["saga_id"], m.payload["event_id"]) for m in named])
     for message in named:
         # None found: not confirmed now (taken back meanwhile): no code to carry.
-        message.tickets_read = (at, found.get(str(message.payload["saga_id"]), []))  # type: ignore[attr-defined]
+        prepared_keep(message, "tickets", found.get(str(message.payload["saga_id"]), []), at=at)
 
 
 confirmation_email.prepare = confirmation_email_prepare  # type: ignore[attr-defined]  # read by outbox.delivery
-
-
-def _fresh_tickets(message: OutboxMessage) -> list | None:
-    read = getattr(message, "tickets_read", None)
-    if read is None or time.monotonic() - read[0] > TICKETS_FRESH_SECONDS:
-        return None
-    return read[1]
 
 
 def cancellation_email(message: OutboxMessage) -> None:

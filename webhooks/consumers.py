@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from outbox.models import OutboxMessage
+from outbox.services import prepared, prepared_keep
 
 from . import lock_objects
 from .attempts import webhook_attempt_send
@@ -33,7 +34,7 @@ def deliver(message: OutboxMessage) -> Callable[[], str] | None:
         delivery_id=payload["delivery_id"],
         attempt=payload["attempt"],
         resend=bool(payload.get("resend")),
-        found=_fresh_read(message),
+        found=prepared(message, "webhook", within=READ_FRESH_SECONDS),
     )
     return None if isinstance(outcome, str) else outcome
 
@@ -46,14 +47,7 @@ def prepare(messages: list[OutboxMessage]) -> None:
     found = lock_objects.deliveries_with_attempt_made(pairs)
     for message, pair in zip(messages, pairs, strict=True):
         # Not found: the delivery is gone; deliver reads again and says so.
-        message.webhook_read = (at, found.get(pair))  # type: ignore[attr-defined]
+        prepared_keep(message, "webhook", found.get(pair), at=at)
 
 
 deliver.prepare = prepare  # type: ignore[attr-defined]  # read by outbox.delivery
-
-
-def _fresh_read(message: OutboxMessage):
-    read = getattr(message, "webhook_read", None)
-    if read is None or time.monotonic() - read[0] > READ_FRESH_SECONDS:
-        return None
-    return read[1]
