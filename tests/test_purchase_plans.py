@@ -20,10 +20,14 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
+from door.tickets import purchase_tickets, purchases_tickets
 from outbox.delivery import claim_unfired
 from outbox.services import outbox_publish
 from outbox.sweeping import outbox_sweep
 from purchases.models import Event, Refund
+from purchases.refunds.opening import _links_of as refund_links_of
+from purchases.saga.confirm import _links_of as confirm_links_of
+from purchases.saga.confirm import reservation_links
 from purchases.services import purchase_refund, saga_charge, saga_compensate
 from webhooks import lock_objects as webhook_locks
 from webhooks import selectors as webhook_selectors
@@ -400,5 +404,77 @@ def test_a_sweeps_claim_reads_only_the_rows_never_fired(crowded):
     assert [m.pk for m in claimed] == [row.pk]
     [claim] = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().startswith("UPDATE")]
     assert "outbox_unfired_idx" in _plan(claim), _plan(claim)
+    bad = _planned_by_guess(ctx.captured_queries)
+    assert bad == [], "\n\n".join(bad)
+
+
+# An index of one of these tables that leads with the event alone: read for
+# a purchase, it walks every seat or link of a large event (figure 10's
+# on-sale found the tickets' and the links' reads doing so, 150-1,000 ms
+# each once its event's seats and links were many and never analyzed).
+_EVENT_ONLY_INDEX = re.compile(r"Index Scan (?:Backward )?(?:using|on) (\w+_event_id_\w+)")
+EVENT_WIDE = ("purchases_seat", "purchases_reservationseat")
+
+
+def _event_walks(captured) -> list[str]:
+    """Each captured statement whose plan reads a seat or a link table by an
+    index of the event alone, with its plan."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = ANY(%s::regclass[]) AND i.indnatts = 1"
+            " AND i.indkey[0] = (SELECT attnum FROM pg_attribute"
+            "   WHERE attrelid = i.indrelid AND attname = 'event_id')",
+            [list(EVENT_WIDE)],
+        )
+        event_only = {row[0] for row in cursor.fetchall()}
+    assert event_only, "the tables have no index of the event alone: the test proves nothing"
+    walks = []
+    for query in captured:
+        sql = query["sql"]
+        if not re.match(r"\s*(SELECT|WITH)\b", sql, re.IGNORECASE):
+            continue
+        plan = _plan(sql)
+        if set(_EVENT_ONLY_INDEX.findall(plan)) & event_only:
+            walks.append(f"{sql[:300]}\n{plan}")
+    return walks
+
+
+@pytest.mark.django_db
+def test_a_large_events_own_purchases_read_their_links_and_tickets_by_key(crowded, gateway):
+    """The crowd's own event (240,000 seats, 60,000 reservations and their
+    links, never analyzed): a purchase of two of its seats, confirmed, its
+    email's tickets, and a refund's and a burst's read of its links, each
+    find the purchase's links by its reservation and each seat by its key,
+    never by walking the event."""
+    buyer = UserFactory()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO purchases_seat (event_id, ref, row, number, price_amount, currency,
+                   status, section, category, x, y, accessible, block_reason)
+               SELECT %s, 'A' || n, 'A', n, 5000, 'EUR', 'available', '', '', 0, 0, false, ''
+               FROM generate_series(1, 2) AS n""",
+            [crowded.pk],
+        )
+    sold = start_purchase(buyer, crowded, seats=["A1", "A2"])
+    saga_charge(saga_id=sold.pk)
+    sold.refresh_from_db()
+    assert sold.state == "CONFIRMED"
+
+    with CaptureQueriesContext(connection) as ctx:
+        drain_outbox()
+        single = purchase_tickets(saga_id=str(sold.pk), event_id=crowded.pk)
+        many = purchases_tickets([(str(sold.pk), crowded.pk)])
+        links = reservation_links(sold)
+        burst_links = confirm_links_of(crowded.pk, [sold.reservation_id])
+        refund_links = refund_links_of([sold])
+
+    assert sorted(t.seat for t in single) == ["A1", "A2"]
+    assert [t.code for t in many[str(sold.pk)]] == [t.code for t in single]
+    assert sorted(link.seat_ref for link in links) == ["A1", "A2"]
+    assert sorted(link.seat_ref for link in burst_links[sold.reservation_id]) == ["A1", "A2"]
+    assert len(refund_links[sold.reservation_id]) == 2
+    walks = _event_walks(ctx.captured_queries)
+    assert walks == [], "\n\n".join(walks)
     bad = _planned_by_guess(ctx.captured_queries)
     assert bad == [], "\n\n".join(bad)
