@@ -484,9 +484,11 @@ def test_best_available_beside_named_seat_buyers_no_double_sale_no_deadlock():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_seat_locked_by_another_transaction_is_skipped_not_waited_on():
+def test_a_seat_locked_by_another_transaction_is_skipped_not_waited_on(monkeypatch):
     # given: A5 row-locked by a transaction kept open on this connection (the
-    # best block for 2 is 5-6)
+    # best block for 2 is 5-6); the next pick the next best, not one of the
+    # few best at random (the spread has its own test below)
+    monkeypatch.setattr(start, "RETRY_SPREAD", 1)
     event = hall()
     buyer = UserFactory(username="skipper")
     seat = Seat.objects.get(event=event, ref="A5")
@@ -590,6 +592,31 @@ def test_a_stale_first_read_costs_one_more_attempt_not_one_per_seat_sold_since(m
 
     assert started.purchase["seats"] in (["A19"], ["A20"])
     assert len(attempts) == 2  # the stale pick, then one from a fresh read
+
+
+@pytest.mark.django_db
+def test_after_a_failed_attempt_the_next_block_is_one_of_the_few_best_at_random():
+    """Buyers who collided on one block (they read the same seats at the
+    same instant) spread over the next few instead of all trying the same
+    next best: the pick after a failed attempt is one of the
+    ``RETRY_SPREAD`` best blocks that share no seat, at random."""
+    event = hall("A", per_row=10)
+    a5 = Seat.objects.get(event=event, ref="A5")
+
+    def picks(spread):
+        found = [
+            start._find_best_block(event_id=event.pk, quantity=2, excluded={a5.pk}, spread=spread)
+            for _ in range(40)
+        ]
+        return {tuple(seat.ref for seat in block or []) for block in found}
+
+    # The best without A5 (nearest the middle, 5.5), then the best of what
+    # each leaves: 6-7, 3-4, 8-9, 1-2.
+    assert picks(1) == {("A6", "A7")}
+    spread = picks(4)
+    assert spread <= {("A6", "A7"), ("A3", "A4"), ("A8", "A9"), ("A1", "A2")}, spread
+    assert len(spread) > 1, spread  # 40 draws of 4: all alike once in 4**39
+    assert start.RETRY_SPREAD > 1
 
 
 # --- the search a chunk at a time ----------------------------------------------------

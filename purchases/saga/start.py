@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import logging
+import random
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable
@@ -698,6 +699,9 @@ _OF_CATEGORY = "AND category = %(category)s"
 # attributes, read at each call, so that tests can make them small.
 CHUNK_SEATS = 64
 CHUNK_SEATS_MAX = 1024
+# After a failed attempt, the next block is one of this many best at random
+# (``_hold_best_available``): the first attempt is always the best block.
+RETRY_SPREAD = 4
 
 
 def _best_available_candidates(
@@ -734,6 +738,7 @@ def _find_best_block(
     quantity: int,
     category: str | None = None,
     excluded: frozenset[int] | set[int] = frozenset(),
+    spread: int = 1,
 ) -> list[Seat] | None:
     """The best block of ``quantity`` available seats (``_best_block``'s
     rules; the ids in ``excluded`` left out), reading the available seats a
@@ -741,7 +746,11 @@ def _find_best_block(
     block: the cost is that of the rows before it that have seats left, not
     of the event. A chunk's last row may be cut short: it is read again,
     whole, at the start of the next chunk, which is twice as large (up to
-    ``CHUNK_SEATS_MAX``; a row that fills a whole chunk doubles it)."""
+    ``CHUNK_SEATS_MAX``; a row that fills a whole chunk doubles it).
+
+    With ``spread`` above one, one of the ``spread`` best blocks that share
+    no seat, at random (``_pick``): after a failed attempt, so that buyers
+    who all tried the same block do not all try the same next one."""
     after: tuple[str, str] | None = None
     limit = CHUNK_SEATS
     while True:
@@ -749,16 +758,33 @@ def _find_best_block(
             event_id=event_id, category=category, after=after, limit=limit
         )
         if len(chunk) < limit:  # the rest of the hall: every row whole
-            return _best_block(chunk, quantity=quantity, excluded=excluded)
+            return _pick(chunk, quantity=quantity, excluded=excluded, spread=spread)
         last = (chunk[-1].section, chunk[-1].row)
         whole = [seat for seat in chunk if (seat.section, seat.row) != last]
         if not whole:  # one row fills the chunk: read more of it at once
             limit *= 2
             continue
-        block = _best_block(whole, quantity=quantity, excluded=excluded)
+        block = _pick(whole, quantity=quantity, excluded=excluded, spread=spread)
         if block is not None:
             return block
         after, limit = last, max(CHUNK_SEATS, min(limit * 2, CHUNK_SEATS_MAX))
+
+
+def _pick(
+    candidates: list[Seat], *, quantity: int, excluded: frozenset[int] | set[int], spread: int
+) -> list[Seat] | None:
+    """The best block among ``candidates`` (``spread`` 1), or one at random
+    of the ``spread`` best that share no seat: the best, the best of what it
+    leaves, and so on (fewer when the candidates hold fewer)."""
+    blocks: list[list[Seat]] = []
+    taken = set(excluded)
+    while len(blocks) < spread:
+        block = _best_block(candidates, quantity=quantity, excluded=taken)
+        if block is None:
+            break
+        blocks.append(block)
+        taken.update(seat.id for seat in block)
+    return random.choice(blocks) if blocks else None
 
 
 # The event's available seats (of one category, when given) less those left
@@ -821,9 +847,9 @@ def _best_in_row(seats: list[Seat], quantity: int) -> list[Seat] | None:
 
 
 def _hold_best_available(*, event_id: int, choice: _Choice, first: list[Seat]) -> list[Seat]:
-    """Hold ``first``, or failing that the next best block, never waiting for
-    a lock; returns the seats held, each at the price it is held at.
-    ``NotEnoughSeats`` when no block is left.
+    """Hold ``first``, or failing that one of the next best blocks, never
+    waiting for a lock; returns the seats held, each at the price it is held
+    at. ``NotEnoughSeats`` when no block is left.
 
     Each attempt holds one whole block or nothing
     (``lock_objects.seats_hold_all_skip_locked``). After a failed one the
@@ -831,7 +857,11 @@ def _hold_best_available(*, event_id: int, choice: _Choice, first: list[Seat]) -
     since the last read, not only the ones just tried), and the seats it
     could not hold (sold, held, or locked by another buyer right now) stay
     left out of the next pick, so every failed attempt shrinks what is left:
-    at most as many attempts as seats, in practice one or two. When no block
+    at most as many attempts as seats. The next pick is one of the
+    ``RETRY_SPREAD`` best blocks left, at random: the buyers who tried the
+    same block at the same instant (all of them read the same seats) would
+    otherwise all try the same next one, one of them winning each round
+    (docs/design.md, "Start"). When no block
     is left and some seats were left out, the seats are read once more with
     nothing left out: two buyers that each locked one seat of the same block
     at the same instant both gave it up, and it is free again.
@@ -848,7 +878,7 @@ def _hold_best_available(*, event_id: int, choice: _Choice, first: list[Seat]) -
             if not (excluded and read_again):
                 raise NotEnoughSeats(_available_count(event_id, choice.category, excluded))
             excluded, read_again = set(), False
-            block = find()
+            block = find(spread=RETRY_SPREAD)
             continue
         attempt = lock_objects.seats_hold_all_skip_locked(
             event_id=event_id, seat_ids=[s.id for s in block]
@@ -856,7 +886,10 @@ def _hold_best_available(*, event_id: int, choice: _Choice, first: list[Seat]) -
         if not attempt.missing:
             return _at_prices(block, attempt.prices)
         excluded |= attempt.missing
-        block = find(excluded=excluded)
+        # Others tried this block at the same instant (an on-sale) and will
+        # try again too: each picks one of the next few at random, rather
+        # than all the same next best, one buyer winning each round.
+        block = find(excluded=excluded, spread=RETRY_SPREAD)
 
 
 def _purchase(saga: PurchaseSaga, *, seats: list[Seat], hold_expires_at: datetime) -> dict:
