@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -704,13 +705,47 @@ CHUNK_SEATS_MAX = 1024
 RETRY_SPREAD = 4
 
 
+class _Candidate(NamedTuple):
+    """An available seat as the search reads it (``_CANDIDATES_SQL``'s
+    columns): a chunk is tens of seats and a block a few, so only the
+    block's become ``Seat`` rows (``_as_seats``)."""
+
+    id: int
+    ref: str
+    section: str
+    row: str
+    number: int
+    price_amount: int
+    currency: str
+    row_first: int
+    row_last: int
+
+
+@functools.cache
+def _candidate_fields() -> tuple[str, ...]:
+    """The columns of a ``Seat`` a candidate carries, in the model's order
+    (``Model.from_db`` takes a partial row's values so)."""
+    return tuple(f.attname for f in Seat._meta.concrete_fields if f.attname in _Candidate._fields)
+
+
+def _as_seats(block: list[_Candidate] | None) -> list[Seat] | None:
+    """The block's seats as ``Seat`` rows loaded with the columns read (the
+    others deferred, as the ORM loads a partial row)."""
+    if block is None:
+        return None
+    names = _candidate_fields()
+    return [
+        Seat.from_db(connection.alias, names, [getattr(seat, n) for n in names]) for seat in block
+    ]
+
+
 def _best_available_candidates(
     *,
     event_id: int,
     category: str | None = None,
     after: tuple[str, str] | None = None,
     limit: int | None = None,
-) -> list[Seat]:
+) -> list[_Candidate]:
     """One chunk of the event's seats available now (of ``category``, when
     given), in row order from the row ``after`` on (``_CANDIDATES_SQL``), as
     last committed (no lock: what is chosen is locked, and re-checked, by
@@ -729,7 +764,9 @@ def _best_available_candidates(
         "row": row,
         "limit": limit or CHUNK_SEATS,
     }
-    return list(Seat.objects.raw(sql, params))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [_Candidate(*row) for row in cursor.fetchall()]
 
 
 def _find_best_block(
@@ -758,7 +795,7 @@ def _find_best_block(
             event_id=event_id, category=category, after=after, limit=limit
         )
         if len(chunk) < limit:  # the rest of the hall: every row whole
-            return _pick(chunk, quantity=quantity, excluded=excluded, spread=spread)
+            return _as_seats(_pick(chunk, quantity=quantity, excluded=excluded, spread=spread))
         last = (chunk[-1].section, chunk[-1].row)
         whole = [seat for seat in chunk if (seat.section, seat.row) != last]
         if not whole:  # one row fills the chunk: read more of it at once
@@ -766,17 +803,21 @@ def _find_best_block(
             continue
         block = _pick(whole, quantity=quantity, excluded=excluded, spread=spread)
         if block is not None:
-            return block
+            return _as_seats(block)
         after, limit = last, max(CHUNK_SEATS, min(limit * 2, CHUNK_SEATS_MAX))
 
 
 def _pick(
-    candidates: list[Seat], *, quantity: int, excluded: frozenset[int] | set[int], spread: int
-) -> list[Seat] | None:
+    candidates: list[_Candidate],
+    *,
+    quantity: int,
+    excluded: frozenset[int] | set[int],
+    spread: int,
+) -> list[_Candidate] | None:
     """The best block among ``candidates`` (``spread`` 1), or one at random
     of the ``spread`` best that share no seat: the best, the best of what it
     leaves, and so on (fewer when the candidates hold fewer)."""
-    blocks: list[list[Seat]] = []
+    blocks: list[list[_Candidate]] = []
     taken = set(excluded)
     while len(blocks) < spread:
         block = _best_block(candidates, quantity=quantity, excluded=taken)
@@ -806,8 +847,11 @@ def _available_count(
 
 
 def _best_block(
-    candidates: Iterable[Seat], *, quantity: int, excluded: frozenset[int] | set[int] = frozenset()
-) -> list[Seat] | None:
+    candidates: Iterable[_Candidate],
+    *,
+    quantity: int,
+    excluded: frozenset[int] | set[int] = frozenset(),
+) -> list[_Candidate] | None:
     """The best block of ``quantity`` seats among ``candidates`` (less the ids
     in ``excluded``), or None.
 
@@ -819,7 +863,7 @@ def _best_block(
     and last numbers) is nearest the row's centre (the mean of the row's
     first and last seat numbers); of two as near, the lower numbers.
     """
-    rows: dict[tuple[str, str], list[Seat]] = defaultdict(list)
+    rows: dict[tuple[str, str], list[_Candidate]] = defaultdict(list)
     for seat in candidates:
         if seat.id not in excluded:
             rows[seat.section, seat.row].append(seat)
@@ -830,10 +874,10 @@ def _best_block(
     return None
 
 
-def _best_in_row(seats: list[Seat], quantity: int) -> list[Seat] | None:
+def _best_in_row(seats: list[_Candidate], quantity: int) -> list[_Candidate] | None:
     centre_twice = seats[0].row_first + seats[0].row_last  # twice: integers only
     best, best_key = None, None
-    run: list[Seat] = []  # consecutive numbers, one currency, ending at ``seat``
+    run: list[_Candidate] = []  # consecutive numbers, one currency, ending at ``seat``
     for seat in seats:
         if run and (seat.number != run[-1].number + 1 or seat.currency != run[-1].currency):
             run = []
