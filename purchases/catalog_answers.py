@@ -17,7 +17,7 @@ from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from . import availability, selectors
-from .models import Seat
+from .models import Event, EventStatus, Seat
 from .serializers import EventSerializer, SeatSerializer
 
 
@@ -29,10 +29,13 @@ def event_list_body() -> bytes:
 # the schema is made of; tests/test_catalog_cache.py holds the two equal).
 _SEAT_COLUMNS = ("ref", "section", "row", "number", "category", "x", "y", "accessible", "status")
 # What a seat's answer is made of but its status (the price's two columns
-# last), and the status, read in the map's order.
+# last), and the status, read in the map's order; none unless the event is
+# on sale (its status read once, not per seat).
 _SEATS_SQL = (
     'SELECT ref, section, "row", number, category, x, y, accessible, price_amount, currency,'
-    ' status FROM {seat} WHERE event_id = %s ORDER BY section, "row", number'
+    " status FROM {seat} WHERE event_id = %s"
+    " AND EXISTS (SELECT FROM {event} WHERE id = %s AND status = %s)"
+    ' ORDER BY section, "row", number'
 )
 # A status no seat can have (PostgreSQL's text holds no NUL): the map is
 # rendered once with it in every seat's place, and the body cut around it.
@@ -54,12 +57,13 @@ def event_seats_body(event_id: int) -> bytes | None:
     around them; a build reads the seats in one statement and, while they
     read as before but for their statuses, splices the statuses into the
     cut body instead of rendering a thousand seats again: the same bytes
-    (tests/test_catalog_cache.py)."""
-    if not selectors.event_on_sale(event_id):
-        return None
+    (tests/test_catalog_cache.py). The same statement says whether the
+    event is on sale; only when it finds no seat does a second one ask."""
     with connection.cursor() as cursor:
-        cursor.execute(_SEATS_SQL.format(seat=Seat._meta.db_table), [event_id])
+        cursor.execute(_seats_sql(), [event_id, event_id, EventStatus.ON_SALE])
         found = cursor.fetchall()
+    if not found and not selectors.event_on_sale(event_id):
+        return None  # not on sale (on sale, it may have no seat yet)
     seats = [row[:-1] for row in found]
     with _cutting:
         kept = _cut.get(event_id)
@@ -67,6 +71,11 @@ def event_seats_body(event_id: int) -> bytes | None:
     _keep(event_id, seats, pieces)
     statuses = [_status(row[-1]) for row in found]
     return b"".join(part for pair in zip(pieces, [*statuses, b""], strict=True) for part in pair)
+
+
+@functools.cache
+def _seats_sql() -> str:
+    return _SEATS_SQL.format(seat=Seat._meta.db_table, event=Event._meta.db_table)
 
 
 def _cut_body(seats: list[tuple]) -> list[bytes]:

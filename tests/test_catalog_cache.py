@@ -464,6 +464,25 @@ def test_a_rebuilt_seat_map_splices_the_statuses_and_renders_again_only_when_a_s
     assert catalog_answers.event_seats_body(event.pk) is None
 
 
+def test_a_seat_maps_build_is_one_statement_and_says_whether_the_event_is_on_sale():
+    # given: an event on sale, one on sale with no seat yet, a draft with seats
+    event = EventFactory(seats=["A1", "A2"])
+    empty = EventFactory(seats=[])
+    draft = EventFactory(seats=["A1"], status=EventStatus.DRAFT)
+
+    # when: the on-sale event's map is built
+    with CaptureQueriesContext(connection) as ctx:
+        built = catalog_answers.event_seats_body(event.pk)
+
+    # then: one statement read its seats and whether it is on sale
+    assert built == catalog_answers.event_seats_serialized(event.pk)
+    assert len(ctx.captured_queries) == 1, [q["sql"] for q in ctx.captured_queries]
+    # and: an event on sale without seats has an empty map; a draft none
+    assert catalog_answers.event_seats_body(empty.pk) == b"[]"
+    assert catalog_answers.event_seats_body(draft.pk) is None
+    assert catalog_answers.event_seats_body(draft.pk + 1000) is None
+
+
 def test_the_cut_bodies_kept_are_bounded_by_their_seats_the_last_read_kept(monkeypatch):
     monkeypatch.setattr(catalog_answers, "FRAGMENT_SEATS_MAX", 5)
     monkeypatch.setattr(catalog_answers, "_cut", {})
